@@ -1,0 +1,27 @@
+"""Flax nnx modules that hold parameters and call `jaxnorm`'s functions."""
+
+from jaxnorm.nn.norms import (
+    NORMS,
+    BatchNorm,
+    CRMSNorm,
+    DyT,
+    GroupNorm,
+    InstanceNorm,
+    LayerNorm,
+    RMSNorm,
+    SeeDNorm,
+    make_norm,
+)
+
+__all__ = [
+    "NORMS",
+    "BatchNorm",
+    "CRMSNorm",
+    "DyT",
+    "GroupNorm",
+    "InstanceNorm",
+    "LayerNorm",
+    "RMSNorm",
+    "SeeDNorm",
+    "make_norm",
+]

@@ -1,0 +1,769 @@
+"""Normalization layers as pure functions.
+
+Every function here is the executable form of its paper's equation: arrays and
+static keyword arguments in, arrays out, no parameters created. Conventions
+shared by all of them:
+
+* Features are last by default (``axis=-1``); images are NHWC.
+* Statistics are computed in ``promote_types(x.dtype, float32)``: half inputs
+  are upcast, float64 stays float64. The output has ``x.dtype``.
+* Variances are two-pass, ``mean((x - mean(x))**2)``, so they are
+  non-negative by construction (no ``E[x^2] - E[x]^2`` cancellation to clamp)
+  and stay accurate when ``|mean| >> std``, e.g. inputs of magnitude 1e4.
+* Parameters are cast to the compute dtype at use, so a float32 ``scale``
+  works with a bfloat16 ``x`` under strict dtype promotion.
+* Static facts (rank, axis, parameter shapes, dtypes) are validated at trace
+  time by `jaxnorm._checks`.
+
+`layer_norm` and `rms_norm` carry a `jax.custom_vjp` whose backward pass
+computes ``dx`` in one fused expression from the saved per-row statistics
+(instead of differentiating through every intermediate of the forward pass);
+the gradients are the exact gradients of the forward function.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Sequence
+from typing import Literal, NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, ArrayLike, Float
+
+from jaxnorm import _checks
+
+Axis = int | Sequence[int]
+EpsMode = Literal["inside", "outside"]
+EPS_MODES: tuple[str, ...] = ("inside", "outside")
+
+
+# ---------------------------------------------------------------------------
+# Shared helpers.
+
+
+def _compute_dtype(x: jax.Array) -> jnp.dtype:
+  """``promote_types(x.dtype, float32)``, valid under strict promotion."""
+  if jnp.finfo(x.dtype).bits < 32:
+    return jnp.dtype(jnp.float32)
+  return jnp.dtype(x.dtype)
+
+
+def _param_shape(x: jax.Array, axes: tuple[int, ...]) -> tuple[int, ...]:
+  return tuple(x.shape[a] for a in axes)
+
+
+def _check_param(who: str, name: str, p: ArrayLike | None, x: jax.Array,
+                 axes: tuple[int, ...]) -> None:
+  """Parameters over the normalized axes: shape ``x.shape[axes]``, float."""
+  if p is None:
+    return
+  _checks.check_floating(who, name, p)
+  where = f"x.shape[axis] for axis={axes if len(axes) > 1 else axes[0]}"
+  _checks.check_shape(who, name, p, _param_shape(x, axes), where)
+
+
+def _expand(p: ArrayLike, ndim: int, axes: tuple[int, ...],
+            dtype: jnp.dtype) -> jax.Array:
+  """Reshapes a parameter over ``axes`` to broadcast against rank ``ndim``."""
+  p = jnp.asarray(p).astype(dtype)
+  shape = [1] * ndim
+  for i, a in enumerate(axes):
+    shape[a] = p.shape[i]
+  return p.reshape(shape)
+
+
+def _other_axes(ndim: int, axes: tuple[int, ...]) -> tuple[int, ...]:
+  return tuple(a for a in range(ndim) if a not in axes)
+
+
+def _moments(x: jax.Array, axes: tuple[int, ...],
+             axis_name: str | tuple[str, ...] | None = None
+             ) -> tuple[jax.Array, jax.Array]:
+  """Two-pass mean and biased variance over ``axes`` (keepdims).
+
+  With ``axis_name`` the statistics are averaged across devices as well; each
+  device must hold the same number of elements, as in any data-parallel batch.
+  """
+  mean = jnp.mean(x, axis=axes, keepdims=True)
+  if axis_name is not None:
+    mean = jax.lax.pmean(mean, axis_name)
+  var = jnp.mean(jnp.square(x - mean), axis=axes, keepdims=True)
+  if axis_name is not None:
+    var = jax.lax.pmean(var, axis_name)
+  return mean, var
+
+
+def _sum_to_param(t: jax.Array, axes: tuple[int, ...],
+                  dtype: jnp.dtype) -> jax.Array:
+  """Reduces a full-size gradient term to the shape of a parameter."""
+  return jnp.sum(t, axis=_other_axes(t.ndim, axes)).astype(dtype)
+
+
+# ---------------------------------------------------------------------------
+# LayerNorm.
+
+
+def layer_norm(
+    x: Float[ArrayLike, "..."],
+    scale: Float[ArrayLike, " *d"] | None = None,
+    bias: Float[ArrayLike, " *d"] | None = None,
+    *,
+    eps: float = 1e-6,
+    axis: Axis = -1,
+    scale_offset: float = 0.0,
+) -> Float[Array, "..."]:
+  r"""Layer normalization over ``axis``.
+
+  .. math::
+    y = (\mathrm{scale} + \mathrm{scale\_offset}) \odot
+        \frac{x - \mu}{\sqrt{\sigma^2 + \epsilon}} + \mathrm{bias},
+    \quad \mu = \mathrm{mean}_{axis}(x),\;
+    \sigma^2 = \mathrm{mean}_{axis}((x - \mu)^2)
+
+  ``eps`` sits inside the square root, as in Flax and torch.
+
+  Args:
+    x: input of any rank, floating dtype.
+    scale: gain of shape ``x.shape[axis]`` (a tuple of sizes for several
+      axes); ``None`` means no gain.
+    bias: offset, same shape as ``scale``; ``None`` means no offset.
+    eps: added to the variance.
+    axis: axis or axes to normalize over.
+    scale_offset: constant added to ``scale`` (1.0 gives the ``1 + scale``
+      parameterization of Gemma-style models).
+
+  Returns:
+    Normalized array with the shape and dtype of ``x``.
+
+  Raises:
+    TypeError: if ``x``, ``scale`` or ``bias`` is not floating.
+    ValueError: if ``axis`` is out of range or a parameter has the wrong shape.
+
+  References:
+    Ba, Kiros & Hinton, *Layer Normalization*, arXiv:1607.06450 (2016).
+  """
+  who = "layer_norm"
+  _checks.check_floating(who, "x", x)
+  x = jnp.asarray(x)
+  axes = _checks.normalize_axes(who, axis, x.ndim)
+  _check_param(who, "scale", scale, x, axes)
+  _check_param(who, "bias", bias, x, axes)
+  return _layer_norm(x, scale, bias, float(eps), axes, float(scale_offset))
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))
+def _layer_norm(x, scale, bias, eps, axes, offset):
+  return _layer_norm_fwd(x, scale, bias, eps, axes, offset)[0]
+
+
+def _layer_norm_fwd(x, scale, bias, eps, axes, offset):
+  cdt = _compute_dtype(x)
+  xf = x.astype(cdt)
+  mean, var = _moments(xf, axes)
+  rstd = jax.lax.rsqrt(var + eps)
+  xhat = (xf - mean) * rstd
+  y = xhat
+  if scale is not None:
+    y = y * (_expand(scale, x.ndim, axes, cdt) + offset)
+  elif offset:
+    y = y * (1.0 + offset)
+  if bias is not None:
+    y = y + _expand(bias, x.ndim, axes, cdt)
+  return y.astype(x.dtype), (x, scale, bias, mean, rstd)
+
+
+def _layer_norm_bwd(eps, axes, offset, res, dy):
+  del eps
+  x, scale, bias, mean, rstd = res
+  cdt = _compute_dtype(x)
+  dy = dy.astype(cdt)
+  xhat = (x.astype(cdt) - mean) * rstd
+  if scale is not None:
+    g = dy * (_expand(scale, x.ndim, axes, cdt) + offset)
+  else:
+    g = dy * (1.0 + offset)
+  g_mean = jnp.mean(g, axis=axes, keepdims=True)
+  gx_mean = jnp.mean(g * xhat, axis=axes, keepdims=True)
+  dx = (rstd * (g - g_mean - xhat * gx_mean)).astype(x.dtype)
+  dscale = None if scale is None else _sum_to_param(
+      dy * xhat, axes, jnp.result_type(scale))
+  dbias = None if bias is None else _sum_to_param(
+      dy, axes, jnp.result_type(bias))
+  return dx, dscale, dbias
+
+
+_layer_norm.defvjp(_layer_norm_fwd, _layer_norm_bwd)
+
+
+# ---------------------------------------------------------------------------
+# RMSNorm.
+
+
+def rms_norm(
+    x: Float[ArrayLike, "..."],
+    scale: Float[ArrayLike, " *d"] | None = None,
+    *,
+    eps: float = 1e-6,
+    axis: Axis = -1,
+    eps_mode: EpsMode = "inside",
+    scale_offset: float = 0.0,
+) -> Float[Array, "..."]:
+  r"""Root-mean-square normalization over ``axis`` (no re-centering).
+
+  .. math::
+    y = (\mathrm{scale} + \mathrm{scale\_offset}) \odot x \cdot k,\quad
+    k = \begin{cases}
+      1/\sqrt{\mathrm{mean}_{axis}(x^2) + \epsilon} & \text{inside}\\
+      1/(\sqrt{\mathrm{mean}_{axis}(x^2)} + \epsilon) & \text{outside}
+    \end{cases}
+
+  ``eps_mode="inside"`` is the Flax, torch and LLaMA convention (and the
+  default); ``"outside"`` is the official ``bzhangGo/rmsnorm`` torch code,
+  which uses ``eps=1e-8``.
+
+  Args:
+    x: input of any rank, floating dtype.
+    scale: gain of shape ``x.shape[axis]``; ``None`` means no gain.
+    eps: stabilizer, placed according to ``eps_mode``.
+    axis: axis or axes to normalize over.
+    eps_mode: ``"inside"`` or ``"outside"`` the square root.
+    scale_offset: constant added to ``scale`` (1.0 for ``1 + scale``).
+
+  Returns:
+    Normalized array with the shape and dtype of ``x``.
+
+  Raises:
+    TypeError: if ``x`` or ``scale`` is not floating.
+    ValueError: for a bad ``axis``, ``scale`` shape or ``eps_mode``.
+
+  References:
+    Zhang & Sennrich, *Root Mean Square Layer Normalization*,
+    arXiv:1910.07467 (2019).
+  """
+  who = "rms_norm"
+  _checks.check_floating(who, "x", x)
+  _checks.check_choice(who, "eps_mode", eps_mode, EPS_MODES)
+  x = jnp.asarray(x)
+  axes = _checks.normalize_axes(who, axis, x.ndim)
+  _check_param(who, "scale", scale, x, axes)
+  return _rms_norm(x, scale, float(eps), axes, eps_mode, float(scale_offset))
+
+
+def _rms_factor(ms: jax.Array, eps: float, eps_mode: str) -> jax.Array:
+  if eps_mode == "inside":
+    return jax.lax.rsqrt(ms + eps)
+  return 1.0 / (jnp.sqrt(ms) + eps)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4, 5))
+def _rms_norm(x, scale, eps, axes, eps_mode, offset):
+  return _rms_norm_fwd(x, scale, eps, axes, eps_mode, offset)[0]
+
+
+def _rms_norm_fwd(x, scale, eps, axes, eps_mode, offset):
+  cdt = _compute_dtype(x)
+  xf = x.astype(cdt)
+  ms = jnp.mean(jnp.square(xf), axis=axes, keepdims=True)
+  k = _rms_factor(ms, eps, eps_mode)
+  y = xf * k
+  if scale is not None:
+    y = y * (_expand(scale, x.ndim, axes, cdt) + offset)
+  elif offset:
+    y = y * (1.0 + offset)
+  return y.astype(x.dtype), (x, scale, ms, k)
+
+
+def _rms_norm_bwd(eps, axes, eps_mode, offset, res, dy):
+  # With y = w * x * k(m), m = mean(x^2):
+  #   dx = k * g + (2/n) * k'(m) * sum(g * x) * x,   g = dy * w,
+  # where -2 k'(m) = k^3 (inside) or k^2 / sqrt(m) (outside). The outside
+  # correction vanishes at x = 0 (its limit), so it is guarded there.
+  del eps
+  x, scale, ms, k = res
+  cdt = _compute_dtype(x)
+  dy = dy.astype(cdt)
+  xf = x.astype(cdt)
+  if scale is not None:
+    g = dy * (_expand(scale, x.ndim, axes, cdt) + offset)
+  else:
+    g = dy * (1.0 + offset)
+  gx_mean = jnp.mean(g * xf, axis=axes, keepdims=True)
+  if eps_mode == "inside":
+    a = gx_mean * k * k * k
+  else:
+    safe = ms > 0
+    inv_rms = jnp.where(safe, jax.lax.rsqrt(jnp.where(safe, ms, 1.0)), 0.0)
+    a = gx_mean * k * k * inv_rms
+  dx = (k * g - a * xf).astype(x.dtype)
+  dscale = None if scale is None else _sum_to_param(
+      dy * xf * k, axes, jnp.result_type(scale))
+  return dx, dscale
+
+
+_rms_norm.defvjp(_rms_norm_fwd, _rms_norm_bwd)
+
+
+# ---------------------------------------------------------------------------
+# CRMSNorm.
+
+
+def crms_norm(
+    z: Float[ArrayLike, "... d_minus_1"],
+    scale: Float[ArrayLike, " d_minus_1"] | None = None,
+    *,
+    eps: float = 1e-6,
+    axis: int = -1,
+) -> Float[Array, "... d_minus_1"]:
+  r"""Compressed RMSNorm on the ``(d-1)``-dim form of zero-mean vectors.
+
+  A zero-mean ``x`` in :math:`\mathbb{R}^d` is stored as its first ``d-1``
+  coordinates ``z``; the dropped one is :math:`x_d = -\sum_i z_i`, so
+
+  .. math::
+    \mathrm{CRMS}(z) = \mathrm{scale} \odot
+      \frac{z}{\sqrt{\left(\sum_i z_i^2 + (\sum_i z_i)^2\right) / d
+      + \epsilon}},
+
+  with ``d = z.shape[axis] + 1`` (the original width). For zero-mean ``x``,
+  ``crms_norm(x[..., :-1]) == rms_norm(x)[..., :-1]``.
+
+  Args:
+    z: compressed input, ``d-1`` features on ``axis``.
+    scale: gain of shape ``(d-1,)``; ``None`` means none.
+    eps: added inside the square root (the source model's LayerNorm eps).
+    axis: the feature axis.
+
+  Returns:
+    Array with the shape and dtype of ``z``.
+
+  Raises:
+    TypeError: if ``z`` or ``scale`` is not floating.
+    ValueError: for a bad ``axis`` or ``scale`` shape.
+
+  References:
+    Jiang, Gu, Zhu & Pan, *Pre-RMSNorm and Pre-CRMSNorm Transformers:
+    Equivalent and Efficient Pre-LN Transformers*, NeurIPS 2023,
+    arXiv:2305.14858.
+  """
+  who = "crms_norm"
+  _checks.check_floating(who, "z", z)
+  z = jnp.asarray(z)
+  axes = _checks.normalize_axes(who, axis, z.ndim)
+  _check_param(who, "scale", scale, z, axes)
+  cdt = _compute_dtype(z)
+  zf = z.astype(cdt)
+  d = z.shape[axes[0]] + 1
+  sq = jnp.sum(jnp.square(zf), axis=axes, keepdims=True)
+  total = jnp.sum(zf, axis=axes, keepdims=True)
+  y = zf * jax.lax.rsqrt((sq + jnp.square(total)) / d + eps)
+  if scale is not None:
+    y = y * _expand(scale, z.ndim, axes, cdt)
+  return y.astype(z.dtype)
+
+
+# ---------------------------------------------------------------------------
+# BatchNorm, GroupNorm, InstanceNorm.
+
+
+class BatchNormState(NamedTuple):
+  """Running statistics of `batch_norm` (the ``batch_stats`` of Flax).
+
+  Attributes:
+    mean: running mean, shape ``(num_features,)``.
+    var: running biased variance, shape ``(num_features,)``.
+  """
+
+  mean: jax.Array
+  var: jax.Array
+
+
+def init_batch_norm_state(num_features: int,
+                          dtype: jnp.dtype = jnp.float32) -> BatchNormState:
+  """Running statistics at initialization: mean 0, variance 1."""
+  _checks.check_positive_int("init_batch_norm_state", "num_features",
+                             num_features)
+  return BatchNormState(mean=jnp.zeros((num_features,), dtype),
+                        var=jnp.ones((num_features,), dtype))
+
+
+def batch_norm(
+    x: Float[ArrayLike, "... c"],
+    scale: Float[ArrayLike, " c"] | None,
+    bias: Float[ArrayLike, " c"] | None,
+    state: BatchNormState,
+    *,
+    training: bool,
+    momentum: float = 0.99,
+    eps: float = 1e-5,
+    axis: int = -1,
+    axis_name: str | tuple[str, ...] | None = None,
+) -> tuple[Float[Array, "... c"], BatchNormState]:
+  r"""Batch normalization with explicit running statistics.
+
+  Training normalizes with the batch statistics over every axis except the
+  feature ``axis`` and updates the running averages; inference uses the
+  running averages and returns ``state`` unchanged:
+
+  .. math::
+    y = \mathrm{scale} \odot \frac{x - \mu_B}{\sqrt{\sigma_B^2 + \epsilon}}
+        + \mathrm{bias},\qquad
+    \bar\mu \leftarrow m\,\bar\mu + (1 - m)\,\mu_B,\;
+    \bar\sigma^2 \leftarrow m\,\bar\sigma^2 + (1 - m)\,\sigma_B^2
+
+  with the **biased** batch variance and momentum ``m`` weighting the old
+  value, as in Flax (torch stores the unbiased variance and its momentum
+  weights the new batch).
+
+  Args:
+    x: input with features on ``axis``.
+    scale: per-feature gain or ``None``.
+    bias: per-feature offset or ``None``.
+    state: running statistics, each of shape ``(x.shape[axis],)``.
+    training: batch statistics and a state update when True, running
+      statistics when False.
+    momentum: decay of the running averages.
+    eps: added to the variance.
+    axis: the feature axis.
+    axis_name: mapped axis name(s) (`shard_map`, `pmap`) across which batch
+      statistics are averaged, for cross-device BatchNorm.
+
+  Returns:
+    ``(y, new_state)``; ``y`` has the shape and dtype of ``x`` and
+    ``new_state`` the structure and dtypes of ``state``.
+
+  Raises:
+    TypeError: for non-floating ``x`` or parameters.
+    ValueError: for a bad ``axis``, parameter or state shape.
+
+  References:
+    Ioffe & Szegedy, *Batch Normalization: Accelerating Deep Network Training
+    by Reducing Internal Covariate Shift*, arXiv:1502.03167 (2015).
+  """
+  who = "batch_norm"
+  _checks.check_floating(who, "x", x)
+  x = jnp.asarray(x)
+  _checks.check_ndim(who, "x", x, minimum=2)
+  (feat,) = _checks.normalize_axes(who, axis, x.ndim)
+  _check_param(who, "scale", scale, x, (feat,))
+  _check_param(who, "bias", bias, x, (feat,))
+  if not isinstance(state, BatchNormState):
+    raise TypeError(f"{who}: state must be a BatchNormState, got "
+                    f"{type(state).__name__}")
+  _checks.check_shape(who, "state.mean", state.mean, (x.shape[feat],),
+                      "x.shape[axis]")
+  _checks.check_shape(who, "state.var", state.var, (x.shape[feat],),
+                      "x.shape[axis]")
+  cdt = _compute_dtype(x)
+  xf = x.astype(cdt)
+  reduce = _other_axes(x.ndim, (feat,))
+  if training:
+    mean, var = _moments(xf, reduce, axis_name)
+    new_state = BatchNormState(
+        mean=(momentum * state.mean.astype(cdt)
+              + (1 - momentum) * mean.reshape(-1)).astype(state.mean.dtype),
+        var=(momentum * state.var.astype(cdt)
+             + (1 - momentum) * var.reshape(-1)).astype(state.var.dtype))
+  else:
+    mean = _expand(state.mean, x.ndim, (feat,), cdt)
+    var = _expand(state.var, x.ndim, (feat,), cdt)
+    new_state = state
+  y = (xf - mean) * jax.lax.rsqrt(var + eps)
+  if scale is not None:
+    y = y * _expand(scale, x.ndim, (feat,), cdt)
+  if bias is not None:
+    y = y + _expand(bias, x.ndim, (feat,), cdt)
+  return y.astype(x.dtype), new_state
+
+
+def group_norm(
+    x: Float[ArrayLike, "n *spatial c"],
+    scale: Float[ArrayLike, " c"] | None = None,
+    bias: Float[ArrayLike, " c"] | None = None,
+    *,
+    num_groups: int | None = 32,
+    group_size: int | None = None,
+    eps: float = 1e-6,
+) -> Float[Array, "n *spatial c"]:
+  r"""Group normalization of a channels-last batch.
+
+  Channels are split into ``G`` contiguous groups; mean and biased variance
+  are taken per example and group over all spatial positions and the
+  ``C/G`` channels of the group, then a per-channel affine is applied.
+  ``G = 1`` is LayerNorm over all non-batch axes; ``G = C`` is InstanceNorm.
+
+  Args:
+    x: input ``(batch, *spatial, channels)``, rank >= 2.
+    scale: per-channel gain or ``None``.
+    bias: per-channel offset or ``None``.
+    num_groups: number of groups ``G``; give exactly one of ``num_groups``
+      and ``group_size``.
+    group_size: channels per group (``C/G``).
+    eps: added to the variance.
+
+  Returns:
+    Array with the shape and dtype of ``x``.
+
+  Raises:
+    TypeError: for non-floating input or parameters.
+    ValueError: for rank < 2, both or neither of ``num_groups`` and
+      ``group_size``, a group count that does not divide the channels, or a
+      bad parameter shape.
+
+  References:
+    Wu & He, *Group Normalization*, arXiv:1803.08494 (2018).
+  """
+  who = "group_norm"
+  _checks.check_floating(who, "x", x)
+  x = jnp.asarray(x)
+  _checks.check_ndim(who, "x", x, minimum=2)
+  channels = x.shape[-1]
+  if (num_groups is None) == (group_size is None):
+    raise ValueError(
+        f"{who}: give exactly one of num_groups and group_size, got "
+        f"{num_groups=} and {group_size=}")
+  if num_groups is None:
+    _checks.check_positive_int(who, "group_size", group_size)
+    _checks.check_divisible(who, "x.shape[-1]", channels, "group_size",
+                            group_size)
+    num_groups = channels // group_size
+  _checks.check_positive_int(who, "num_groups", num_groups)
+  _checks.check_divisible(who, "x.shape[-1]", channels, "num_groups",
+                          num_groups)
+  last = (x.ndim - 1,)
+  _check_param(who, "scale", scale, x, last)
+  _check_param(who, "bias", bias, x, last)
+  cdt = _compute_dtype(x)
+  xg = x.astype(cdt).reshape(*x.shape[:-1], num_groups,
+                             channels // num_groups)
+  stat_axes = (*range(1, x.ndim - 1), x.ndim)
+  mean, var = _moments(xg, stat_axes)
+  y = ((xg - mean) * jax.lax.rsqrt(var + eps)).reshape(x.shape)
+  if scale is not None:
+    y = y * _expand(scale, x.ndim, last, cdt)
+  if bias is not None:
+    y = y + _expand(bias, x.ndim, last, cdt)
+  return y.astype(x.dtype)
+
+
+def instance_norm(
+    x: Float[ArrayLike, "n *spatial c"],
+    scale: Float[ArrayLike, " c"] | None = None,
+    bias: Float[ArrayLike, " c"] | None = None,
+    *,
+    eps: float = 1e-6,
+) -> Float[Array, "n *spatial c"]:
+  r"""Instance normalization: per example and channel, over spatial axes.
+
+  .. math::
+    y_{n,\dots,c} = \mathrm{scale}_c
+      \frac{x_{n,\dots,c} - \mu_{n,c}}{\sqrt{\sigma^2_{n,c} + \epsilon}}
+      + \mathrm{bias}_c
+
+  Args:
+    x: input ``(batch, *spatial, channels)`` with at least one spatial axis.
+    scale: per-channel gain or ``None``.
+    bias: per-channel offset or ``None``.
+    eps: added to the variance.
+
+  Returns:
+    Array with the shape and dtype of ``x``.
+
+  Raises:
+    TypeError: for non-floating input or parameters.
+    ValueError: for rank < 3 or a bad parameter shape.
+
+  References:
+    Ulyanov, Vedaldi & Lempitsky, *Instance Normalization: The Missing
+    Ingredient for Fast Stylization*, arXiv:1607.08022 (2016).
+  """
+  who = "instance_norm"
+  _checks.check_floating(who, "x", x)
+  x = jnp.asarray(x)
+  _checks.check_ndim(who, "x", x, minimum=3)
+  last = (x.ndim - 1,)
+  _check_param(who, "scale", scale, x, last)
+  _check_param(who, "bias", bias, x, last)
+  cdt = _compute_dtype(x)
+  xf = x.astype(cdt)
+  mean, var = _moments(xf, tuple(range(1, x.ndim - 1)))
+  y = (xf - mean) * jax.lax.rsqrt(var + eps)
+  if scale is not None:
+    y = y * _expand(scale, x.ndim, last, cdt)
+  if bias is not None:
+    y = y + _expand(bias, x.ndim, last, cdt)
+  return y.astype(x.dtype)
+
+
+# ---------------------------------------------------------------------------
+# DyT and SeeDNorm.
+
+
+def dyt(
+    x: Float[ArrayLike, "..."],
+    alpha: Float[ArrayLike, " "],
+    scale: Float[ArrayLike, " *d"] | None = None,
+    bias: Float[ArrayLike, " *d"] | None = None,
+    *,
+    axis: Axis = -1,
+) -> Float[Array, "..."]:
+  r"""Dynamic Tanh, an element-wise stand-in for a normalization layer.
+
+  .. math:: y = \mathrm{scale} \odot \tanh(\alpha\,x) + \mathrm{bias}
+
+  ``alpha`` is one learnable scalar (initialized to 0.5 for vision models;
+  the LLaMA recipe uses 0.8/0.2 for 7B attention/FFN inputs and no bias).
+  No statistics are computed, so rows never interact.
+
+  Args:
+    x: input of any rank, floating dtype.
+    alpha: scalar, shape ``()`` or ``(1,)``.
+    scale: gain over ``axis`` or ``None``.
+    bias: offset over ``axis`` or ``None``.
+    axis: axis or axes that ``scale`` and ``bias`` run along.
+
+  Returns:
+    Array with the shape and dtype of ``x``.
+
+  Raises:
+    TypeError: for non-floating input or parameters.
+    ValueError: for a non-scalar ``alpha``, a bad ``axis`` or parameter shape.
+
+  References:
+    Zhu, Chen, He, LeCun & Liu, *Transformers without Normalization*,
+    arXiv:2503.10622 (2025).
+  """
+  who = "dyt"
+  _checks.check_floating(who, "x", x)
+  _checks.check_floating(who, "alpha", alpha)
+  x = jnp.asarray(x)
+  if math.prod(jnp.shape(alpha)) != 1 or jnp.ndim(alpha) > 1:
+    raise ValueError(f"{who}: alpha must be a scalar of shape () or (1,), "
+                     f"got alpha.shape={jnp.shape(alpha)}")
+  axes = _checks.normalize_axes(who, axis, x.ndim)
+  _check_param(who, "scale", scale, x, axes)
+  _check_param(who, "bias", bias, x, axes)
+  cdt = _compute_dtype(x)
+  a = jnp.asarray(alpha).astype(cdt).reshape(())
+  y = jnp.tanh(a * x.astype(cdt))
+  if scale is not None:
+    y = y * _expand(scale, x.ndim, axes, cdt)
+  if bias is not None:
+    y = y + _expand(bias, x.ndim, axes, cdt)
+  return y.astype(x.dtype)
+
+
+def seed_norm(
+    x: Float[ArrayLike, "... d"],
+    scale: Float[ArrayLike, " d"],
+    dyn_scale: Float[ArrayLike, " d"],
+    dyn_proj: Float[ArrayLike, " d"],
+    *,
+    eps: float = 1e-6,
+    num_heads: int = 1,
+    axis: int = -1,
+    dyn_scale_div_dim: bool = False,
+) -> Float[Array, "... d"]:
+  r"""SeeDNorm: RMSNorm with an input-dependent, bounded rescaling.
+
+  For each token ``x`` (features on ``axis``, width ``D``) and head ``h`` of
+  ``H = num_heads`` contiguous chunks,
+
+  .. math::
+    s_h(x) = \gamma_h + \alpha_h \tanh(\langle x_h, \beta_h \rangle),\qquad
+    y = s(x) \odot \frac{x}{\sqrt{\mathrm{mean}_D(x^2) + \epsilon}}
+
+  where :math:`\gamma` = ``scale``, :math:`\alpha` = ``dyn_scale`` and
+  :math:`\beta` = ``dyn_proj``. The RMS is always over the full ``D``. The
+  dot product uses the raw (un-normalized) input, so the norm of ``x`` leaks
+  into ``y`` but only boundedly: ``|s_i(x) - gamma_i| <= |alpha_i|``.
+  ``dyn_proj = 0`` (or ``dyn_scale = 0``) gives RMSNorm with gain ``scale``.
+  Paper init: ``scale = 1, dyn_scale = 1, dyn_proj = 0`` (language models).
+
+  Unverified: the paper's full text was not readable when this was written
+  (spec: secondary sources that agree). With ``dyn_scale_div_dim`` the dot
+  product is divided by ``D`` (the full width) before the tanh; this is our
+  reading of the vision-only "divide by the dimension" trick. The vision-only
+  dropout on the dynamic term is left to the caller (apply it to the
+  module's output difference), since pure functions hide no randomness.
+
+  Args:
+    x: input with features on ``axis``.
+    scale: :math:`\gamma`, shape ``(D,)``.
+    dyn_scale: :math:`\alpha`, shape ``(D,)``.
+    dyn_proj: :math:`\beta`, shape ``(D,)``.
+    eps: added inside the square root.
+    num_heads: number of heads ``H``; must divide ``D``.
+    axis: the feature axis.
+    dyn_scale_div_dim: divide the dot product by ``D`` before the tanh.
+
+  Returns:
+    Array with the shape and dtype of ``x``.
+
+  Raises:
+    TypeError: for non-floating input or parameters.
+    ValueError: for a bad axis, parameter shape or head count.
+
+  References:
+    Cai, Zhu, Liu & Min, *SeeDNorm: Self-Rescaled Dynamic Normalization*,
+    arXiv:2510.22777 (2025).
+  """
+  who = "seed_norm"
+  _checks.check_floating(who, "x", x)
+  x = jnp.asarray(x)
+  (ax,) = _checks.normalize_axes(who, axis, x.ndim)
+  for name, p in (("scale", scale), ("dyn_scale", dyn_scale),
+                  ("dyn_proj", dyn_proj)):
+    if p is None:
+      raise ValueError(f"{who}: {name} is required, got None")
+    _check_param(who, name, p, x, (ax,))
+  d = x.shape[ax]
+  _checks.check_positive_int(who, "num_heads", num_heads)
+  _checks.check_divisible(who, "x.shape[axis]", d, "num_heads", num_heads)
+  cdt = _compute_dtype(x)
+  xf = jnp.moveaxis(x.astype(cdt), ax, -1)
+  beta = jnp.asarray(dyn_proj).astype(cdt).reshape(num_heads, d // num_heads)
+  xh = xf.reshape(*xf.shape[:-1], num_heads, d // num_heads)
+  dot = jnp.sum(xh * beta.reshape((1,) * (xf.ndim - 1) + beta.shape), -1)
+  if dyn_scale_div_dim:
+    dot = dot / d
+  t = jnp.repeat(jnp.tanh(dot), d // num_heads, axis=-1)
+  last = (xf.ndim - 1,)
+  s = (_expand(scale, xf.ndim, last, cdt)
+       + _expand(dyn_scale, xf.ndim, last, cdt) * t)
+  ms = jnp.mean(jnp.square(xf), axis=-1, keepdims=True)
+  y = s * xf * jax.lax.rsqrt(ms + eps)
+  return jnp.moveaxis(y, -1, ax).astype(x.dtype)
+
+
+# ---------------------------------------------------------------------------
+# LayerNorm Scaling.
+
+
+def layer_norm_scaling(layer_index: int) -> float:
+  r"""LayerNorm Scaling factor :math:`1/\sqrt{\ell}` for a 0-based layer.
+
+  The Curse of Depth paper multiplies both pre-norm outputs of block
+  :math:`\ell = \mathrm{layer\_index} + 1` by this constant (not learned,
+  after the norm's own gain); the final norm is not scaled. Combine it with
+  plain (not depth-scaled) initialization.
+
+  Args:
+    layer_index: 0-based index of the block.
+
+  Returns:
+    ``1 / sqrt(layer_index + 1)``.
+
+  Raises:
+    ValueError: for a negative or non-integer ``layer_index``.
+
+  References:
+    Sun et al., *The Curse of Depth in Large Language Models*,
+    arXiv:2502.05795 (2025).
+  """
+  if isinstance(layer_index, bool) or not isinstance(layer_index, int) or (
+      layer_index < 0):
+    raise ValueError("layer_norm_scaling: layer_index must be a non-negative "
+                     f"integer (0-based), got {layer_index=}")
+  return 1.0 / math.sqrt(layer_index + 1)
