@@ -1,0 +1,50 @@
+"""Small helpers shared by the optimizers: dtypes, counters, validation."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+def compute_dtype(x: Any) -> jnp.dtype:
+  """``promote_types(x.dtype, float32)``: half -> f32, f64 stays f64."""
+  return jnp.promote_types(jnp.result_type(x), jnp.float32)
+
+
+def f32(x: jax.Array) -> jax.Array:
+  """``x`` in its compute dtype (see `compute_dtype`)."""
+  return x.astype(compute_dtype(x))
+
+
+def as_scalar(v: Any, like: jax.Array) -> jax.Array:
+  """A hyperparameter as a scalar of ``like``'s dtype (strict promotion)."""
+  return jnp.asarray(v).astype(like.dtype)
+
+
+def increment(count: jax.Array) -> jax.Array:
+  """``count + 1`` without overflowing int32 (as `optax.safe_increment`)."""
+  big = jnp.iinfo(jnp.int32).max
+  return jnp.where(count < big, count + 1, big).astype(jnp.int32)
+
+
+def check_hyper(who: str, name: str, value: Any, *, low: float = 0.0,
+                high: float | None = None, high_open: bool = True) -> None:
+  """Checks a static (Python number) hyperparameter; arrays pass unchecked.
+
+  Raises:
+    ValueError: if ``value`` is a Python/NumPy number outside
+      ``[low, high)`` (or ``[low, high]`` when ``high_open`` is False).
+  """
+  if isinstance(value, bool) or not isinstance(
+      value, (int, float, np.integer, np.floating)):
+    return
+  bad = value < low
+  if high is not None:
+    bad = bad or (value >= high if high_open else value > high)
+  if bad:
+    hi = "inf)" if high is None else (f"{high})" if high_open else f"{high}]")
+    raise ValueError(f"{who}: {name} must lie in [{low}, {hi}, got "
+                     f"{name}={value!r}")
