@@ -51,7 +51,7 @@ def normalize_axes(who: str, axis: int | Sequence[int], ndim: int
     ValueError: if an axis is out of range for rank ``ndim``, repeated, or
       ``axis`` is an empty sequence.
   """
-  axes = (axis,) if isinstance(axis, (int, np.integer)) else tuple(axis)
+  axes = tuple(axis) if isinstance(axis, (tuple, list)) else (axis,)
   if not axes:
     raise ValueError(f"{who}: axis must name at least one axis, got {axis=}")
   out = []
