@@ -2,8 +2,11 @@
 
 Modules name parameter and activation axes with the logical names below; the
 rule table maps them to the physical mesh axes ``data``, ``fsdp`` and
-``tensor``. Resolution is first-match-wins and a mesh axis is used at most once
-per tensor (flax's ``nnx.logical_axis_rules`` semantics). Apply the rules with
+``tensor``. `DEFAULT_RULES` names each logical axis once, so flax's parameter
+placement (which lets a later duplicate override an earlier one) and
+`logical_to_mesh` (first match wins, each mesh axis used at most once per
+tensor, as in MaxText) agree; build overrides with `rules_with`. Apply the
+rules with
 
   with jax.set_mesh(mesh), nnx.logical_axis_rules(DEFAULT_RULES):
     model = ...
@@ -14,10 +17,12 @@ Pure functions never see a mesh; only modules and the training engine do.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import jax
 import numpy as np
-from flax import nnx
+from flax.core import spmd
+from jax.sharding import PartitionSpec
 
 from jaxnorm import _checks
 
@@ -31,7 +36,9 @@ LOGICAL_AXES: tuple[str, ...] = (
 # First match wins. Weights: ``embed`` is FSDP-sharded, the per-head and MLP
 # dimensions are tensor-parallel; norm vectors and residual streams are
 # replicated (they are tiny and every shard needs them whole).
-DEFAULT_RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
+Rules = tuple[tuple[str, Any], ...]
+
+DEFAULT_RULES: Rules = (
     ("batch", ("data", "fsdp")),
     ("seq", None),
     ("embed", "fsdp"),
@@ -90,6 +97,54 @@ def has_mesh() -> bool:
   return not jax.sharding.get_abstract_mesh().empty
 
 
+def rules_with(overrides: Sequence[tuple[str, Any]] = ()) -> Rules:
+  """`DEFAULT_RULES` with ``overrides`` taking precedence, one entry a name.
+
+  Args:
+    overrides: ``(logical_name, mesh_axes)`` pairs, e.g.
+      ``[("norm", "tensor")]``.
+
+  Returns:
+    A rule table usable with `nnx.logical_axis_rules` and `logical_to_mesh`.
+  """
+  seen, out = set(), []
+  for name, axes in (*overrides, *DEFAULT_RULES):
+    if name not in seen:
+      seen.add(name)
+      out.append((name, axes))
+  return tuple(out)
+
+
+def logical_to_mesh(names: Sequence[str | None],
+                    rules: Rules | None = None) -> PartitionSpec:
+  """Resolves logical axis names to a `PartitionSpec`.
+
+  The first rule naming an axis wins; a mesh axis already used by an earlier
+  dimension of the same tensor is dropped, so no spec binds it twice.
+
+  Args:
+    names: one logical name (or None, replicated) per array axis.
+    rules: rule table; defaults to the active `nnx.logical_axis_rules`
+      context, else `DEFAULT_RULES`.
+
+  Returns:
+    The mesh `PartitionSpec`.
+  """
+  rules = rules or spmd.get_logical_axis_rules() or DEFAULT_RULES
+  table: dict[str, Any] = {}
+  for name, axes in rules:
+    table.setdefault(name, axes)
+  used: set[str] = set()
+  spec = []
+  for name in names:
+    axes = table.get(name) if name is not None else None
+    axes = (axes,) if isinstance(axes, str) else tuple(axes or ())
+    free = tuple(a for a in axes if a not in used)
+    used.update(free)
+    spec.append(free[0] if len(free) == 1 else (free or None))
+  return PartitionSpec(*spec)
+
+
 def constrain(x: jax.Array, names: Sequence[str | None]) -> jax.Array:
   """Constrains an activation's sharding by logical names; no-op without mesh.
 
@@ -106,5 +161,4 @@ def constrain(x: jax.Array, names: Sequence[str | None]) -> jax.Array:
         f"for x.shape={x.shape}")
   if not has_mesh():
     return x
-  spec = nnx.logical_to_mesh_axes(tuple(names))
-  return jax.lax.with_sharding_constraint(x, spec)
+  return jax.lax.with_sharding_constraint(x, logical_to_mesh(names))

@@ -1,0 +1,238 @@
+"""Tests for the norm modules in `jaxnorm.nn.norms`."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+from jax.sharding import PartitionSpec as P
+
+from jaxnorm import nn as jnn
+from jaxnorm import norms, sharding
+from tests import helpers
+
+D = 8
+
+# name -> (constructor kwargs, input shape, the pure function given the
+# module's parameters).
+CASES = {
+    "layernorm": ({}, (2, 3, D),
+                  lambda m, x: norms.layer_norm(x, m.scale[...],
+                                                m.bias[...])),
+    "rmsnorm": ({"eps_mode": "outside", "eps": 1e-8}, (2, 3, D),
+                lambda m, x: norms.rms_norm(x, m.scale[...], eps=1e-8,
+                                            eps_mode="outside")),
+    "crmsnorm": ({}, (2, 3, D),
+                 lambda m, x: norms.crms_norm(x, m.scale[...])),
+    "batchnorm": ({"use_running_average": True}, (4, 3, D),
+                  lambda m, x: norms.batch_norm(
+                      x, m.scale[...], m.bias[...],
+                      norms.BatchNormState(m.mean[...], m.var[...]),
+                      training=False)[0]),
+    "groupnorm": ({"num_groups": 2}, (2, 3, D),
+                  lambda m, x: norms.group_norm(x, m.scale[...], m.bias[...],
+                                                num_groups=2)),
+    "instancenorm": ({}, (2, 3, D),
+                     lambda m, x: norms.instance_norm(x, m.scale[...],
+                                                      m.bias[...])),
+    "dyt": ({"alpha_init": 0.8}, (2, 3, D),
+            lambda m, x: norms.dyt(x, m.alpha[...], m.scale[...],
+                                   m.bias[...])),
+    "seednorm": ({"num_heads": 2}, (2, 3, D),
+                 lambda m, x: norms.seed_norm(
+                     x, m.scale[...], m.dyn_scale[...], m.dyn_proj[...],
+                     num_heads=2)),
+}
+
+
+def _perturb(module, key):
+  """Moves every parameter away from its init so the check can fail."""
+  params = nnx.state(module, nnx.Param)
+  leaves, treedef = jax.tree.flatten(params)
+  keys = jax.random.split(key, len(leaves))
+  new = [leaf + 0.3 * jax.random.normal(k, leaf.shape, leaf.dtype)
+         for k, leaf in zip(keys, leaves)]
+  nnx.update(module, jax.tree.unflatten(treedef, new))
+
+
+def test_registry_covers_cases():
+  assert set(CASES) == set(jnn.NORMS)
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_module_equals_function(key, name):
+  kwargs, shape, fn = CASES[name]
+  module = jnn.make_norm(name, D, rngs=nnx.Rngs(0), **kwargs)
+  _perturb(module, key)
+  x = jax.random.normal(jax.random.fold_in(key, 1), shape)
+  helpers.assert_close(module(x), fn(module, x), atol=0)
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_dtypes(name):
+  kwargs, shape, _ = CASES[name]
+  module = jnn.make_norm(name, D, rngs=nnx.Rngs(0), param_dtype=jnp.bfloat16,
+                         dtype=jnp.float32, **kwargs)
+  for leaf in jax.tree.leaves(nnx.state(module, nnx.Param)):
+    assert leaf.dtype == jnp.bfloat16
+  x = jnp.ones(shape, jnp.bfloat16)
+  assert module(x).dtype == jnp.float32
+  default = jnn.make_norm(name, D, rngs=nnx.Rngs(0), **kwargs)
+  assert default(x).dtype == jnp.bfloat16
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_jit_and_grad_through_module(name):
+  kwargs, shape, _ = CASES[name]
+  module = jnn.make_norm(name, D, rngs=nnx.Rngs(0), **kwargs)
+  x = jnp.linspace(-2, 3, np.prod(shape)).reshape(shape)
+
+  @nnx.jit
+  def loss_and_grad(m, x):
+    return nnx.value_and_grad(lambda m: jnp.sum(m(x) ** 2))(m)
+
+  loss, grads = loss_and_grad(module, x)
+  assert np.isfinite(float(loss))
+  assert helpers.all_finite(nnx.state(grads))
+
+
+def test_batchnorm_train_eval():
+  module = jnn.BatchNorm(D, momentum=0.5, rngs=nnx.Rngs(0))
+  x = jnp.linspace(0, 4, 4 * D).reshape(4, D)
+  y = module(x)
+  helpers.assert_close(jnp.mean(y, 0), jnp.zeros(D), atol=1e-5)
+  helpers.assert_close(module.mean[...], 0.5 * jnp.mean(x, 0), atol=1e-6)
+  module.eval()
+  before = module.mean[...]
+  y_eval = module(x)
+  np.testing.assert_array_equal(module.mean[...], before)
+  expected = (x - before[None]) / jnp.sqrt(module.var[...][None] + 1e-5)
+  helpers.assert_close(y_eval, expected, atol=1e-5)
+  module.train()
+  module(x, use_running_average=True)
+  np.testing.assert_array_equal(module.mean[...], before)
+
+
+def test_without_scale_or_bias():
+  ln = jnn.LayerNorm(D, use_scale=False, use_bias=False, rngs=nnx.Rngs(0))
+  assert ln.scale is None and ln.bias is None
+  assert len(jax.tree.leaves(nnx.state(ln, nnx.Param))) == 0
+  x = jnp.linspace(-1, 1, 2 * D).reshape(2, D)
+  helpers.assert_close(ln(x), norms.layer_norm(x), atol=0)
+
+
+def test_seednorm_init_is_rms_norm(key):
+  module = jnn.SeeDNorm(D, rngs=nnx.Rngs(0))
+  x = jax.random.normal(key, (3, D))
+  helpers.assert_close(module(x), norms.rms_norm(x), atol=1e-6)
+  np.testing.assert_array_equal(module.dyn_scale[...], np.ones(D))
+  np.testing.assert_array_equal(module.dyn_proj[...], np.zeros(D))
+
+
+def test_logical_axis_names_and_sharding(key):
+  mesh = sharding.make_mesh((2, 1, 4))
+  rules = sharding.DEFAULT_RULES + (("norm", "tensor"),)
+  with jax.set_mesh(mesh), nnx.logical_axis_rules(rules[-1:] + rules):
+    module = jnn.RMSNorm(D, rngs=nnx.Rngs(0))
+    specs = nnx.get_partition_spec(nnx.state(module))
+    assert specs["scale"].get_value() == P("tensor")
+    assert module.scale[...].sharding.spec == P("tensor")
+    x = jax.random.normal(key, (4, 6, D))
+    y = jax.jit(lambda x: module(x))(x)
+  ref = jnn.RMSNorm(D, rngs=nnx.Rngs(0))
+  helpers.assert_close(y, ref(x), atol=1e-6)
+  assert nnx.get_partition_spec(nnx.state(ref))["scale"].get_value() == P(
+      "norm")
+
+
+def test_default_rules_replicate_norm_params():
+  mesh = sharding.make_mesh((2, 2, 2))
+  with jax.set_mesh(mesh), nnx.logical_axis_rules(sharding.DEFAULT_RULES):
+    module = jnn.LayerNorm(D, rngs=nnx.Rngs(0))
+    assert module.scale[...].sharding.spec == P(None)
+
+
+class TestErrors:
+
+  def test_unknown_name_lists_valid_names(self):
+    with pytest.raises(ValueError, match=r"make_norm: unknown norm 'lnorm'; "
+                       r"valid names are batchnorm, crmsnorm, dyt, "
+                       r"groupnorm, instancenorm, layernorm, rmsnorm, "
+                       r"seednorm"):
+      jnn.make_norm("lnorm", D, rngs=nnx.Rngs(0))
+
+  @pytest.mark.parametrize("name", sorted(CASES))
+  def test_num_features(self, name):
+    with pytest.raises(ValueError, match=r"num_features must be a positive "
+                       r"integer, got num_features=0"):
+      jnn.make_norm(name, 0, rngs=nnx.Rngs(0))
+
+  def test_wrong_width_at_call(self):
+    module = jnn.RMSNorm(D, rngs=nnx.Rngs(0))
+    with pytest.raises(ValueError, match=r"rms_norm: scale must have shape "
+                       r"\(5,\)"):
+      module(jnp.ones((2, 5)))
+
+  def test_group_config(self):
+    with pytest.raises(ValueError, match=r"num_features=8 must be divisible "
+                       r"by num_groups=3"):
+      jnn.GroupNorm(D, num_groups=3, rngs=nnx.Rngs(0))
+    with pytest.raises(ValueError, match=r"num_features=8 must be divisible "
+                       r"by group_size=3"):
+      jnn.GroupNorm(D, num_groups=None, group_size=3, rngs=nnx.Rngs(0))
+    with pytest.raises(ValueError, match=r"exactly one of num_groups"):
+      jnn.GroupNorm(D, num_groups=None, rngs=nnx.Rngs(0))
+    module = jnn.GroupNorm(D, num_groups=None, group_size=2,
+                           rngs=nnx.Rngs(0))
+    assert module.num_groups == 4
+
+  def test_seednorm_heads(self):
+    with pytest.raises(ValueError, match=r"SeeDNorm: num_features=8 must be "
+                       r"divisible by num_heads=3"):
+      jnn.SeeDNorm(D, num_heads=3, rngs=nnx.Rngs(0))
+
+  def test_rmsnorm_eps_mode(self):
+    with pytest.raises(ValueError, match=r"RMSNorm: eps_mode must be one of"):
+      jnn.RMSNorm(D, eps_mode="both", rngs=nnx.Rngs(0))
+
+  def test_param_names_rank(self):
+    with pytest.raises(ValueError, match=r"param: axis names must have one "
+                       r"entry per axis"):
+      jnn.LayerNorm(D, axis_names=("norm", "embed"), rngs=nnx.Rngs(0))
+
+
+class TestSharding:
+
+  def test_make_mesh_errors(self):
+    with pytest.raises(ValueError, match=r"shape and axis_names must have "
+                       r"the same length"):
+      sharding.make_mesh((2, 2))
+    with pytest.raises(ValueError, match=r"needs 64 devices, but only 8"):
+      sharding.make_mesh((4, 4, 4))
+    with pytest.raises(ValueError, match=r"shape entries must be a positive"):
+      sharding.make_mesh((0, 1, 1))
+
+  def test_constrain(self, key):
+    x = jax.random.normal(key, (8, 4))
+    np.testing.assert_array_equal(sharding.constrain(x, ("batch", "embed")),
+                                  x)
+    with pytest.raises(ValueError, match=r"constrain: names must have one "
+                       r"entry per axis"):
+      sharding.constrain(x, ("batch",))
+    mesh = sharding.make_mesh((4, 2, 1))
+    with jax.set_mesh(mesh), nnx.logical_axis_rules(sharding.DEFAULT_RULES):
+      y = jax.jit(lambda x: sharding.constrain(x * 2, ("batch", None)))(x)
+    assert y.sharding.is_equivalent_to(
+        jax.sharding.NamedSharding(mesh, P(("data", "fsdp"), None)), 2)
+    helpers.assert_close(y, 2 * x, atol=0)
+
+  def test_rule_resolution(self):
+    rules = sharding.rules_with([("norm", "tensor"), ("seq", "data")])
+    assert dict(rules)["norm"] == "tensor"
+    assert len({name for name, _ in rules}) == len(rules)
+    assert sharding.logical_to_mesh(("batch", "seq", "embed"), rules) == P(
+        ("data", "fsdp"), None, None)
+    assert sharding.logical_to_mesh(("seq", "batch"), rules) == P(
+        "data", "fsdp")
+    assert sharding.logical_to_mesh(("mlp", None, "unknown")) == P(
+        "tensor", None, None)
