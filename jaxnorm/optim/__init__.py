@@ -14,9 +14,25 @@ from jaxnorm.optim.adamp import (
     scale_by_sgdp,
     sgdp,
 )
+from jaxnorm.optim.conda import (
+    PostStepDecayState,
+    ScaleByCondaState,
+    add_decayed_weights_after_step,
+    conda,
+    scale_by_conda,
+)
+from jaxnorm.optim.rmnp import ScaleByRmnpState, rmnp, scale_by_rmnp
 
 __all__ = [
     "MatrixAxes",
+    "PostStepDecayState",
+    "ScaleByCondaState",
+    "ScaleByRmnpState",
+    "add_decayed_weights_after_step",
+    "conda",
+    "rmnp",
+    "scale_by_conda",
+    "scale_by_rmnp",
     "ScaleByAdampState",
     "ScaleBySgdpState",
     "adamp",

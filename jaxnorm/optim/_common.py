@@ -48,3 +48,25 @@ def check_hyper(who: str, name: str, value: Any, *, low: float = 0.0,
     hi = "inf)" if high is None else (f"{high})" if high_open else f"{high}]")
     raise ValueError(f"{who}: {name} must lie in [{low}, {hi}, got "
                      f"{name}={value!r}")
+
+
+def standard_promotion(tx: Any) -> Any:
+  """``tx`` with init/update traced under standard dtype promotion.
+
+  optax's own transforms (``adamw``'s ``decay ** count``) mix Python floats
+  with int32 counters, which raises under ``jax_numpy_dtype_promotion=strict``.
+  The wrapped transform computes exactly the same values.
+  """
+  import optax
+
+  def init_fn(params):
+    with jax.numpy_dtype_promotion("standard"):
+      return tx.init(params)
+
+  def update_fn(updates, state, params=None, **extra_args):
+    with jax.numpy_dtype_promotion("standard"):
+      if extra_args:
+        return tx.update(updates, state, params, **extra_args)
+      return tx.update(updates, state, params)
+
+  return optax.GradientTransformationExtraArgs(init_fn, update_fn)

@@ -258,11 +258,11 @@ def adamp(
     Heo et al., *AdamP: Slowing Down the Slowdown for Momentum Optimizers on
     Scale-invariant Weights*, arXiv:2006.08217 (2021).
   """
-  return optax.chain(
+  return _common.standard_promotion(optax.chain(
       scale_by_adamp(b1, b2, eps, weight_decay=weight_decay, delta=delta,
                      wd_ratio=wd_ratio, nesterov=nesterov, mu_dtype=mu_dtype,
                      axes=axes),
-      optax.scale_by_learning_rate(learning_rate))
+      optax.scale_by_learning_rate(learning_rate)))
 
 
 def scale_by_sgdp(
@@ -404,8 +404,8 @@ def sgdp(
     Heo et al., *AdamP: Slowing Down the Slowdown for Momentum Optimizers on
     Scale-invariant Weights*, arXiv:2006.08217 (2021).
   """
-  return optax.chain(
+  return _common.standard_promotion(optax.chain(
       scale_by_sgdp(momentum, dampening=dampening, weight_decay=weight_decay,
                     nesterov=nesterov, eps=eps, delta=delta,
                     wd_ratio=wd_ratio, mu_dtype=mu_dtype, axes=axes),
-      optax.scale_by_learning_rate(learning_rate))
+      optax.scale_by_learning_rate(learning_rate)))
