@@ -21,15 +21,18 @@ from jaxnorm.optim.conda import (
     conda,
     scale_by_conda,
 )
+from jaxnorm.optim.nap import NapProjectState, nap_project
 from jaxnorm.optim.rmnp import ScaleByRmnpState, rmnp, scale_by_rmnp
 
 __all__ = [
     "MatrixAxes",
+    "NapProjectState",
     "PostStepDecayState",
     "ScaleByCondaState",
     "ScaleByRmnpState",
     "add_decayed_weights_after_step",
     "conda",
+    "nap_project",
     "rmnp",
     "scale_by_conda",
     "scale_by_rmnp",

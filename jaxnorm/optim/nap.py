@@ -1,0 +1,158 @@
+r"""NaP: the weight-projection step of Normalize-and-Project, as a transform.
+
+Lyle, Zheng, Khetarpal, Martens, van Hasselt, Pascanu and Dabney,
+*Normalization and effective learning rates in reinforcement learning*,
+arXiv:2407.01800 (NeurIPS 2024).
+
+NaP puts a normalization layer before every nonlinearity, so the preceding
+weights are scale-invariant, and after every optimizer step projects each such
+weight back to its norm at initialization,
+:math:`W \leftarrow W\,\lVert W_0\rVert_F / \lVert W\rVert_F`, which keeps the
+effective learning rate :math:`\propto \eta / \lVert W\rVert^2` constant.
+`nap_project` is that projection as the **last** element of an optax chain.
+
+Unverified: the paper text could not be read; the per-layer Frobenius norm,
+the unprojected readout and the projection period follow secondary sources
+(``docs/research/nap-qualification.md`` audit and the NeurIPS poster digest,
+see the project spec). Not implemented: the paper's joint treatment of norm
+layers' scale and offset (``norm_affine='joint'`` in the spec); leave those
+parameters out of ``mask``.
+
+**Sharding.** One sum of squares per leaf (or per output unit), all-reduced
+across shards by XLA; nothing is gathered.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from jax.typing import ArrayLike
+
+from jaxnorm import _checks
+from jaxnorm.optim import _axes, _common
+
+GRANULARITIES = ("layer", "unit")
+
+
+class NapProjectState(NamedTuple):
+  """State of `nap_project`."""
+
+  count: jax.Array  # shape (), int32
+  target: optax.Updates  # norms at init; MaskedNode for unmasked leaves
+
+
+def _reduce_axes(x: jax.Array, d: _axes.Dims | None, granularity: str
+                 ) -> tuple[int, ...]:
+  if d is None:
+    return tuple(range(x.ndim))
+  if granularity == "unit":
+    return d.reduction
+  return d.reduction + d.output
+
+
+def _norm(x: jax.Array, axes: tuple[int, ...]) -> jax.Array:
+  x = _common.f32(x)
+  return jnp.sqrt(jnp.sum(x * x, axis=axes, keepdims=True))
+
+
+def nap_project(
+    mask: Any | Callable[[Any], Any],
+    *,
+    eps: ArrayLike = 1e-12,
+    granularity: str = "layer",
+    period: int = 1,
+    axes: _axes.AxesSpec = None,
+) -> optax.GradientTransformation:
+  r"""Projects masked weights back to their initial norm after each update.
+
+  ``init(params)`` stores :math:`\tau = \lVert p_0\rVert` per masked leaf
+  (per batch index, or per output unit with ``granularity='unit'``).
+  ``update(u, state, params)`` returns
+  :math:`\tilde p - p` with :math:`\tilde p = (p + u)\,\tau /
+  \max(\lVert p + u\rVert, \epsilon)` for masked leaves on projection steps
+  (every ``period``-th update), and ``u`` unchanged otherwise. Put it last,
+  after the learning rate and weight decay.
+
+  Args:
+    mask: boolean pytree (a prefix of the params) or a callable from params
+      to one; ``True`` marks hidden weights that feed a normalization layer.
+      There is no default: the readout layer, which the paper leaves
+      unprojected, cannot be recognized from the tree.
+    eps: lower bound of the current norm.
+    granularity: ``'layer'`` (paper: one Frobenius norm per weight matrix) or
+      ``'unit'`` (jaxnorm extension: one norm per output unit, over the
+      reduction axes of ``axes``).
+    period: project every ``period`` updates (1 = every step; the paper
+      found every step and every 1000 steps nearly identical).
+    axes: matrix axes spec (see `jaxnorm.optim.MatrixAxes`); batch axes get
+      one norm each, and ``'unit'`` needs the reduction axes.
+
+  Returns:
+    An `optax.GradientTransformation`; ``update`` needs ``params``.
+
+  Raises:
+    ValueError: unknown ``granularity``, non-positive ``period``, negative
+      ``eps``, ``granularity='unit'`` on a masked leaf of rank < 2, or (at
+      update) missing ``params``.
+
+  References:
+    Lyle et al., *Normalization and effective learning rates in
+    reinforcement learning*, arXiv:2407.01800 (2024).
+  """
+  who = "nap_project"
+  _checks.check_choice(who, "granularity", granularity, GRANULARITIES)
+  _checks.check_positive_int(who, "period", period)
+  _common.check_hyper(who, "eps", eps)
+
+  def leaf_info(params):
+    m = mask(params) if callable(mask) else mask
+    treedef = jax.tree.structure(params)
+    flags = jax.tree.map(
+        lambda flag, sub: jax.tree.map(lambda _: bool(flag), sub), m, params,
+        is_leaf=lambda x: isinstance(x, (bool, np.bool_)))
+    flags = treedef.flatten_up_to(flags)
+    dims = _axes.dims_leaves(_axes.resolve_tree(who, axes, params), params)
+    for x, f, d in zip(treedef.flatten_up_to(params), flags, dims):
+      if f and granularity == "unit" and d is None:
+        raise ValueError(
+            f"{who}: granularity='unit' needs matrix axes, got a masked leaf "
+            f"of shape {x.shape}; use granularity='layer' or unmask it")
+    return treedef, flags, dims
+
+  def init_fn(params):
+    treedef, flags, dims = leaf_info(params)
+    targets = [
+        _norm(p, _reduce_axes(p, d, granularity)) if f else optax.MaskedNode()
+        for p, f, d in zip(treedef.flatten_up_to(params), flags, dims)]
+    return NapProjectState(jnp.zeros([], jnp.int32),
+                           treedef.unflatten(targets))
+
+  def update_fn(updates, state, params=None):
+    if params is None:
+      raise ValueError(f"{who}: params are required; call "
+                       "update(updates, state, params)")
+    treedef, flags, dims = leaf_info(params)
+    count = _common.increment(state.count)
+    fire = count % jnp.int32(period) == 0
+    us = treedef.flatten_up_to(updates)
+    ps = treedef.flatten_up_to(params)
+    ts = treedef.flatten_up_to(state.target)
+    out = []
+    for u, p, tau, f, d in zip(us, ps, ts, flags, dims):
+      if not f:
+        out.append(u)
+        continue
+      new = _common.f32(p) + _common.f32(u).astype(_common.compute_dtype(p))
+      norm = _norm(new, _reduce_axes(p, d, granularity))
+      factor = tau.astype(new.dtype) / jnp.maximum(
+          norm, _common.as_scalar(eps, new))
+      proj = new * jnp.broadcast_to(factor, new.shape) - _common.f32(p)
+      out.append(jnp.where(fire, proj.astype(u.dtype), u))
+    return treedef.unflatten(out), NapProjectState(count, state.target)
+
+  return optax.GradientTransformation(init_fn, update_fn)
