@@ -70,3 +70,30 @@ def standard_promotion(tx: Any) -> Any:
       return tx.update(updates, state, params)
 
   return optax.GradientTransformationExtraArgs(init_fn, update_fn)
+
+
+def in_compute_dtype(tx: Any) -> Any:
+  """``tx`` run on float32 (compute-dtype) copies of updates and params.
+
+  Keeps the wrapped transform's moments in float32 for half-precision
+  parameters (optax's ``adamw`` would store its second moment in the
+  parameter dtype) and casts the updates back to each parameter's dtype.
+  Also traces under standard dtype promotion (see `standard_promotion`).
+  """
+  inner = standard_promotion(tx)
+  import optax
+
+  def up(tree):
+    return jax.tree.map(f32, tree)
+
+  def init_fn(params):
+    return inner.init(up(params))
+
+  def update_fn(updates, state, params=None, **extra_args):
+    out, state = inner.update(up(updates), state,
+                              None if params is None else up(params),
+                              **extra_args)
+    out = jax.tree.map(lambda o, u: o.astype(u.dtype), out, updates)
+    return out, state
+
+  return optax.GradientTransformationExtraArgs(init_fn, update_fn)

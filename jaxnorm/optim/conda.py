@@ -367,7 +367,7 @@ def conda(
                              mu_dtype=mu_dtype, axes=axes),
               optax.scale_by_learning_rate(learning_rate),
               add_decayed_weights_after_step(learning_rate, weight_decay)),
-          "adam": _common.standard_promotion(optax.adamw(
+          "adam": _common.in_compute_dtype(optax.adamw(
               adam_learning_rate if adam_learning_rate is not None
               else learning_rate, b1=b1, b2=b2, eps=eps,
               weight_decay=(adam_weight_decay if adam_weight_decay

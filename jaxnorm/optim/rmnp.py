@@ -215,7 +215,7 @@ def rmnp(
                             mu_dtype=mu_dtype, axes=axes),
               optax.add_decayed_weights(weight_decay),
               optax.scale_by_learning_rate(learning_rate)),
-          "adam": _common.standard_promotion(optax.adamw(
+          "adam": _common.in_compute_dtype(optax.adamw(
               adam_learning_rate if adam_learning_rate is not None
               else learning_rate, b1=adam_b1, b2=adam_b2, eps=adam_eps,
               weight_decay=adam_weight_decay, mu_dtype=mu_dtype)),
