@@ -767,3 +767,262 @@ def layer_norm_scaling(layer_index: int) -> float:
     raise ValueError("layer_norm_scaling: layer_index must be a non-negative "
                      f"integer (0-based), got {layer_index=}")
   return 1.0 / math.sqrt(layer_index + 1)
+
+
+# ---------------------------------------------------------------------------
+# Helpers of the normalization family below.
+
+
+def _axis_count(axis_name: str | tuple[str, ...] | None) -> int:
+  """Number of devices along the mapped ``axis_name`` (1 without one)."""
+  return 1 if axis_name is None else jax.lax.axis_size(axis_name)
+
+
+def _pmean(x: jax.Array, axis_name: str | tuple[str, ...] | None
+           ) -> jax.Array:
+  return x if axis_name is None else jax.lax.pmean(x, axis_name)
+
+
+def _psum(x: jax.Array, axis_name: str | tuple[str, ...] | None
+          ) -> jax.Array:
+  return x if axis_name is None else jax.lax.psum(x, axis_name)
+
+
+def _channel(p: ArrayLike, ndim: int, dtype: jnp.dtype) -> jax.Array:
+  """A ``(C,)`` vector reshaped to broadcast over a features-last input."""
+  return _expand(p, ndim, (ndim - 1,), dtype)
+
+
+def _check_channels(who: str, x: jax.Array, **params: ArrayLike | None
+                    ) -> None:
+  """Every given parameter is a float vector of length ``x.shape[-1]``."""
+  for name, p in params.items():
+    _check_param(who, name, p, x, (x.ndim - 1,))
+
+
+def _check_state(who: str, state: tuple, cls: type,
+                 shapes: dict[str, tuple[int, ...]]) -> None:
+  """``state`` is a ``cls`` whose named fields have the given shapes."""
+  if not isinstance(state, cls):
+    raise TypeError(f"{who}: state must be a {cls.__name__}, got "
+                    f"{type(state).__name__}")
+  for name, shape in shapes.items():
+    _checks.check_shape(who, f"state.{name}", getattr(state, name), shape)
+
+
+def _resolve_groups(who: str, name: str, channels: int,
+                    num_groups: int | None, group_size: int | None) -> int:
+  """The group count from exactly one of ``num_groups`` and ``group_size``."""
+  if (num_groups is None) == (group_size is None):
+    raise ValueError(
+        f"{who}: give exactly one of num_groups and group_size, got "
+        f"{num_groups=} and {group_size=}")
+  if num_groups is None:
+    _checks.check_positive_int(who, "group_size", group_size)
+    _checks.check_divisible(who, name, channels, "group_size", group_size)
+    num_groups = channels // group_size
+  _checks.check_positive_int(who, "num_groups", num_groups)
+  _checks.check_divisible(who, name, channels, "num_groups", num_groups)
+  return num_groups
+
+
+def _group_var(xf: jax.Array, num_groups: int) -> jax.Array:
+  """Biased variance per example and channel group, over all non-batch axes.
+
+  Returns an array shaped like ``xf`` (each channel gets its group's value).
+  """
+  c = xf.shape[-1]
+  xg = xf.reshape(*xf.shape[:-1], num_groups, c // num_groups)
+  _, var = _moments(xg, (*range(1, xf.ndim - 1), xf.ndim))
+  return jnp.broadcast_to(var, xg.shape).reshape(xf.shape)
+
+
+# ---------------------------------------------------------------------------
+# EvoNorm-B0 and EvoNorm-S0.
+
+
+class EvoNormB0State(NamedTuple):
+  """Running statistic of `evo_norm_b0`.
+
+  Attributes:
+    var: running batch variance, shape ``(C,)``, initialized to 1; like
+      torch (and timm) it stores the **unbiased** batch variance.
+  """
+
+  var: jax.Array
+
+
+def init_evo_norm_b0_state(num_features: int,
+                           dtype: jnp.dtype = jnp.float32) -> EvoNormB0State:
+  """`evo_norm_b0` state at initialization: running variance 1."""
+  _checks.check_positive_int("init_evo_norm_b0_state", "num_features",
+                             num_features)
+  return EvoNormB0State(var=jnp.ones((num_features,), dtype))
+
+
+def evo_norm_b0(
+    x: Float[ArrayLike, "n *spatial c"],
+    scale: Float[ArrayLike, " c"] | None,
+    bias: Float[ArrayLike, " c"] | None,
+    v: Float[ArrayLike, " c"] | None,
+    state: EvoNormB0State,
+    *,
+    training: bool,
+    momentum: float = 0.9,
+    eps: float = 1e-3,
+    axis_name: str | tuple[str, ...] | None = None,
+) -> tuple[Float[Array, "n *spatial c"], EvoNormB0State]:
+  r"""EvoNorm-B0: batch-dependent normalization-activation layer.
+
+  For channels-last ``x`` (NHWC),
+
+  .. math::
+    y = \frac{x}{\max\left(\sqrt{\sigma^2_B + \epsilon},\;
+        v \odot x + \sqrt{\sigma^2_I + \epsilon}\right)} \odot \gamma + \beta
+
+  with the element-wise max, :math:`\sigma^2_B[c]` the biased variance over
+  batch and spatial axes (training) or the running variance (inference),
+  and :math:`\sigma^2_I[n, c]` the per-instance variance over the spatial
+  axes, always from the sample. There is no mean subtraction. Training
+  updates the running variance with the **unbiased** batch variance
+  (torch convention, as in timm):
+  :math:`\bar\sigma^2 \leftarrow m \bar\sigma^2 + (1 - m)\,\sigma^2_B
+  \frac{n}{n - 1}`, ``n`` the number of values per channel (across devices
+  with ``axis_name``).
+
+  ``momentum`` follows the Flax convention (weight of the old value): the
+  default 0.9 is timm's ``momentum=0.1``. With ``v=None`` (timm's
+  ``apply_act=False``) the layer is only the affine map and the state is
+  returned unchanged, as in timm.
+
+  Args:
+    x: input ``(n, *spatial, c)`` with at least one spatial axis.
+    scale: :math:`\gamma`, shape ``(c,)``, or ``None``.
+    bias: :math:`\beta`, shape ``(c,)``, or ``None``.
+    v: :math:`v`, shape ``(c,)`` (init 1), or ``None`` for no normalization.
+    state: running variance.
+    training: batch statistics and a state update when True.
+    momentum: decay of the running variance (Flax convention).
+    eps: added to both variances (timm default 1e-3).
+    axis_name: mapped axis name(s) across which batch statistics are
+      averaged (cross-device EvoNorm).
+
+  Returns:
+    ``(y, new_state)``: ``y`` with the shape and dtype of ``x``,
+    ``new_state`` with the structure and dtypes of ``state``.
+
+  Raises:
+    TypeError: for non-floating input or parameters, or a bad state type.
+    ValueError: for rank < 3, bad parameter or state shapes, or a training
+      batch with one value per channel.
+
+  References:
+    Liu, Brock, Simonyan & Le, *Evolving Normalization-Activation Layers*,
+    arXiv:2004.02967 (NeurIPS 2020). Layer formula as in timm's
+    ``EvoNorm2dB0``.
+  """
+  who = "evo_norm_b0"
+  _checks.check_floating(who, "x", x)
+  x = jnp.asarray(x)
+  _checks.check_ndim(who, "x", x, minimum=3)
+  _check_channels(who, x, scale=scale, bias=bias, v=v)
+  c = x.shape[-1]
+  _check_state(who, state, EvoNormB0State, {"var": (c,)})
+  cdt = _compute_dtype(x)
+  xf = x.astype(cdt)
+  y, new_state = xf, state
+  if v is not None:
+    if training:
+      n = math.prod(x.shape[:-1]) * _axis_count(axis_name)
+      if n < 2:
+        raise ValueError(f"{who}: training needs more than one value per "
+                         f"channel, got {x.shape=}")
+      _, var_b = _moments(xf, tuple(range(x.ndim - 1)), axis_name)
+      new_var = (momentum * state.var.astype(cdt)
+                 + (1 - momentum) * var_b.reshape(-1) * (n / (n - 1)))
+      new_state = EvoNormB0State(var=new_var.astype(state.var.dtype))
+    else:
+      var_b = _channel(state.var, x.ndim, cdt)
+    _, var_i = _moments(xf, tuple(range(1, x.ndim - 1)))
+    left = jnp.sqrt(var_b + eps)
+    right = _channel(v, x.ndim, cdt) * xf + jnp.sqrt(var_i + eps)
+    y = xf / jnp.maximum(left, right)
+  if scale is not None:
+    y = y * _channel(scale, x.ndim, cdt)
+  if bias is not None:
+    y = y + _channel(bias, x.ndim, cdt)
+  return y.astype(x.dtype), new_state
+
+
+EvoNormS0Variant = Literal["s0", "s0a"]
+
+
+def evo_norm_s0(
+    x: Float[ArrayLike, "n *spatial c"],
+    scale: Float[ArrayLike, " c"] | None,
+    bias: Float[ArrayLike, " c"] | None,
+    v: Float[ArrayLike, " c"] | None,
+    *,
+    num_groups: int | None = 32,
+    group_size: int | None = None,
+    eps: float = 1e-5,
+    variant: EvoNormS0Variant = "s0",
+) -> Float[Array, "n *spatial c"]:
+  r"""EvoNorm-S0: sample-based normalization-activation layer (stateless).
+
+  .. math::
+    y = \frac{x \odot \mathrm{sigmoid}(v \odot x)}
+             {\sqrt{\sigma^2_G + \epsilon}} \odot \gamma + \beta
+
+  with :math:`\sigma^2_G[n, g]` the biased variance per example over the
+  spatial axes and the channels of group ``g``. No mean subtraction;
+  training and inference are the same.
+
+  timm quirks kept: with ``v=None`` (``apply_act=False``) variant ``"s0"``
+  is only the affine map; ``"s0a"`` (timm ``EvoNorm2dS0a``, whose default
+  ``eps`` is 1e-3) always divides by the group std, with or without ``v``.
+
+  Args:
+    x: input ``(n, *spatial, c)`` with at least one spatial axis.
+    scale: :math:`\gamma`, shape ``(c,)``, or ``None``.
+    bias: :math:`\beta`, shape ``(c,)``, or ``None``.
+    v: :math:`v`, shape ``(c,)`` (init 1), or ``None``.
+    num_groups: number of channel groups; give exactly one of this and
+      ``group_size``.
+    group_size: channels per group.
+    eps: added to the group variance (timm: 1e-5 for S0, 1e-3 for S0a).
+    variant: ``"s0"`` or ``"s0a"``.
+
+  Returns:
+    Array with the shape and dtype of ``x``.
+
+  Raises:
+    TypeError: for non-floating input or parameters.
+    ValueError: for rank < 3, a bad group configuration, parameter shape or
+      variant.
+
+  References:
+    Liu, Brock, Simonyan & Le, *Evolving Normalization-Activation Layers*,
+    arXiv:2004.02967 (NeurIPS 2020). Layer formula as in timm's
+    ``EvoNorm2dS0`` / ``EvoNorm2dS0a``.
+  """
+  who = "evo_norm_s0"
+  _checks.check_floating(who, "x", x)
+  _checks.check_choice(who, "variant", variant, ("s0", "s0a"))
+  x = jnp.asarray(x)
+  _checks.check_ndim(who, "x", x, minimum=3)
+  groups = _resolve_groups(who, "x.shape[-1]", x.shape[-1], num_groups,
+                           group_size)
+  _check_channels(who, x, scale=scale, bias=bias, v=v)
+  cdt = _compute_dtype(x)
+  xf = x.astype(cdt)
+  y = xf
+  if v is not None:
+    y = xf * jax.nn.sigmoid(_channel(v, x.ndim, cdt) * xf)
+  if v is not None or variant == "s0a":
+    y = y * jax.lax.rsqrt(_group_var(xf, groups) + eps)
+  if scale is not None:
+    y = y * _channel(scale, x.ndim, cdt)
+  if bias is not None:
+    y = y + _channel(bias, x.ndim, cdt)
+  return y.astype(x.dtype)

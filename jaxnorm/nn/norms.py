@@ -289,8 +289,85 @@ class SeeDNorm(nnx.Module):
     return _cast(y, self.dtype)
 
 
+class EvoNormB0(nnx.Module):
+  """EvoNorm-B0 of NHWC input; see `jaxnorm.norms.evo_norm_b0`.
+
+  Parameters ``scale`` (1), ``bias`` (0) and ``v`` (1, absent with
+  ``apply_act=False``); running variance ``var`` is an `nnx.BatchStat`.
+  ``momentum`` is Flax-style (0.9 = timm's 0.1). ``use_running_average``
+  selects inference, as in `BatchNorm`.
+  """
+
+  def __init__(self, num_features: int, *, momentum: float = 0.9,
+               eps: float = 1e-3, use_running_average: bool = False,
+               apply_act: bool = True, axis_name: str | None = None,
+               dtype: Any = None, param_dtype: Any = jnp.float32,
+               axis_names: Names = ("norm",), rngs: nnx.Rngs):
+    _checks.check_positive_int("EvoNormB0", "num_features", num_features)
+    del rngs  # Constant initialization only.
+    self.num_features, self.momentum, self.eps = num_features, momentum, eps
+    self.use_running_average, self.axis_name = use_running_average, axis_name
+    self.dtype = dtype
+    shape = (num_features,)
+    self.scale = _param.param(jnp.ones(shape, param_dtype), axis_names)
+    self.bias = _param.param(jnp.zeros(shape, param_dtype), axis_names)
+    self.v = (_param.param(jnp.ones(shape, param_dtype), axis_names)
+              if apply_act else None)
+    state = norms.init_evo_norm_b0_state(num_features, param_dtype)
+    self.var = _param.param(state.var, axis_names, nnx.BatchStat)
+
+  def __call__(self, x: jax.Array, *,
+               use_running_average: bool | None = None) -> jax.Array:
+    """Normalizes ``x``; in training mode also updates ``var``."""
+    eval_mode = (self.use_running_average if use_running_average is None
+                 else use_running_average)
+    y, new_state = norms.evo_norm_b0(
+        x, self.scale[...], self.bias[...], _maybe(self.v),
+        norms.EvoNormB0State(self.var[...]), training=not eval_mode,
+        momentum=self.momentum, eps=self.eps, axis_name=self.axis_name)
+    if not eval_mode:
+      self.var[...] = new_state.var
+    return _cast(y, self.dtype)
+
+
+class EvoNormS0(nnx.Module):
+  """EvoNorm-S0 (or S0a) of NHWC input; see `jaxnorm.norms.evo_norm_s0`.
+
+  Parameters ``scale`` (1), ``bias`` (0) and ``v`` (1, absent with
+  ``apply_act=False``). Stateless.
+  """
+
+  def __init__(self, num_features: int, *, num_groups: int | None = 32,
+               group_size: int | None = None, eps: float = 1e-5,
+               apply_act: bool = True,
+               variant: norms.EvoNormS0Variant = "s0",
+               dtype: Any = None, param_dtype: Any = jnp.float32,
+               axis_names: Names = ("norm",), rngs: nnx.Rngs):
+    who = "EvoNormS0"
+    _checks.check_positive_int(who, "num_features", num_features)
+    _checks.check_choice(who, "variant", variant, ("s0", "s0a"))
+    del rngs  # Constant initialization only.
+    self.num_groups = norms._resolve_groups(who, "num_features", num_features,
+                                            num_groups, group_size)
+    self.num_features, self.eps, self.variant = num_features, eps, variant
+    self.dtype = dtype
+    shape = (num_features,)
+    self.scale = _param.param(jnp.ones(shape, param_dtype), axis_names)
+    self.bias = _param.param(jnp.zeros(shape, param_dtype), axis_names)
+    self.v = (_param.param(jnp.ones(shape, param_dtype), axis_names)
+              if apply_act else None)
+
+  def __call__(self, x: jax.Array) -> jax.Array:
+    """Normalizes ``x`` (NHWC) with this module's parameters."""
+    y = norms.evo_norm_s0(x, self.scale[...], self.bias[...], _maybe(self.v),
+                          num_groups=self.num_groups, eps=self.eps,
+                          variant=self.variant)
+    return _cast(y, self.dtype)
+
+
 NormName = Literal["layernorm", "rmsnorm", "crmsnorm", "batchnorm",
-                   "groupnorm", "instancenorm", "dyt", "seednorm"]
+                   "groupnorm", "instancenorm", "dyt", "seednorm",
+                   "evonormb0", "evonorms0"]
 
 NORMS: Mapping[str, type[nnx.Module]] = types.MappingProxyType({
     "layernorm": LayerNorm,
@@ -301,6 +378,8 @@ NORMS: Mapping[str, type[nnx.Module]] = types.MappingProxyType({
     "instancenorm": InstanceNorm,
     "dyt": DyT,
     "seednorm": SeeDNorm,
+    "evonormb0": EvoNormB0,
+    "evonorms0": EvoNormS0,
 })
 
 

@@ -42,6 +42,13 @@ CASES = {
                  lambda m, x: norms.seed_norm(
                      x, m.scale[...], m.dyn_scale[...], m.dyn_proj[...],
                      num_heads=2)),
+    "evonormb0": ({"use_running_average": True}, (2, 3, 2, D),
+                  lambda m, x: norms.evo_norm_b0(
+                      x, m.scale[...], m.bias[...], m.v[...],
+                      norms.EvoNormB0State(m.var[...]), training=False)[0]),
+    "evonorms0": ({"num_groups": 2}, (2, 3, 2, D),
+                  lambda m, x: norms.evo_norm_s0(
+                      x, m.scale[...], m.bias[...], m.v[...], num_groups=2)),
 }
 
 
@@ -157,8 +164,8 @@ class TestErrors:
   def test_unknown_name_lists_valid_names(self):
     with pytest.raises(ValueError, match=r"make_norm: unknown norm 'lnorm'; "
                        r"valid names are batchnorm, crmsnorm, dyt, "
-                       r"groupnorm, instancenorm, layernorm, rmsnorm, "
-                       r"seednorm"):
+                       r"evonormb0, evonorms0, groupnorm, instancenorm, "
+                       r"layernorm, rmsnorm, seednorm"):
       jnn.make_norm("lnorm", D, rngs=nnx.Rngs(0))
 
   @pytest.mark.parametrize("name", sorted(CASES))
