@@ -1026,3 +1026,554 @@ def evo_norm_s0(
   if bias is not None:
     y = y + _channel(bias, x.ndim, cdt)
   return y.astype(x.dtype)
+
+
+# ---------------------------------------------------------------------------
+# PowerNorm and Unified Normalization: running statistics in the forward
+# pass, approximate backward passes with their own state.
+#
+# A `jax.custom_vjp` cannot mutate state, so the state its backward pass
+# updates (PowerNorm's and UN's gradient statistics) is an explicit input of
+# the function, and the backward pass returns the *increment* of that state
+# (``new - old``) as its cotangent. A train step differentiates with respect
+# to these state fields too, removes them from the gradient tree before the
+# optimizer, and adds them to the state. Under gradient accumulation the
+# increments of the micro-steps are summed and applied once.
+
+
+def _check_pad_mask(who: str, pad_mask: ArrayLike | None, x: jax.Array
+                    ) -> jax.Array | None:
+  if pad_mask is None:
+    return None
+  if jnp.result_type(pad_mask) != jnp.bool_:
+    raise TypeError(f"{who}: pad_mask must be boolean (True at pads), got "
+                    f"pad_mask.dtype={jnp.result_type(pad_mask)}")
+  _checks.check_shape(who, "pad_mask", pad_mask, x.shape[:-1],
+                      "x.shape[:-1]")
+  return jnp.asarray(pad_mask)
+
+
+def _quadratic_mean(xf: jax.Array, pad_mask: jax.Array | None,
+                    axis_name: str | tuple[str, ...] | None) -> jax.Array:
+  """``mean(x**2)`` per channel over non-pad positions, shape ``(C,)``."""
+  sq = jnp.square(xf).reshape(-1, xf.shape[-1])
+  if pad_mask is None:
+    total = jnp.sum(sq, axis=0)
+    count = jnp.asarray(sq.shape[0], xf.dtype)
+  else:
+    valid = jnp.logical_not(pad_mask).reshape(-1, 1).astype(xf.dtype)
+    total = jnp.sum(sq * valid, axis=0)
+    count = jnp.sum(valid)
+  total, count = _psum(total, axis_name), _psum(count, axis_name)
+  return jax.lax.stop_gradient(total / jnp.maximum(count, 1.0))
+
+
+def _all_mean(t: jax.Array, axis_name: str | tuple[str, ...] | None
+              ) -> jax.Array:
+  """Mean over every position (pads included), per channel, ``(C,)``."""
+  return _pmean(jnp.mean(t.reshape(-1, t.shape[-1]), axis=0), axis_name)
+
+
+class PowerNormState(NamedTuple):
+  r"""State of `power_norm`.
+
+  Attributes:
+    count: training steps taken, int32 scalar (``t`` after the update).
+    running_phi: running quadratic mean :math:`\Phi`, ``(C,)``, init 1.
+    grad_ema: backward statistic :math:`\nu`, ``(C,)``, init 0; updated
+      only through the backward pass (its cotangent is the increment).
+  """
+
+  count: jax.Array
+  running_phi: jax.Array
+  grad_ema: jax.Array
+
+
+def init_power_norm_state(num_features: int,
+                          dtype: jnp.dtype = jnp.float32) -> PowerNormState:
+  """`power_norm` state at initialization: ``t=0, Phi=1, nu=0``."""
+  _checks.check_positive_int("init_power_norm_state", "num_features",
+                             num_features)
+  return PowerNormState(count=jnp.zeros((), jnp.int32),
+                        running_phi=jnp.ones((num_features,), dtype),
+                        grad_ema=jnp.zeros((num_features,), dtype))
+
+
+BackwardStat = Literal["batch", "running"]
+
+
+def power_norm(
+    x: Float[ArrayLike, "... c"],
+    scale: Float[ArrayLike, " c"] | None,
+    bias: Float[ArrayLike, " c"] | None,
+    state: PowerNormState,
+    *,
+    training: bool,
+    pad_mask: ArrayLike | None = None,
+    eps: float = 1e-5,
+    alpha_fwd: float = 0.9,
+    alpha_bkw: float = 0.9,
+    warmup_iters: int = 10000,
+    num_groups: int | None = 1,
+    group_eps: float = 1e-5,
+    backward_stat: BackwardStat = "batch",
+    axis_name: str | tuple[str, ...] | None = None,
+) -> tuple[Float[Array, "... c"], PowerNormState]:
+  r"""PowerNorm: batch normalization by a running quadratic mean.
+
+  Follows the official code (``sIncerass/powernorm``, ``MaskPowerNorm``).
+  Features are last; every other axis is a batch/token axis.
+
+  0. Group scaling (differentiated normally; skipped with
+     ``num_groups=None``): per token, each of ``G`` contiguous channel
+     groups is divided by :math:`\sqrt{\mathrm{mean}_{group}(x^2) +
+     \mathrm{group\_eps}}`. With ``G = 1`` this is an affine-free RMSNorm.
+  1. :math:`\psi^2_B[c]` = mean of :math:`x^2` over non-pad positions.
+  2. Training (the step counter ``t`` is incremented first):
+     :math:`z = x/\sqrt{\psi^2_B + \epsilon}` while ``t <= warmup_iters``,
+     else :math:`z = x/\sqrt{\Phi + \epsilon}`; then, if
+     ``t < warmup_iters``, :math:`\Phi \leftarrow \Phi (t-1)/t +
+     \psi^2_B/t`, and always :math:`\Phi \leftarrow \alpha_f \Phi +
+     (1-\alpha_f)\psi^2_B`. Inference: :math:`z = x/\sqrt{\Phi + \epsilon}`.
+  3. :math:`y = \gamma \odot z + \beta`. Pads are normalized too.
+
+  Approximate backward (training; a `jax.custom_vjp`):
+  :math:`g_z = \gamma \odot g_y`,
+  :math:`\tilde g = g_z - (1-\alpha_b)\,\nu \odot z`,
+  :math:`\partial L/\partial x = \tilde g / \sqrt{\psi^2_B + \epsilon}` (the
+  batch statistic even after warmup, as in the code), and
+  :math:`\nu \leftarrow \nu + \mathrm{mean}_{all}(\tilde g \odot z)` (pads
+  included). Gradients do not flow through :math:`\psi^2_B`. The increment
+  of :math:`\nu` is returned as the cotangent of ``state.grad_ema``: add it
+  to the state after the backward pass (see the section comment above);
+  ``new_state.grad_ema`` is the unchanged input. In inference the function
+  is differentiated normally.
+
+  Unverified: the paper's Algorithm 1 could not be read; its form is
+  recalled as dividing by the running statistic in backward, available as
+  ``backward_stat="running"`` (the pre-update :math:`\Phi`). The group
+  scaling is in the code; whether the paper has it is unverified.
+  ``warmup_iters`` defaults to the class default 10000; fairseq's
+  ``NormSelect`` passes ``--warmup-updates`` (default 1000).
+
+  Args:
+    x: input ``(..., c)``; fairseq's layout is ``(T, B, C)``.
+    scale: :math:`\gamma`, ``(c,)`` or ``None``.
+    bias: :math:`\beta`, ``(c,)`` or ``None``.
+    state: `PowerNormState`.
+    training: training step (statistics, state update, custom backward).
+    pad_mask: boolean ``x.shape[:-1]``, True at pads (for fairseq's
+      ``(B, T)`` mask and ``(T, B, C)`` input pass ``pad_mask.T``).
+    eps: added to the statistics.
+    alpha_fwd: :math:`\alpha_f`.
+    alpha_bkw: :math:`\alpha_b`.
+    warmup_iters: steps that normalize with the batch statistic.
+    num_groups: groups of the group scaling; ``None`` disables it.
+    group_eps: eps of the group scaling (hard-coded 1e-5 in the code).
+    backward_stat: ``"batch"`` (code) or ``"running"`` (paper, unverified).
+    axis_name: mapped axis name(s): :math:`\psi^2_B` and the :math:`\nu`
+      increment are averaged across devices.
+
+  Returns:
+    ``(y, new_state)`` with ``y`` shaped and typed like ``x``.
+
+  Raises:
+    TypeError: for non-floating input or parameters, a non-boolean
+      ``pad_mask`` or a bad state type.
+    ValueError: for bad shapes, group configuration or ``backward_stat``.
+
+  References:
+    Shen, Yao, Gholami, Mahoney & Keutzer, *PowerNorm: Rethinking Batch
+    Normalization in Transformers*, arXiv:2003.07845 (ICML 2020).
+  """
+  who = "power_norm"
+  _checks.check_floating(who, "x", x)
+  _checks.check_choice(who, "backward_stat", backward_stat,
+                       ("batch", "running"))
+  x = jnp.asarray(x)
+  _checks.check_ndim(who, "x", x, minimum=2)
+  c = x.shape[-1]
+  _check_channels(who, x, scale=scale, bias=bias)
+  _check_state(who, state, PowerNormState,
+               {"count": (), "running_phi": (c,), "grad_ema": (c,)})
+  pad_mask = _check_pad_mask(who, pad_mask, x)
+  cdt = _compute_dtype(x)
+  xf = x.astype(cdt)
+  if num_groups is not None:
+    groups = _resolve_groups(who, "x.shape[-1]", c, num_groups, None)
+    xg = xf.reshape(*x.shape[:-1], groups, c // groups)
+    xf = rms_norm(xg, eps=group_eps).reshape(x.shape)
+  gamma = (jnp.ones((c,), cdt) if scale is None
+           else jnp.asarray(scale).astype(cdt))
+  beta = (jnp.zeros((c,), cdt) if bias is None
+          else jnp.asarray(bias).astype(cdt))
+  phi = state.running_phi.astype(cdt)
+  if not training:
+    y = (xf * jax.lax.rsqrt(_channel(phi, x.ndim, cdt) + eps)
+         * _channel(gamma, x.ndim, cdt) + _channel(beta, x.ndim, cdt))
+    return y.astype(x.dtype), state
+  t = state.count + 1
+  psi2 = _quadratic_mean(xf, pad_mask, axis_name)
+  warm = t <= warmup_iters
+  var = jnp.where(warm, psi2, phi)
+  denom = psi2 if backward_stat == "batch" else phi
+  y = _power_norm_core(xf, gamma, beta, state.grad_ema.astype(cdt), var,
+                       denom, float(eps), float(alpha_bkw), axis_name)
+  tf = t.astype(cdt)
+  phi_c = jnp.where(t < warmup_iters, phi * (tf - 1) / tf + psi2 / tf, phi)
+  new_phi = alpha_fwd * phi_c + (1 - alpha_fwd) * psi2
+  new_state = PowerNormState(count=t.astype(state.count.dtype),
+                             running_phi=new_phi.astype(
+                                 state.running_phi.dtype),
+                             grad_ema=state.grad_ema)
+  return y.astype(x.dtype), new_state
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7, 8))
+def _power_norm_core(x, gamma, beta, nu, var, denom, eps, alpha_bkw,
+                     axis_name):
+  return _power_norm_core_fwd(x, gamma, beta, nu, var, denom, eps, alpha_bkw,
+                              axis_name)[0]
+
+
+def _power_norm_core_fwd(x, gamma, beta, nu, var, denom, eps, alpha_bkw,
+                         axis_name):
+  del alpha_bkw, axis_name
+  z = x * jax.lax.rsqrt(_channel(var, x.ndim, x.dtype) + eps)
+  y = _channel(gamma, x.ndim, x.dtype) * z + _channel(beta, x.ndim, x.dtype)
+  return y, (z, gamma, nu, denom)
+
+
+def _power_norm_core_bwd(eps, alpha_bkw, axis_name, res, dy):
+  z, gamma, nu, denom = res
+  nd = z.ndim
+  dy = dy.astype(z.dtype)
+  g = dy * _channel(gamma, nd, z.dtype)
+  g_tilde = g - (1 - alpha_bkw) * _channel(nu, nd, z.dtype) * z
+  d_nu = _all_mean(g_tilde * z, axis_name)
+  dx = g_tilde * jax.lax.rsqrt(_channel(denom, nd, z.dtype) + eps)
+  reduce = tuple(range(nd - 1))
+  dgamma = jnp.sum(dy * z, axis=reduce)
+  dbeta = jnp.sum(dy, axis=reduce)
+  return dx, dgamma, dbeta, d_nu.astype(nu.dtype), None, None
+
+
+_power_norm_core.defvjp(_power_norm_core_fwd, _power_norm_core_bwd)
+
+
+class UnifiedNormState(NamedTuple):
+  r"""State of `unified_norm`.
+
+  Attributes:
+    count: training steps taken, int32 scalar.
+    skip_count: steps skipped by outlier filtration, int32 scalar.
+    running_var: running statistic :math:`\Phi`, ``(C,)``, init 1.
+    grad_ema: EMA of the gradient statistic, ``(C,)``, init 0 (backward).
+    buf_x2: window of forward statistics, ``(W_f, C)``, init 0.
+    buf_gz: window of gradient statistics, ``(W_b, C)``, init 0 (backward).
+  """
+
+  count: jax.Array
+  skip_count: jax.Array
+  running_var: jax.Array
+  grad_ema: jax.Array
+  buf_x2: jax.Array
+  buf_gz: jax.Array
+
+
+def init_unified_norm_state(num_features: int,
+                            window_size: int | tuple[int, int] = 4,
+                            dtype: jnp.dtype = jnp.float32
+                            ) -> UnifiedNormState:
+  """`unified_norm` state at initialization.
+
+  Args:
+    num_features: channels ``C``.
+    window_size: ``W`` for both windows, or ``(W_f, W_b)``.
+    dtype: dtype of the float fields.
+
+  Returns:
+    The state (counters 0, ``running_var`` 1, everything else 0).
+
+  Raises:
+    ValueError: for a non-positive size or a malformed ``window_size``.
+  """
+  who = "init_unified_norm_state"
+  _checks.check_positive_int(who, "num_features", num_features)
+  if isinstance(window_size, (tuple, list)):
+    if len(window_size) != 2:
+      raise ValueError(f"{who}: window_size must be an int or a pair "
+                       f"(W_f, W_b), got {window_size=}")
+    w_f, w_b = window_size
+  else:
+    w_f = w_b = window_size
+  _checks.check_positive_int(who, "window_size", w_f)
+  _checks.check_positive_int(who, "window_size", w_b)
+  zero = jnp.zeros((), jnp.int32)
+  return UnifiedNormState(
+      count=zero, skip_count=zero,
+      running_var=jnp.ones((num_features,), dtype),
+      grad_ema=jnp.zeros((num_features,), dtype),
+      buf_x2=jnp.zeros((w_f, num_features), dtype),
+      buf_gz=jnp.zeros((w_b, num_features), dtype))
+
+
+def unified_norm(
+    x: Float[ArrayLike, "... c"],
+    scale: Float[ArrayLike, " c"] | None,
+    bias: Float[ArrayLike, " c"] | None,
+    state: UnifiedNormState,
+    *,
+    training: bool,
+    pad_mask: ArrayLike | None = None,
+    warmup_iters: int = 4000,
+    eps: float = 1e-5,
+    momentum: float = 0.9,
+    outlier_filtration: bool = False,
+    axis_name: str | tuple[str, ...] | None = None,
+) -> tuple[Float[Array, "... c"], UnifiedNormState]:
+  r"""Unified Normalization (UN): smoothed batch statistics for Transformers.
+
+  Follows the official code (``hikvision-research/Unified-Normalization``,
+  ``UN1d``/``UN2dFunction``); the window sizes ``W_f, W_b`` are the first
+  dimensions of ``state.buf_x2`` and ``state.buf_gz``. Training, with ``t``
+  incremented first and :math:`\psi^2_B` the mean of :math:`x^2` over
+  non-pad positions:
+
+  1. ``r_var``: unbiased variance of all entries of
+     :math:`\sqrt{\mathrm{buf\_x2}}` (before the insertion), then
+     ``buf_x2[t % W_f] = psi2``.
+  2. Adaptive outlier filtration (``outlier_filtration`` and
+     ``t >= warmup_iters``): with the window's arithmetic mean ``AM`` and
+     geometric mean ``GM``, if any channel has ``AM - GM > r_var * W_f``
+     the step is skipped: ``buf_x2[t % W_f] = running_var`` and
+     ``skip_count += 1``. ``W_f <= 1`` always skips.
+  3. Fluctuation smoothing: :math:`\sigma^2 = \psi^2_B` if ``t <= W_f``,
+     ``t < warmup_iters`` or skipped, else the window's geometric mean.
+  4. Gradient compensation :math:`r = \sqrt{\sigma^2+\epsilon}/
+     \sqrt{\Phi+\epsilon}`, forced to 1 while ``t <= max(1000, warmup)`` or
+     when skipped, else clipped to ``[1/5, 5]``.
+  5. :math:`z = x/\sqrt{\sigma^2+\epsilon}`, :math:`y = \gamma z + \beta`,
+     :math:`\Phi \leftarrow m\Phi + (1-m)\sigma^2`.
+
+  Custom backward (a `jax.custom_vjp`): :math:`g = r\,\gamma \odot g_y`,
+  ``gz = mean_all(g * z)``, ``buf_gz[t % W_b] = ema_gz if skip else gz``,
+  :math:`\mu_g` = ``gz`` if ``t <= W_b``, ``t < warmup`` or skipped, else
+  the mean of ``buf_gz``; ``ema_gz = m ema_gz + (1-m) mu_g``;
+  :math:`\tilde g = g - (\mu_g` if skipped else ``ema_gz``:math:`) \odot z`;
+  :math:`\partial L/\partial x = \tilde g/\sqrt{\sigma^2+\epsilon}`,
+  :math:`\partial L/\partial\gamma = \sum g_y \odot r z`,
+  :math:`\partial L/\partial\beta = \sum g_y`. The increments of
+  ``grad_ema`` and ``buf_gz`` are returned as their cotangents (see the
+  section comment above); ``new_state`` carries their input values.
+
+  Inference: :math:`y = \gamma \odot x/\sqrt{\Phi+\epsilon} + \beta`, a
+  fixed affine map (`fold_unified_norm` folds it into a linear layer).
+
+  Unverified: the paper's equations were not re-read; the code is
+  normative (it produced the published numbers).
+
+  Args:
+    x: input ``(..., c)`` (the code's layout is ``(B, N, C)``).
+    scale: :math:`\gamma`, ``(c,)`` or ``None``.
+    bias: :math:`\beta`, ``(c,)`` or ``None``.
+    state: `UnifiedNormState` (from `init_unified_norm_state`).
+    training: training step (statistics, state update, custom backward).
+    pad_mask: boolean ``x.shape[:-1]``, True at pads.
+    warmup_iters: steps before smoothing (code default 4000).
+    eps: added to the statistics.
+    momentum: EMA decay ``m`` of ``running_var`` and ``grad_ema``.
+    outlier_filtration: enable step 2 (False for NLP, True for CV).
+    axis_name: mapped axis name(s): :math:`\psi^2_B` and ``gz`` are averaged
+      across devices.
+
+  Returns:
+    ``(y, new_state)`` with ``y`` shaped and typed like ``x``.
+
+  Raises:
+    TypeError: for non-floating input or parameters, a non-boolean
+      ``pad_mask`` or a bad state type.
+    ValueError: for bad shapes.
+
+  References:
+    Yang et al., *Unified Normalization for Accelerating and Stabilizing
+    Transformers*, arXiv:2208.01313 (ACM MM 2022).
+  """
+  who = "unified_norm"
+  _checks.check_floating(who, "x", x)
+  x = jnp.asarray(x)
+  _checks.check_ndim(who, "x", x, minimum=2)
+  c = x.shape[-1]
+  _check_channels(who, x, scale=scale, bias=bias)
+  if not isinstance(state, UnifiedNormState):
+    raise TypeError(f"{who}: state must be a UnifiedNormState, got "
+                    f"{type(state).__name__}")
+  w_f, w_b = state.buf_x2.shape[0], state.buf_gz.shape[0]
+  _check_state(who, state, UnifiedNormState, {
+      "count": (), "skip_count": (), "running_var": (c,), "grad_ema": (c,),
+      "buf_x2": (w_f, c), "buf_gz": (w_b, c)})
+  pad_mask = _check_pad_mask(who, pad_mask, x)
+  cdt = _compute_dtype(x)
+  xf = x.astype(cdt)
+  gamma = (jnp.ones((c,), cdt) if scale is None
+           else jnp.asarray(scale).astype(cdt))
+  beta = (jnp.zeros((c,), cdt) if bias is None
+          else jnp.asarray(bias).astype(cdt))
+  phi = state.running_var.astype(cdt)
+  if not training:
+    y = (xf * jax.lax.rsqrt(_channel(phi, x.ndim, cdt) + eps)
+         * _channel(gamma, x.ndim, cdt) + _channel(beta, x.ndim, cdt))
+    return y.astype(x.dtype), state
+  t = state.count + 1
+  psi2 = _quadratic_mean(xf, pad_mask, axis_name)
+  buf = state.buf_x2.astype(cdt)
+  r_var = jnp.var(jnp.sqrt(buf), ddof=1) if buf.size > 1 else jnp.nan
+  slot = t % w_f
+  buf = buf.at[slot].set(psi2)
+  skip = jnp.asarray(w_f <= 1)
+  if outlier_filtration:
+    am = jnp.mean(buf, axis=0)
+    gm = jnp.exp(jnp.mean(jnp.log(buf), axis=0))
+    outlier = jnp.logical_and(t >= warmup_iters,
+                              jnp.any(am - gm > r_var * w_f))
+    buf = jnp.where(outlier, buf.at[slot].set(phi), buf)
+    skip = jnp.logical_or(skip, outlier)
+  gm = jnp.exp(jnp.mean(jnp.log(buf), axis=0))
+  use_batch = (t <= w_f) | (t < warmup_iters) | skip
+  var = jnp.where(use_batch, psi2, gm)
+  r = jnp.sqrt(var + eps) / jnp.sqrt(phi + eps)
+  r = jnp.where((t <= max(1000, warmup_iters)) | skip, jnp.ones_like(r),
+                jnp.clip(r, 1 / 5, 5))
+  y = _unified_norm_core(xf, gamma, beta, state.grad_ema.astype(cdt),
+                         state.buf_gz.astype(cdt), var, r, t, skip,
+                         float(eps), float(momentum), int(warmup_iters),
+                         axis_name)
+  new_state = UnifiedNormState(
+      count=t.astype(state.count.dtype),
+      skip_count=(state.skip_count + skip.astype(state.skip_count.dtype)),
+      running_var=(momentum * phi + (1 - momentum) * var).astype(
+          state.running_var.dtype),
+      grad_ema=state.grad_ema,
+      buf_x2=buf.astype(state.buf_x2.dtype),
+      buf_gz=state.buf_gz)
+  return y.astype(x.dtype), new_state
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(9, 10, 11, 12))
+def _unified_norm_core(x, gamma, beta, ema_gz, buf_gz, var, r, t, skip, eps,
+                       momentum, warmup, axis_name):
+  return _unified_norm_core_fwd(x, gamma, beta, ema_gz, buf_gz, var, r, t,
+                                skip, eps, momentum, warmup, axis_name)[0]
+
+
+def _unified_norm_core_fwd(x, gamma, beta, ema_gz, buf_gz, var, r, t, skip,
+                           eps, momentum, warmup, axis_name):
+  del momentum, warmup, axis_name
+  z = x * jax.lax.rsqrt(_channel(var, x.ndim, x.dtype) + eps)
+  y = _channel(gamma, x.ndim, x.dtype) * z + _channel(beta, x.ndim, x.dtype)
+  return y, (z, gamma, ema_gz, buf_gz, var, r, t, skip)
+
+
+def _unified_norm_core_bwd(eps, momentum, warmup, axis_name, res, dy):
+  z, gamma, ema_gz, buf_gz, var, r, t, skip = res
+  nd, cdt = z.ndim, z.dtype
+  dy = dy.astype(cdt)
+  g = dy * _channel(r * gamma, nd, cdt)
+  gz = _all_mean(g * z, axis_name)
+  w_b = buf_gz.shape[0]
+  new_buf = buf_gz.at[t % w_b].set(jnp.where(skip, ema_gz, gz))
+  batch = (t <= w_b) | (t < warmup) | skip
+  mu_g = jnp.where(batch, gz, jnp.mean(new_buf, axis=0))
+  new_ema = momentum * ema_gz + (1 - momentum) * mu_g
+  sub = jnp.where(skip, mu_g, new_ema)
+  g_tilde = g - _channel(sub, nd, cdt) * z
+  dx = g_tilde * jax.lax.rsqrt(_channel(var, nd, cdt) + eps)
+  reduce = tuple(range(nd - 1))
+  dgamma = jnp.sum(dy * z, axis=reduce) * r
+  dbeta = jnp.sum(dy, axis=reduce)
+  return (dx, dgamma, dbeta, new_ema - ema_gz, new_buf - buf_gz, None, None,
+          None, None)
+
+
+_unified_norm_core.defvjp(_unified_norm_core_fwd, _unified_norm_core_bwd)
+
+
+def fold_unified_norm(
+    scale: Float[ArrayLike, " c"] | None,
+    bias: Float[ArrayLike, " c"] | None,
+    running_var: Float[ArrayLike, " c"],
+    kernel: Float[ArrayLike, "a b"],
+    kernel_bias: Float[ArrayLike, " d"] | None = None,
+    *,
+    eps: float = 1e-5,
+    position: Literal["next", "previous"] = "next",
+) -> tuple[Float[Array, "a b"], Float[Array, " d"]]:
+  r"""Folds an inference-mode UN layer into an adjacent linear layer.
+
+  Inference UN is :math:`y = s \odot x + \beta` with
+  :math:`s = \gamma/\sqrt{\Phi + \epsilon}`. For a linear layer
+  ``h @ kernel + kernel_bias`` (Flax layout, ``kernel`` is
+  ``(d_in, d_out)``):
+
+  * ``position="next"`` (UN then linear, ``d_in = c``):
+    :math:`W \leftarrow \mathrm{diag}(s) W`,
+    :math:`b \leftarrow b + \beta W`;
+  * ``position="previous"`` (linear then UN, ``d_out = c``):
+    :math:`W \leftarrow W \mathrm{diag}(s)`,
+    :math:`b \leftarrow b \odot s + \beta`.
+
+  The same folding holds for any per-channel affine inference norm
+  (BatchNorm, PowerNorm with ``running_var`` = :math:`\Phi` and no group
+  scaling).
+
+  Args:
+    scale: :math:`\gamma` ``(c,)`` or ``None`` (ones).
+    bias: :math:`\beta` ``(c,)`` or ``None`` (zeros).
+    running_var: :math:`\Phi` ``(c,)`` (``state.running_var``).
+    kernel: ``(d_in, d_out)`` weight of the adjacent linear layer.
+    kernel_bias: ``(d_out,)`` bias or ``None`` (zeros).
+    eps: the UN layer's eps.
+    position: where the linear layer sits relative to the UN layer.
+
+  Returns:
+    ``(kernel, kernel_bias)`` of the fused linear layer, float32 or wider.
+
+  Raises:
+    TypeError: for non-floating arrays.
+    ValueError: for inconsistent shapes or a bad ``position``.
+
+  References:
+    Yang et al., *Unified Normalization for Accelerating and Stabilizing
+    Transformers*, arXiv:2208.01313 (ACM MM 2022).
+  """
+  who = "fold_unified_norm"
+  _checks.check_choice(who, "position", position, ("next", "previous"))
+  _checks.check_floating(who, "kernel", kernel)
+  _checks.check_floating(who, "running_var", running_var)
+  kernel = jnp.asarray(kernel)
+  _checks.check_ndim(who, "kernel", kernel, expected=2)
+  d_in, d_out = kernel.shape
+  c = d_in if position == "next" else d_out
+  for name, p in (("scale", scale), ("bias", bias),
+                  ("running_var", running_var)):
+    if p is not None:
+      _checks.check_floating(who, name, p)
+      _checks.check_shape(who, name, p, (c,),
+                          "kernel.shape[0]" if position == "next"
+                          else "kernel.shape[1]")
+  if kernel_bias is not None:
+    _checks.check_floating(who, "kernel_bias", kernel_bias)
+    _checks.check_shape(who, "kernel_bias", kernel_bias, (d_out,),
+                        "kernel.shape[1]")
+  cdt = _compute_dtype(kernel)
+  w = kernel.astype(cdt)
+  gamma = jnp.ones((c,), cdt) if scale is None else jnp.asarray(
+      scale).astype(cdt)
+  beta = jnp.zeros((c,), cdt) if bias is None else jnp.asarray(
+      bias).astype(cdt)
+  b = jnp.zeros((d_out,), cdt) if kernel_bias is None else jnp.asarray(
+      kernel_bias).astype(cdt)
+  s = gamma * jax.lax.rsqrt(jnp.asarray(running_var).astype(cdt) + eps)
+  if position == "next":
+    return w * s.reshape(-1, 1), b + beta @ w
+  return w * s.reshape(1, -1), b * s + beta

@@ -1,7 +1,9 @@
 """Flax nnx modules that hold parameters and call `jaxnorm`'s functions."""
 
 from jaxnorm.nn.norms import (
+    BACKWARD_DIFF,
     NORMS,
+    BackwardStat,
     BatchNorm,
     CRMSNorm,
     DyT,
@@ -10,13 +12,18 @@ from jaxnorm.nn.norms import (
     GroupNorm,
     InstanceNorm,
     LayerNorm,
+    PowerNorm,
     RMSNorm,
     SeeDNorm,
+    UnifiedNorm,
+    apply_backward_updates,
     make_norm,
 )
 
 __all__ = [
+    "BACKWARD_DIFF",
     "NORMS",
+    "BackwardStat",
     "BatchNorm",
     "CRMSNorm",
     "DyT",
@@ -25,7 +32,10 @@ __all__ = [
     "GroupNorm",
     "InstanceNorm",
     "LayerNorm",
+    "PowerNorm",
     "RMSNorm",
     "SeeDNorm",
+    "UnifiedNorm",
+    "apply_backward_updates",
     "make_norm",
 ]

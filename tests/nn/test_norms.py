@@ -49,6 +49,14 @@ CASES = {
     "evonorms0": ({"num_groups": 2}, (2, 3, 2, D),
                   lambda m, x: norms.evo_norm_s0(
                       x, m.scale[...], m.bias[...], m.v[...], num_groups=2)),
+    "powernorm": ({"use_running_average": True, "num_groups": 2}, (3, 2, D),
+                  lambda m, x: norms.power_norm(
+                      x, m.scale[...], m.bias[...], m.state_tuple(),
+                      training=False, num_groups=2)[0]),
+    "unifiednorm": ({"use_running_average": True}, (2, 3, D),
+                    lambda m, x: norms.unified_norm(
+                        x, m.scale[...], m.bias[...], m.state_tuple(),
+                        training=False)[0]),
 }
 
 
@@ -165,7 +173,8 @@ class TestErrors:
     with pytest.raises(ValueError, match=r"make_norm: unknown norm 'lnorm'; "
                        r"valid names are batchnorm, crmsnorm, dyt, "
                        r"evonormb0, evonorms0, groupnorm, instancenorm, "
-                       r"layernorm, rmsnorm, seednorm"):
+                       r"layernorm, powernorm, rmsnorm, seednorm, "
+                       r"unifiednorm"):
       jnn.make_norm("lnorm", D, rngs=nnx.Rngs(0))
 
   @pytest.mark.parametrize("name", sorted(CASES))

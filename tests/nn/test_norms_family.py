@@ -53,3 +53,67 @@ class TestEvoNorm:
     module = jnn.EvoNormS0(4, num_groups=None, group_size=2, rngs=nnx.Rngs(0))
     assert module.num_groups == 2
     np.testing.assert_array_equal(module.v[...], np.ones(4))
+
+
+class TestBackwardStatNorms:
+
+  @pytest.mark.parametrize("name", ["powernorm", "unifiednorm"])
+  def test_train_step_matches_function(self, key, name):
+    kwargs = ({"num_groups": 2, "warmup_iters": 2} if name == "powernorm"
+              else {"window_size": 2, "warmup_iters": 1})
+    module = jnn.make_norm(name, 4, rngs=nnx.Rngs(0), **kwargs)
+    fn = norms.power_norm if name == "powernorm" else norms.unified_norm
+    state = module.state_tuple()
+    for k in jax.random.split(key, 3):
+      kx, kg = jax.random.split(k)
+      x, gy = _normal(kx, (3, 2, 4), scale=2.0), _normal(kg, (3, 2, 4))
+
+      @nnx.jit
+      def step(m, x, gy):
+        loss = lambda m: jnp.sum(m(x) * gy)
+        return nnx.grad(loss, argnums=nnx.DiffState(0, jnn.BACKWARD_DIFF))(m)
+
+      grads = step(module, x, gy)
+      jnn.apply_backward_updates(module, grads)
+      fields = (("grad_ema",) if name == "powernorm"
+                else ("grad_ema", "buf_gz"))
+
+      fn_kwargs = {k: v for k, v in kwargs.items() if k != "window_size"}
+
+      def f(x, *stats):
+        return fn(x, jnp.ones(4), jnp.zeros(4),
+                  state._replace(**dict(zip(fields, stats))), training=True,
+                  **fn_kwargs)
+
+      _, vjp, new = jax.vjp(f, x, *(getattr(state, n) for n in fields),
+                            has_aux=True)
+      increments = vjp(gy)[1:]
+      state = new._replace(**{n: getattr(new, n) + d
+                              for n, d in zip(fields, increments)})
+      helpers.assert_close(module.state_tuple(), state, atol=1e-6)
+      assert isinstance(module.grad_ema, jnn.BackwardStat)
+    assert int(module.count[...]) == 3
+    # Plain nnx.grad (parameters only) leaves the backward statistics alone.
+    before = module.grad_ema[...]
+    nnx.grad(lambda m: jnp.sum(m(x) * gy))(module)
+    np.testing.assert_array_equal(module.grad_ema[...], before)
+
+  def test_unified_norm_fold(self, key):
+    kx, kw = jax.random.split(key)
+    module = jnn.UnifiedNorm(4, rngs=nnx.Rngs(0))
+    module(_normal(kx, (3, 5, 4), scale=3.0))  # One training step.
+    module.eval()
+    x, w = _normal(kx, (2, 4)), _normal(kw, (4, 3))
+    fw, fb = module.fold(w)
+    helpers.assert_close(x @ fw + fb[None], module(x) @ w, atol=1e-5)
+
+  def test_errors(self):
+    with pytest.raises(ValueError, match=r"PowerNorm: backward_stat must be "
+                       r"one of"):
+      jnn.PowerNorm(4, backward_stat="paper", rngs=nnx.Rngs(0))
+    with pytest.raises(ValueError, match=r"PowerNorm: num_features=4 must be "
+                       r"divisible by num_groups=3"):
+      jnn.PowerNorm(4, num_groups=3, rngs=nnx.Rngs(0))
+    with pytest.raises(ValueError, match=r"window_size must be an int or a "
+                       r"pair"):
+      jnn.UnifiedNorm(4, window_size=(1, 2, 3), rngs=nnx.Rngs(0))
