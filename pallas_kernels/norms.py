@@ -1,0 +1,349 @@
+"""Fused RMSNorm / LayerNorm kernels, forward and backward, GPU and TPU.
+
+Each public function has the signature of its reference in `jaxnorm.norms`
+plus the keyword-only knobs ``block_rows`` and ``interpret``, and carries a
+`jax.custom_vjp` whose backward pass is a Pallas kernel too:
+
+* forward: one read of ``x``, one write of ``y``; statistics in float32,
+  two-pass within the block (the whole row is on chip), like the reference.
+* backward: reads ``x`` and ``dy``, recomputes the row statistics (free in a
+  memory-bound kernel, and it saves writing and re-reading them), writes
+  ``dx`` and per-block partial sums of the parameter gradients, which a tiny
+  second pass (`jnp.sum` over blocks) reduces.
+
+Tiling and lowerings: `pallas_kernels._rows` (one heuristic,
+`norm_block_heuristic`). Unsupported inputs raise `NotImplementedError`
+naming the case, so `implementation=None` dispatch can fall back to the
+reference: normalized axes that are not the trailing ones, rows wider than
+`MAX_FEATURES`, dtypes the lowering lacks, empty inputs, CPU without
+``interpret``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, ArrayLike, Float
+
+from jaxnorm import _checks
+from pallas_kernels import _rows
+
+Axis = int | tuple[int, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class _Static:
+  """Hashable static configuration of one kernel call."""
+
+  tiling: _rows.RowTiling
+  interpret: Any
+  eps: float = 0.0
+  offset: float = 0.0
+  eps_mode: str = "inside"
+  has_scale: bool = False
+  has_bias: bool = False
+
+
+def _prepare(who: str, x: Any, axis: Axis, block_rows: int | None,
+             interpret: Any) -> tuple[jax.Array, tuple[int, ...],
+                                      _rows.RowTiling]:
+  """Validates the kernel-specific facts and builds the tiling."""
+  _checks.check_floating(who, "x", x)
+  x = jnp.asarray(x)
+  axes = _checks.normalize_axes(who, axis, x.ndim)
+  lowering = _rows.lowering_for(who, interpret)
+  _rows.trailing_axes(who, axes, x.ndim)
+  _rows.check_dtype(who, x.dtype, lowering)
+  if x.size == 0:
+    raise NotImplementedError(
+        f"{who}: kernels need a non-empty input, got x.shape={x.shape}")
+  rows, feats = _rows.flatten_rows(x, len(axes))
+  tiling = _rows.norm_block_heuristic(who, lowering, rows, feats, x.dtype,
+                                      block_rows)
+  return x, axes, tiling
+
+
+def _check_param(who: str, name: str, p: Any, x: jax.Array,
+                 axes: tuple[int, ...]) -> None:
+  if p is None:
+    return
+  _checks.check_floating(who, name, p)
+  _checks.check_shape(who, name, p, tuple(x.shape[a] for a in axes),
+                      "x.shape[axis]")
+
+
+def _flat(p: Any, feats: int) -> jax.Array:
+  return jnp.asarray(p).reshape(feats)
+
+
+def _gain(ps: list[jax.Array], st: _Static) -> jax.Array | float:
+  """``scale + offset`` as a (1, width) row, or the scalar ``1 + offset``."""
+  if st.has_scale:
+    return ps[0] + st.offset
+  return 1.0 + st.offset
+
+
+# ---------------------------------------------------------------------------
+# RMSNorm.
+
+
+def _rms_k(x: jax.Array, st: _Static) -> tuple[jax.Array, jax.Array]:
+  """Mean square and the normalizing factor ``k`` of each row."""
+  ms = _rows.row_mean(x * x, st.tiling.features)
+  if st.eps_mode == "inside":
+    return ms, jax.lax.rsqrt(ms + st.eps)
+  return ms, 1.0 / (jnp.sqrt(ms) + st.eps)
+
+
+def _rms_fwd_math(x, ps, st):
+  _, k = _rms_k(x, st)
+  return x * k * _gain(ps, st)
+
+
+def _rms_bwd_math(x, dy, ps, st):
+  # y = w x k(m), m = mean(x^2): dx = k g - a x with g = dy w and
+  # a = mean(g x) k^3 (inside) or mean(g x) k^2 / sqrt(m) (outside, 0 at m=0).
+  ms, k = _rms_k(x, st)
+  g = dy * _gain(ps, st)
+  gx = _rows.row_mean(g * x, st.tiling.features)
+  if st.eps_mode == "inside":
+    a = gx * k * k * k
+  else:
+    safe = ms > 0
+    inv = jnp.where(safe, jax.lax.rsqrt(jnp.where(safe, ms, 1.0)), 0.0)
+    a = gx * k * k * inv
+  contribs = [dy * x * k] if st.has_scale else []
+  return k * g - a * x, contribs
+
+
+def _rms_fwd_body(st: _Static):
+  def body(xs, ps, colmask):
+    del colmask
+    return [_rms_fwd_math(xs[0], ps, st)], []
+  return body
+
+
+def _rms_bwd_body(st: _Static):
+  def body(xs, ps, colmask):
+    del colmask
+    dx, contribs = _rms_bwd_math(xs[0], xs[1], ps, st)
+    return [dx], contribs
+  return body
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def _rms_core(x2, scale, st):
+  return _rms_core_fwd(x2, scale, st)[0]
+
+
+def _rms_core_fwd(x2, scale, st):
+  params = [] if scale is None else [scale]
+  (y,), _ = _rows.row_call(_rms_fwd_body(st), st.tiling, [x2], params,
+                           [x2.dtype], 0, interpret=st.interpret,
+                           name="jaxnorm_rms_norm_fwd")
+  return y, (x2, scale)
+
+
+def _rms_core_bwd(st, res, dy):
+  x2, scale = res
+  params = [] if scale is None else [scale]
+  (dx,), sums = _rows.row_call(
+      _rms_bwd_body(st), st.tiling, [x2, dy], params, [x2.dtype],
+      len(params), interpret=st.interpret, name="jaxnorm_rms_norm_bwd")
+  dscale = None if scale is None else sums[0].astype(scale.dtype)
+  return dx, dscale
+
+
+_rms_core.defvjp(_rms_core_fwd, _rms_core_bwd)
+
+
+def rms_norm_pallas(
+    x: Float[ArrayLike, "..."],
+    scale: Float[ArrayLike, " *d"] | None = None,
+    *,
+    eps: float = 1e-6,
+    axis: Axis = -1,
+    eps_mode: str = "inside",
+    scale_offset: float = 0.0,
+    block_rows: int | None = None,
+    interpret: Any = False,
+) -> Float[Array, "..."]:
+  r"""RMSNorm as a fused Pallas kernel (forward and backward).
+
+  Same maths and conventions as `jaxnorm.norms.rms_norm`:
+  :math:`y = (\mathrm{scale} + \mathrm{scale\_offset}) \odot x\,k` with
+  :math:`k = 1/\sqrt{\mathrm{mean}(x^2) + \epsilon}` (``eps_mode="inside"``)
+  or :math:`1/(\sqrt{\mathrm{mean}(x^2)} + \epsilon)` (``"outside"``).
+
+  Args:
+    x: input ``(..., d)``, float32, bfloat16 (or float16 on GPU).
+    scale: gain of shape ``x.shape[axis]`` or ``None``.
+    eps: stabilizer.
+    axis: the trailing axis or axes to normalize over.
+    eps_mode: ``"inside"`` or ``"outside"`` the square root.
+    scale_offset: constant added to ``scale``.
+    block_rows: rows per grid step (default: `norm_block_heuristic`).
+    interpret: ``True`` runs the GPU kernel in the interpreter,
+      ``pltpu.InterpretParams()`` the TPU kernel, ``False`` compiles for
+      the current backend.
+
+  Returns:
+    Array with the shape and dtype of ``x``.
+
+  Raises:
+    TypeError: for non-floating input or scale.
+    ValueError: for a bad axis, scale shape, ``eps_mode`` or ``block_rows``.
+    NotImplementedError: for a case the kernel does not cover (see module
+      docstring).
+
+  References:
+    Zhang & Sennrich, *Root Mean Square Layer Normalization*,
+    arXiv:1910.07467 (2019).
+  """
+  who = "rms_norm_pallas"
+  _checks.check_choice(who, "eps_mode", eps_mode, ("inside", "outside"))
+  x, axes, tiling = _prepare(who, x, axis, block_rows, interpret)
+  _check_param(who, "scale", scale, x, axes)
+  st = _Static(tiling, interpret, float(eps), float(scale_offset), eps_mode,
+               has_scale=scale is not None)
+  s = None if scale is None else _flat(scale, tiling.features)
+  y = _rms_core(x.reshape(tiling.rows, tiling.features), s, st)
+  return y.reshape(x.shape)
+
+
+# ---------------------------------------------------------------------------
+# LayerNorm.
+
+
+def _ln_stats(x: jax.Array, colmask: jax.Array | None, st: _Static
+              ) -> tuple[jax.Array, jax.Array]:
+  """Centered rows (zero in padded columns) and ``rstd``, two-pass."""
+  n = st.tiling.features
+  xc = x - _rows.row_mean(x, n)
+  if colmask is not None:
+    xc = jnp.where(colmask, xc, 0.0)
+  rstd = jax.lax.rsqrt(_rows.row_mean(xc * xc, n) + st.eps)
+  return xc, rstd
+
+
+def _ln_fwd_math(x, ps, colmask, st):
+  xc, rstd = _ln_stats(x, colmask, st)
+  y = xc * rstd * _gain(ps, st)
+  if st.has_bias:
+    y = y + ps[-1]
+  return y
+
+
+def _ln_bwd_math(x, dy, ps, colmask, st):
+  # dx = rstd (g - mean(g) - xhat mean(g xhat)), g = dy (scale + offset).
+  n = st.tiling.features
+  xc, rstd = _ln_stats(x, colmask, st)
+  xhat = xc * rstd
+  g = dy * _gain(ps, st)
+  dx = rstd * (g - _rows.row_mean(g, n) - xhat * _rows.row_mean(g * xhat, n))
+  contribs = []
+  if st.has_scale:
+    contribs.append(dy * xhat)
+  if st.has_bias:
+    contribs.append(dy)
+  return dx, contribs
+
+
+def _ln_fwd_body(st: _Static):
+  def body(xs, ps, colmask):
+    return [_ln_fwd_math(xs[0], ps, colmask, st)], []
+  return body
+
+
+def _ln_bwd_body(st: _Static):
+  def body(xs, ps, colmask):
+    dx, contribs = _ln_bwd_math(xs[0], xs[1], ps, colmask, st)
+    return [dx], contribs
+  return body
+
+
+def _params(*ps):
+  return [p for p in ps if p is not None]
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
+def _ln_core(x2, scale, bias, st):
+  return _ln_core_fwd(x2, scale, bias, st)[0]
+
+
+def _ln_core_fwd(x2, scale, bias, st):
+  (y,), _ = _rows.row_call(_ln_fwd_body(st), st.tiling, [x2],
+                           _params(scale, bias), [x2.dtype], 0,
+                           interpret=st.interpret,
+                           name="jaxnorm_layer_norm_fwd")
+  return y, (x2, scale, bias)
+
+
+def _ln_core_bwd(st, res, dy):
+  x2, scale, bias = res
+  params = _params(scale, bias)
+  (dx,), sums = _rows.row_call(
+      _ln_bwd_body(st), st.tiling, [x2, dy], params, [x2.dtype],
+      len(params), interpret=st.interpret, name="jaxnorm_layer_norm_bwd")
+  sums = iter(sums)
+  dscale = None if scale is None else next(sums).astype(scale.dtype)
+  dbias = None if bias is None else next(sums).astype(bias.dtype)
+  return dx, dscale, dbias
+
+
+_ln_core.defvjp(_ln_core_fwd, _ln_core_bwd)
+
+
+def layer_norm_pallas(
+    x: Float[ArrayLike, "..."],
+    scale: Float[ArrayLike, " *d"] | None = None,
+    bias: Float[ArrayLike, " *d"] | None = None,
+    *,
+    eps: float = 1e-6,
+    axis: Axis = -1,
+    scale_offset: float = 0.0,
+    block_rows: int | None = None,
+    interpret: Any = False,
+) -> Float[Array, "..."]:
+  r"""LayerNorm as a fused Pallas kernel (forward and backward).
+
+  Same maths and conventions as `jaxnorm.norms.layer_norm`:
+  :math:`y = (\mathrm{scale} + \mathrm{scale\_offset}) \odot (x - \mu)
+  / \sqrt{\sigma^2 + \epsilon} + \mathrm{bias}`, two-pass variance.
+
+  Args:
+    x: input ``(..., d)``, float32, bfloat16 (or float16 on GPU).
+    scale: gain of shape ``x.shape[axis]`` or ``None``.
+    bias: offset of shape ``x.shape[axis]`` or ``None``.
+    eps: added to the variance.
+    axis: the trailing axis or axes to normalize over.
+    scale_offset: constant added to ``scale``.
+    block_rows: rows per grid step (default: `norm_block_heuristic`).
+    interpret: see `rms_norm_pallas`.
+
+  Returns:
+    Array with the shape and dtype of ``x``.
+
+  Raises:
+    TypeError: for non-floating input or parameters.
+    ValueError: for a bad axis, parameter shape or ``block_rows``.
+    NotImplementedError: for a case the kernel does not cover.
+
+  References:
+    Ba, Kiros & Hinton, *Layer Normalization*, arXiv:1607.06450 (2016).
+  """
+  who = "layer_norm_pallas"
+  x, axes, tiling = _prepare(who, x, axis, block_rows, interpret)
+  _check_param(who, "scale", scale, x, axes)
+  _check_param(who, "bias", bias, x, axes)
+  st = _Static(tiling, interpret, float(eps), float(scale_offset),
+               has_scale=scale is not None, has_bias=bias is not None)
+  f = tiling.features
+  s = None if scale is None else _flat(scale, f)
+  b = None if bias is None else _flat(bias, f)
+  y = _ln_core(x.reshape(tiling.rows, f), s, b, st)
+  return y.reshape(x.shape)
