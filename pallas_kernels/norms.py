@@ -46,6 +46,9 @@ class _Static:
   eps_mode: str = "inside"
   has_scale: bool = False
   has_bias: bool = False
+  kind: str = "rms"
+  h_dtype: str = "float32"
+  x_dtype: str = "float32"
 
 
 def _prepare(who: str, x: Any, axis: Axis, block_rows: int | None,
@@ -347,3 +350,172 @@ def layer_norm_pallas(
   b = None if bias is None else _flat(bias, f)
   y = _ln_core(x.reshape(tiling.rows, f), s, b, st)
   return y.reshape(x.shape)
+
+
+# ---------------------------------------------------------------------------
+# Fused residual add + RMSNorm / LayerNorm.
+
+
+def _norm_fwd_math(h, ps, colmask, st):
+  if st.kind == "rms":
+    return _rms_fwd_math(h, ps, st)
+  return _ln_fwd_math(h, ps, colmask, st)
+
+
+def _norm_bwd_math(h, dy, ps, colmask, st):
+  if st.kind == "rms":
+    return _rms_bwd_math(h, dy, ps, st)
+  return _ln_bwd_math(h, dy, ps, colmask, st)
+
+
+def _add_fwd_body(st: _Static):
+  def body(xs, ps, colmask):
+    x, r = xs
+    # The stream is stored in residual.dtype; normalize the stored value.
+    h = (x + r).astype(st.h_dtype).astype(jnp.float32)
+    return [h, _norm_fwd_math(h, ps, colmask, st)], []
+  return body
+
+
+def _add_bwd_body(st: _Static):
+  def body(xs, ps, colmask):
+    h, dy, dh = xs
+    dn, contribs = _norm_bwd_math(h, dy, ps, colmask, st)
+    return [dn + dh], contribs
+  return body
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
+def _add_core(x2, r2, scale, bias, st):
+  return _add_core_fwd(x2, r2, scale, bias, st)[0]
+
+
+def _add_core_fwd(x2, r2, scale, bias, st):
+  (h, y), _ = _rows.row_call(
+      _add_fwd_body(st), st.tiling, [x2, r2], _params(scale, bias),
+      [r2.dtype, r2.dtype], 0, interpret=st.interpret,
+      name=f"jaxnorm_add_{st.kind}_norm_fwd")
+  return (h, y), (h, scale, bias)
+
+
+def _add_core_bwd(st, res, cts):
+  h, scale, bias = res
+  dh, dy = cts
+  params = _params(scale, bias)
+  (d,), sums = _rows.row_call(
+      _add_bwd_body(st), st.tiling, [h, dy, dh], params, [h.dtype],
+      len(params), interpret=st.interpret,
+      name=f"jaxnorm_add_{st.kind}_norm_bwd")
+  sums = iter(sums)
+  dscale = None if scale is None else next(sums).astype(scale.dtype)
+  dbias = None if bias is None else next(sums).astype(bias.dtype)
+  return d.astype(st.x_dtype), d, dscale, dbias
+
+
+_add_core.defvjp(_add_core_fwd, _add_core_bwd)
+
+
+def _add_norm(who, kind, x, residual, scale, bias, eps, axis, eps_mode,
+              scale_offset, block_rows, interpret):
+  x, axes, tiling = _prepare(who, x, axis, block_rows, interpret)
+  _checks.check_floating(who, "residual", residual)
+  residual = jnp.asarray(residual)
+  _checks.check_shape(who, "residual", residual, x.shape, "x.shape")
+  _rows.check_dtype(who, residual.dtype, tiling.lowering)
+  _check_param(who, "scale", scale, x, axes)
+  _check_param(who, "bias", bias, x, axes)
+  st = _Static(tiling, interpret, float(eps), float(scale_offset), eps_mode,
+               has_scale=scale is not None, has_bias=bias is not None,
+               kind=kind, h_dtype=jnp.dtype(residual.dtype).name,
+               x_dtype=jnp.dtype(x.dtype).name)
+  f, r = tiling.features, tiling.rows
+  s = None if scale is None else _flat(scale, f)
+  b = None if bias is None else _flat(bias, f)
+  h, y = _add_core(x.reshape(r, f), residual.reshape(r, f), s, b, st)
+  return h.reshape(x.shape), y.reshape(x.shape)
+
+
+def add_rms_norm_pallas(
+    x: Float[ArrayLike, "..."],
+    residual: Float[ArrayLike, "..."],
+    scale: Float[ArrayLike, " *d"] | None = None,
+    *,
+    eps: float = 1e-6,
+    axis: Axis = -1,
+    eps_mode: str = "inside",
+    scale_offset: float = 0.0,
+    block_rows: int | None = None,
+    interpret: Any = False,
+) -> tuple[Float[Array, "..."], Float[Array, "..."]]:
+  r"""Fused residual add + RMSNorm: one pass returns the stream and its norm.
+
+  Kernel of `jaxnorm.fused_norms.add_rms_norm`:
+  :math:`h = \mathrm{residual} + x` (float32 add, stored in
+  ``residual.dtype``) and :math:`y = \mathrm{rms\_norm}(h)`. The forward
+  reads ``x`` and ``residual`` and writes ``h`` and ``y`` (4 arrays instead
+  of 6 unfused); the backward reads ``h``, ``dy`` and ``dh`` and writes the
+  single gradient shared by ``x`` and ``residual``.
+
+  Args:
+    x: the branch output ``(..., d)``.
+    residual: the residual stream, same shape as ``x``.
+    scale: gain of shape ``x.shape[axis]`` or ``None``.
+    eps: stabilizer.
+    axis: the trailing axis or axes to normalize over.
+    eps_mode: ``"inside"`` or ``"outside"`` the square root.
+    scale_offset: constant added to ``scale``.
+    block_rows: rows per grid step (default: `norm_block_heuristic`).
+    interpret: see `rms_norm_pallas`.
+
+  Returns:
+    ``(h, y)``, both with the shape and dtype of ``residual``.
+
+  Raises:
+    TypeError: for non-floating inputs.
+    ValueError: for mismatched shapes, a bad axis or ``block_rows``.
+    NotImplementedError: for a case the kernel does not cover.
+  """
+  who = "add_rms_norm_pallas"
+  _checks.check_choice(who, "eps_mode", eps_mode, ("inside", "outside"))
+  return _add_norm(who, "rms", x, residual, scale, None, eps, axis, eps_mode,
+                   scale_offset, block_rows, interpret)
+
+
+def add_layer_norm_pallas(
+    x: Float[ArrayLike, "..."],
+    residual: Float[ArrayLike, "..."],
+    scale: Float[ArrayLike, " *d"] | None = None,
+    bias: Float[ArrayLike, " *d"] | None = None,
+    *,
+    eps: float = 1e-6,
+    axis: Axis = -1,
+    scale_offset: float = 0.0,
+    block_rows: int | None = None,
+    interpret: Any = False,
+) -> tuple[Float[Array, "..."], Float[Array, "..."]]:
+  r"""Fused residual add + LayerNorm (see `add_rms_norm_pallas`).
+
+  Kernel of `jaxnorm.fused_norms.add_layer_norm`:
+  :math:`h = \mathrm{residual} + x`, :math:`y = \mathrm{layer\_norm}(h)`.
+
+  Args:
+    x: the branch output ``(..., d)``.
+    residual: the residual stream, same shape as ``x``.
+    scale: gain of shape ``x.shape[axis]`` or ``None``.
+    bias: offset of shape ``x.shape[axis]`` or ``None``.
+    eps: added to the variance.
+    axis: the trailing axis or axes to normalize over.
+    scale_offset: constant added to ``scale``.
+    block_rows: rows per grid step (default: `norm_block_heuristic`).
+    interpret: see `rms_norm_pallas`.
+
+  Returns:
+    ``(h, y)``, both with the shape and dtype of ``residual``.
+
+  Raises:
+    TypeError: for non-floating inputs.
+    ValueError: for mismatched shapes, a bad axis or ``block_rows``.
+    NotImplementedError: for a case the kernel does not cover.
+  """
+  return _add_norm("add_layer_norm_pallas", "ln", x, residual, scale, bias,
+                   eps, axis, "inside", scale_offset, block_rows, interpret)
