@@ -22,6 +22,7 @@ from typing import Literal, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jaxtyping import Array, ArrayLike, Bool, Float
 
 from jaxnorm import _checks
@@ -1465,9 +1466,10 @@ def hadamard_rotation(
   _checks.check_choice(who, "signs", signs, ("random_sign", "plain"))
   if dim & (dim - 1):
     raise ValueError(f"{who}: dim must be a power of two, got {dim=}")
-  h = jnp.ones((1, 1), jnp.float32)
-  while h.shape[0] < dim:
-    h = jnp.block([[h, h], [h, -h]])
+  h = np.ones((1, 1), np.float32)
+  while h.shape[0] < dim:  # Sylvester construction, static in dim.
+    h = np.block([[h, h], [h, -h]])
+  h = jnp.asarray(h)
   h = h / math.sqrt(dim)
   if signs == "plain":
     return h
