@@ -30,6 +30,7 @@ from typing import Literal, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jaxtyping import Array, ArrayLike, Float
 
 from jaxnorm import _checks
@@ -1577,3 +1578,1148 @@ def fold_unified_norm(
   if position == "next":
     return w * s.reshape(-1, 1), b + beta @ w
   return w * s.reshape(1, -1), b * s + beta
+
+
+# ---------------------------------------------------------------------------
+# Region Normalization (RN-B, RN-L).
+
+
+def _check_mask(who: str, mask: ArrayLike, x: jax.Array) -> jax.Array:
+  """A 0/1 mask of shape ``x.shape[:-1] + (1,)`` or ``x.shape``."""
+  shapes = (x.shape[:-1] + (1,), x.shape)
+  if tuple(jnp.shape(mask)) not in shapes:
+    raise ValueError(f"{who}: mask must have shape {shapes[0]} or "
+                     f"{shapes[1]} (x.shape[:-1] + (1,) or x.shape), got "
+                     f"mask.shape={tuple(jnp.shape(mask))}")
+  return jnp.asarray(mask)
+
+
+def resize_mask_nearest(mask: ArrayLike, spatial_shape: Sequence[int]
+                        ) -> jax.Array:
+  """Nearest-neighbour resize of ``(n, *spatial, c)`` masks, torch style.
+
+  Output index ``i`` reads input index ``floor(i * in / out)``, as
+  ``torch.nn.functional.interpolate(mode="nearest")`` (not the half-pixel
+  rule of `jax.image.resize`), so masks match the region-norm code.
+
+  Args:
+    mask: ``(n, *spatial, c)`` array of any dtype.
+    spatial_shape: the target spatial sizes.
+
+  Returns:
+    The resized mask, same dtype.
+
+  Raises:
+    ValueError: if ``spatial_shape`` does not match the spatial rank or has
+      non-positive sizes.
+  """
+  who = "resize_mask_nearest"
+  mask = jnp.asarray(mask)
+  spatial_shape = tuple(spatial_shape)
+  if len(spatial_shape) != mask.ndim - 2:
+    raise ValueError(f"{who}: spatial_shape must have {mask.ndim - 2} "
+                     f"entries for mask.shape={mask.shape}, got "
+                     f"{spatial_shape=}")
+  for size in spatial_shape:
+    _checks.check_positive_int(who, "spatial_shape entries", size)
+  for i, out in enumerate(spatial_shape):
+    size = mask.shape[i + 1]
+    idx = np.floor(np.arange(out) * (size / out)).astype(np.int32)
+    mask = jnp.take(mask, jnp.asarray(np.minimum(idx, size - 1)), axis=i + 1)
+  return mask
+
+
+def region_norm(
+    x: Float[ArrayLike, "n *spatial c"],
+    mask: ArrayLike,
+    *,
+    eps: float = 1e-5,
+    axis_name: str | tuple[str, ...] | None = None,
+) -> Float[Array, "n *spatial c"]:
+  r"""Region normalization: batch normalization within each mask region.
+
+  For each region :math:`R \in \{M = 1, M = 0\}` with :math:`S_R`
+  positions over ``(n, *spatial)`` (per channel), mean :math:`\mu_R` and
+  biased variance :math:`\sigma^2_R`,
+
+  .. math::
+    y = \sum_R 1_R \odot \frac{x - \mu_R}
+        {\sqrt{\sigma^2_R + \epsilon N_{tot}/S_R}},\qquad
+    N_{tot} = n \cdot \prod \mathrm{spatial}
+
+  the closed form of the official code's fill-with-mean, batch-normalize,
+  rescale-by-:math:`\sqrt{S_R/N_{tot}}` construction (:math:`S_R` clamped
+  to 1, so an empty region contributes 0). Batch statistics are always
+  used: no running statistics, training and inference are the same. The
+  mask gets no gradient.
+
+  Args:
+    x: input ``(n, *spatial, c)``.
+    mask: 0/1 (or boolean) ``(n, *spatial, 1)`` or ``x.shape``.
+    eps: the BatchNorm eps.
+    axis_name: mapped axis name(s) to compute region statistics across
+      devices.
+
+  Returns:
+    Array with the shape and dtype of ``x``.
+
+  Raises:
+    TypeError: for a non-floating ``x``.
+    ValueError: for rank < 3 or a bad mask shape.
+
+  References:
+    Yu et al., *Region Normalization for Image Inpainting*,
+    arXiv:1911.10375 (AAAI 2020).
+  """
+  who = "region_norm"
+  _checks.check_floating(who, "x", x)
+  x = jnp.asarray(x)
+  _checks.check_ndim(who, "x", x, minimum=3)
+  mask = _check_mask(who, mask, x)
+  cdt = _compute_dtype(x)
+  xf = x.astype(cdt)
+  m = jnp.broadcast_to(jax.lax.stop_gradient(mask.astype(cdt)), x.shape)
+  axes = tuple(range(x.ndim - 1))
+  n_tot = math.prod(x.shape[:-1]) * _axis_count(axis_name)
+  y = jnp.zeros_like(xf)
+  for region in (m, 1.0 - m):
+    count = jnp.maximum(_psum(jnp.sum(region, axis=axes), axis_name), 1.0)
+    count = _channel(count, x.ndim, cdt)
+    mean = _psum(jnp.sum(xf * region, axis=axes, keepdims=True),
+                 axis_name) / count
+    var = _psum(jnp.sum(jnp.square(xf - mean) * region, axis=axes,
+                        keepdims=True), axis_name) / count
+    y = y + region * (xf - mean) * jax.lax.rsqrt(var + eps * n_tot / count)
+  return y.astype(x.dtype)
+
+
+def region_norm_b(
+    x: Float[ArrayLike, "n *spatial c"],
+    mask: ArrayLike,
+    scale_fg: Float[ArrayLike, " c"],
+    bias_fg: Float[ArrayLike, " c"],
+    scale_bg: Float[ArrayLike, " c"],
+    bias_bg: Float[ArrayLike, " c"],
+    *,
+    eps: float = 1e-5,
+    masked_bias: bool = False,
+    axis_name: str | tuple[str, ...] | None = None,
+) -> Float[Array, "n *spatial c"]:
+  r"""RN-B: region normalization with a given mask and per-region affine.
+
+  .. math::
+    y = (\mathrm{RN}(x)\,M) \odot (1 + \gamma_f) + \beta_f
+      + (\mathrm{RN}(x)\,(1 - M)) \odot (1 + \gamma_b) + \beta_b
+
+  The four parameters are initialized to 0 and used as ``1 + scale``. The
+  mask is 1 on the "foreground" region (hole pixels in the official
+  inpainting code). Code quirk kept by default: both shifts are added at
+  every pixel; ``masked_bias=True`` gives the paper's per-region shift
+  :math:`M\beta_f + (1-M)\beta_b`. Resize a full-resolution mask to the
+  feature size with `resize_mask_nearest`.
+
+  Args:
+    x: input ``(n, *spatial, c)``.
+    mask: 0/1 ``(n, *spatial, 1)`` or ``x.shape``.
+    scale_fg: :math:`\gamma_f`, ``(c,)``.
+    bias_fg: :math:`\beta_f`, ``(c,)``.
+    scale_bg: :math:`\gamma_b`, ``(c,)``.
+    bias_bg: :math:`\beta_b`, ``(c,)``.
+    eps: the BatchNorm eps.
+    masked_bias: apply each shift only in its region.
+    axis_name: mapped axis name(s) for cross-device region statistics.
+
+  Returns:
+    Array with the shape and dtype of ``x``.
+
+  Raises:
+    TypeError: for non-floating input or parameters.
+    ValueError: for rank < 3, a bad mask or parameter shape.
+
+  References:
+    Yu et al., *Region Normalization for Image Inpainting*,
+    arXiv:1911.10375 (AAAI 2020).
+  """
+  who = "region_norm_b"
+  _checks.check_floating(who, "x", x)
+  x = jnp.asarray(x)
+  _checks.check_ndim(who, "x", x, minimum=3)
+  _check_channels(who, x, scale_fg=scale_fg, bias_fg=bias_fg,
+                  scale_bg=scale_bg, bias_bg=bias_bg)
+  mask = _check_mask(who, mask, x)
+  cdt = _compute_dtype(x)
+  rn = region_norm(x.astype(cdt), mask, eps=eps, axis_name=axis_name)
+  m = jnp.broadcast_to(jax.lax.stop_gradient(mask.astype(cdt)), x.shape)
+  p = {k: _channel(v, x.ndim, cdt) for k, v in (
+      ("gf", scale_fg), ("bf", bias_fg), ("gb", scale_bg), ("bb", bias_bg))}
+  y = rn * m * (1 + p["gf"]) + rn * (1 - m) * (1 + p["gb"])
+  if masked_bias:
+    y = y + m * p["bf"] + (1 - m) * p["bb"]
+  else:
+    y = y + p["bf"] + p["bb"]
+  return y.astype(x.dtype)
+
+
+def _conv_same(x: jax.Array, kernel: jax.Array) -> jax.Array:
+  """2-D cross-correlation, NHWC/HWIO, zero padding ``k // 2`` (torch)."""
+  kh, kw = kernel.shape[:2]
+  return jax.lax.conv_general_dilated(
+      x, kernel, window_strides=(1, 1),
+      padding=((kh // 2, kh // 2), (kw // 2, kw // 2)),
+      dimension_numbers=("NHWC", "HWIO", "NHWC"))
+
+
+def region_norm_l(
+    x: Float[ArrayLike, "n h w c"],
+    mask_kernel: Float[ArrayLike, "k k 2 1"],
+    scale_kernel: Float[ArrayLike, "k k 1 1"],
+    scale_bias: Float[ArrayLike, " 1"],
+    bias_kernel: Float[ArrayLike, "k k 1 1"],
+    bias_bias: Float[ArrayLike, " 1"],
+    *,
+    threshold: float = 0.8,
+    eps: float = 1e-5,
+    axis_name: str | tuple[str, ...] | None = None,
+) -> Float[Array, "n h w c"]:
+  r"""RN-L: region normalization with a learned, self-aware mask.
+
+  .. math::
+    a = \mathrm{sigmoid}(\mathrm{conv}_{2\to1}([\mathrm{mean}_c x,
+        \max_c x])),\quad M = 1[a \ge \mathrm{threshold}],\\
+    y = \mathrm{RN}(x, M) \odot (1 + \mathrm{conv}_\gamma(a))
+        + \mathrm{conv}_\beta(a)
+
+  The mask conv has no bias; the two pixel-wise affine convs have one;
+  all use odd ``k x k`` kernels (7 in the paper, 3 allowed) with zero
+  "same" padding. ``M`` is thresholded without gradient; ``a`` receives
+  gradient through the affine maps.
+
+  Args:
+    x: input ``(n, h, w, c)``.
+    mask_kernel: ``(k, k, 2, 1)`` (HWIO) weight of the mask conv.
+    scale_kernel: ``(k, k, 1, 1)`` weight of :math:`\mathrm{conv}_\gamma`.
+    scale_bias: ``(1,)`` bias of :math:`\mathrm{conv}_\gamma`.
+    bias_kernel: ``(k, k, 1, 1)`` weight of :math:`\mathrm{conv}_\beta`.
+    bias_bias: ``(1,)`` bias of :math:`\mathrm{conv}_\beta`.
+    threshold: mask threshold on ``a``.
+    eps: the BatchNorm eps.
+    axis_name: mapped axis name(s) for cross-device region statistics.
+
+  Returns:
+    Array with the shape and dtype of ``x``.
+
+  Raises:
+    TypeError: for non-floating input or parameters.
+    ValueError: for a non-4-D input or bad kernel shapes.
+
+  References:
+    Yu et al., *Region Normalization for Image Inpainting*,
+    arXiv:1911.10375 (AAAI 2020).
+  """
+  who = "region_norm_l"
+  _checks.check_floating(who, "x", x)
+  x = jnp.asarray(x)
+  _checks.check_ndim(who, "x", x, expected=4)
+  k = jnp.shape(mask_kernel)[0] if jnp.ndim(mask_kernel) else 0
+  if k % 2 == 0:
+    raise ValueError(f"{who}: kernels must be (k, k, ...) with odd k, got "
+                     f"mask_kernel.shape={jnp.shape(mask_kernel)}")
+  for name, p, shape in (("mask_kernel", mask_kernel, (k, k, 2, 1)),
+                         ("scale_kernel", scale_kernel, (k, k, 1, 1)),
+                         ("scale_bias", scale_bias, (1,)),
+                         ("bias_kernel", bias_kernel, (k, k, 1, 1)),
+                         ("bias_bias", bias_bias, (1,))):
+    _checks.check_floating(who, name, p)
+    _checks.check_shape(who, name, p, shape)
+  cdt = _compute_dtype(x)
+  xf = x.astype(cdt)
+  pooled = jnp.concatenate([jnp.mean(xf, -1, keepdims=True),
+                            jnp.max(xf, -1, keepdims=True)], axis=-1)
+  a = jax.nn.sigmoid(_conv_same(pooled, jnp.asarray(mask_kernel).astype(cdt)))
+  mask = jax.lax.stop_gradient((a >= threshold).astype(cdt))
+  gamma = (_conv_same(a, jnp.asarray(scale_kernel).astype(cdt))
+           + jnp.asarray(scale_bias).astype(cdt).reshape(1, 1, 1, 1))
+  beta = (_conv_same(a, jnp.asarray(bias_kernel).astype(cdt))
+          + jnp.asarray(bias_bias).astype(cdt).reshape(1, 1, 1, 1))
+  rn = region_norm(xf, mask, eps=eps, axis_name=axis_name)
+  return (rn * (1 + gamma) + beta).astype(x.dtype)
+
+
+# ---------------------------------------------------------------------------
+# UnMix-TNS.
+
+
+class UnMixTNSState(NamedTuple):
+  r"""The ``K`` statistic components of `unmix_tns`.
+
+  Attributes:
+    mean: component means :math:`\mu_k`, ``(K, C)``.
+    var: component variances :math:`\sigma^2_k`, ``(K, C)``.
+  """
+
+  mean: jax.Array
+  var: jax.Array
+
+
+def init_unmix_tns_state(
+    mean: Float[ArrayLike, " c"],
+    var: Float[ArrayLike, " c"],
+    key: jax.Array,
+    *,
+    num_components: int = 16,
+    spread: float = 0.5,
+    dtype: jnp.dtype = jnp.float32,
+) -> UnMixTNSState:
+  r"""UnMix-TNS components from a trained BatchNorm's running statistics.
+
+  For ``K > 1``: :math:`\mu_k = \mu_s + \sqrt{cK/(K-1)}\,\sigma_s \odot
+  \xi_k`, :math:`\xi_k \sim N(0, I)`, and :math:`\sigma^2_k =
+  (1-c)\sigma^2_s` (``c = spread``), so the mixture of the components has
+  the source statistics on average. ``K = 1`` copies the source statistics.
+
+  Args:
+    mean: BN running mean :math:`\mu_s`, ``(c,)``.
+    var: BN running variance :math:`\sigma^2_s`, ``(c,)``.
+    key: PRNG key of the noise :math:`\xi`.
+    num_components: ``K`` (16 for single/continual shifts, 128 for mixed).
+    spread: ``c`` in ``[0, 1)``.
+    dtype: state dtype.
+
+  Returns:
+    `UnMixTNSState` with ``(K, c)`` fields.
+
+  Raises:
+    TypeError: for non-floating statistics.
+    ValueError: for a bad ``num_components`` or mismatched shapes.
+
+  References:
+    Tomar, Vray, Thiran & Bozorgtabar, *Un-Mixing Test-Time Normalization
+    Statistics: Combatting Label Temporal Correlation*, ICLR 2024.
+  """
+  who = "init_unmix_tns_state"
+  _checks.check_positive_int(who, "num_components", num_components)
+  _checks.check_floating(who, "mean", mean)
+  _checks.check_floating(who, "var", var)
+  _checks.check_ndim(who, "mean", mean, expected=1)
+  _checks.check_shape(who, "var", var, jnp.shape(mean), "mean.shape")
+  mu = jnp.asarray(mean, jnp.float32)
+  sigma2 = jnp.asarray(var, jnp.float32)
+  k, c = num_components, mu.shape[0]
+  if k == 1:
+    return UnMixTNSState(mu.reshape(1, c).astype(dtype),
+                         sigma2.reshape(1, c).astype(dtype))
+  noise = jax.random.normal(key, (k, c), jnp.float32)
+  means = mu.reshape(1, c) + math.sqrt(spread * k / (k - 1)) * jnp.sqrt(
+      sigma2).reshape(1, c) * noise
+  variances = jnp.broadcast_to((1 - spread) * sigma2.reshape(1, c), (k, c))
+  return UnMixTNSState(means.astype(dtype), variances.astype(dtype))
+
+
+def unmix_tns_momentum(batch_size: int, *, max_batch_size: int = 64,
+                       bn_momentum: float = 0.1) -> float:
+  r"""UnMix-TNS update rate :math:`M = 1 - (1 - m)^{B/B_{max}}`.
+
+  ``bn_momentum`` is torch's (weight of the new batch; Flax's momentum
+  ``0.9`` is torch's 0.1). ``max_batch_size`` is 64 (CIFAR) or 16
+  (ImageNet).
+
+  Raises:
+    ValueError: for non-positive batch sizes.
+  """
+  who = "unmix_tns_momentum"
+  _checks.check_positive_int(who, "batch_size", batch_size)
+  _checks.check_positive_int(who, "max_batch_size", max_batch_size)
+  return 1.0 - (1.0 - bn_momentum) ** (batch_size / max_batch_size)
+
+
+def unmix_tns(
+    x: Float[ArrayLike, "b *spatial c"],
+    scale: Float[ArrayLike, " c"] | None,
+    bias: Float[ArrayLike, " c"] | None,
+    state: UnMixTNSState,
+    *,
+    momentum: float | None = None,
+    temperature: float = 0.07,
+    eps: float = 1e-5,
+    update: bool = True,
+    axis_name: str | tuple[str, ...] | None = None,
+) -> tuple[Float[Array, "b *spatial c"], UnMixTNSState]:
+  r"""UnMix-TNS: test-time normalization with ``K`` un-mixed components.
+
+  For a batch ``x`` with instance statistics :math:`\tilde\mu_b,
+  \tilde\sigma^2_b` (over the spatial axes, biased):
+
+  1. :math:`p_{bk} = \mathrm{softmax}_k(\cos(\tilde\mu_b, \mu_k)/\tau)`,
+     without gradient;
+  2. :math:`m_{bk} = (1-p_{bk})\mu_k + p_{bk}\tilde\mu_b`,
+     :math:`v_{bk} = (1-p_{bk})\sigma^2_k + p_{bk}\tilde\sigma^2_b`;
+  3. :math:`\mu_b = \mathrm{mean}_k m_{bk}`, :math:`\sigma^2_b =
+     \mathrm{mean}_k v_{bk} + \mathrm{mean}_k m_{bk}^2 - \mu_b^2`;
+  4. :math:`y = \gamma (x - \mu_b)/\sqrt{\sigma^2_b + \epsilon} + \beta`;
+  5. with ``update``, without gradient and from the old components:
+     :math:`\mu_k \mathrel{+}= M\,\mathrm{mean}_b(p_{bk}(\tilde\mu_b -
+     \mu_k))`, :math:`\sigma^2_k \mathrel{+}= M\,\mathrm{mean}_b(p_{bk}
+     (\tilde\sigma^2_b - \sigma^2_k))` (not normalized by
+     :math:`\sum_b p_{bk}`).
+
+  Gradients flow into ``x`` through the instance statistics (for TENT-like
+  adaptation), not through ``p``. There is no train/eval distinction.
+  The cosine similarity is :math:`a\cdot b/\max(\|a\|\|b\|, 10^{-8})`
+  (torch's ``cosine_similarity`` eps).
+
+  Args:
+    x: input ``(b, *spatial, c)`` with at least one spatial axis.
+    scale: :math:`\gamma` (the replaced BN's scale) or ``None``.
+    bias: :math:`\beta` (the replaced BN's bias) or ``None``.
+    state: the components.
+    momentum: :math:`M`; ``None`` uses `unmix_tns_momentum` of the (global)
+      batch size with its defaults.
+    temperature: :math:`\tau`.
+    eps: the replaced BN's eps.
+    update: apply step 5.
+    axis_name: mapped axis name(s): the component update averages over the
+      global batch.
+
+  Returns:
+    ``(y, new_state)``; ``y`` like ``x``, the state keeps its dtypes.
+
+  Raises:
+    TypeError: for non-floating input or parameters, or a bad state type.
+    ValueError: for rank < 3 or bad shapes.
+
+  References:
+    Tomar, Vray, Thiran & Bozorgtabar, *Un-Mixing Test-Time Normalization
+    Statistics: Combatting Label Temporal Correlation*, ICLR 2024
+    (OpenReview xyxU99Nutg); code ``devavratTomar/unmixtns``.
+  """
+  who = "unmix_tns"
+  _checks.check_floating(who, "x", x)
+  x = jnp.asarray(x)
+  _checks.check_ndim(who, "x", x, minimum=3)
+  c = x.shape[-1]
+  _check_channels(who, x, scale=scale, bias=bias)
+  if not isinstance(state, UnMixTNSState):
+    raise TypeError(f"{who}: state must be a UnMixTNSState, got "
+                    f"{type(state).__name__}")
+  k = state.mean.shape[0] if state.mean.ndim == 2 else -1
+  _check_state(who, state, UnMixTNSState, {"mean": (k, c), "var": (k, c)})
+  if momentum is None:
+    momentum = unmix_tns_momentum(x.shape[0] * _axis_count(axis_name))
+  cdt = _compute_dtype(x)
+  xf = x.astype(cdt)
+  b = x.shape[0]
+  inst_mean, inst_var = _moments(xf, tuple(range(1, x.ndim - 1)))
+  mu_t, var_t = inst_mean.reshape(b, c), inst_var.reshape(b, c)
+  mu_k, var_k = state.mean.astype(cdt), state.var.astype(cdt)
+  mu_sg = jax.lax.stop_gradient(mu_t)
+  dots = mu_sg @ mu_k.T
+  norms_ = (jnp.linalg.norm(mu_sg, axis=-1).reshape(b, 1)
+            * jnp.linalg.norm(mu_k, axis=-1).reshape(1, k))
+  p = jax.nn.softmax(dots / jnp.maximum(norms_, 1e-8) / temperature, axis=-1)
+  p = jax.lax.stop_gradient(p).reshape(b, k, 1)
+  m = (1 - p) * mu_k.reshape(1, k, c) + p * mu_t.reshape(b, 1, c)
+  v = (1 - p) * var_k.reshape(1, k, c) + p * var_t.reshape(b, 1, c)
+  mu_b = jnp.mean(m, axis=1)
+  var_b = jnp.mean(v, axis=1) + jnp.mean(jnp.square(m), axis=1) - jnp.square(
+      mu_b)
+  shape = (b,) + (1,) * (x.ndim - 2) + (c,)
+  y = (xf - mu_b.reshape(shape)) * jax.lax.rsqrt(var_b.reshape(shape) + eps)
+  if scale is not None:
+    y = y * _channel(scale, x.ndim, cdt)
+  if bias is not None:
+    y = y + _channel(bias, x.ndim, cdt)
+  new_state = state
+  if update:
+    mu_d = jax.lax.stop_gradient(mu_t).reshape(b, 1, c) - mu_k.reshape(1, k, c)
+    var_d = (jax.lax.stop_gradient(var_t).reshape(b, 1, c)
+             - var_k.reshape(1, k, c))
+    new_state = UnMixTNSState(
+        mean=(mu_k + momentum * _pmean(jnp.mean(p * mu_d, axis=0), axis_name)
+              ).astype(state.mean.dtype),
+        var=(var_k + momentum * _pmean(jnp.mean(p * var_d, axis=0),
+                                       axis_name)).astype(state.var.dtype))
+  return y.astype(x.dtype), new_state
+
+
+# ---------------------------------------------------------------------------
+# L1 normalization.
+
+L1_KAPPA = math.sqrt(math.pi / 2)
+
+
+def _l1_denominator(s1: jax.Array, kappa: float, eps: float,
+                    eps_mode: str) -> jax.Array:
+  if eps_mode == "outside":
+    return kappa * s1 + eps
+  return jnp.sqrt(jnp.square(kappa * s1) + eps)
+
+
+def l1_layer_norm(
+    x: Float[ArrayLike, "..."],
+    scale: Float[ArrayLike, " *d"] | None = None,
+    bias: Float[ArrayLike, " *d"] | None = None,
+    *,
+    eps: float = 1e-5,
+    axis: Axis = -1,
+    kappa: float = L1_KAPPA,
+    eps_mode: EpsMode = "outside",
+) -> Float[Array, "..."]:
+  r"""L1 layer normalization: the mean absolute deviation replaces the std.
+
+  .. math::
+    \mu = \mathrm{mean}_{axis}(x),\quad
+    s_1 = \mathrm{mean}_{axis}(|x - \mu|),\quad
+    y = \gamma \odot \frac{x - \mu}{\kappa s_1 + \epsilon} + \beta
+
+  :math:`\kappa = \sqrt{\pi/2}` makes :math:`\kappa s_1 \approx \sigma` for
+  Gaussian data. ``eps_mode="inside"`` uses
+  :math:`\sqrt{(\kappa s_1)^2 + \epsilon}` instead.
+
+  Unverified: the paper's exact layer (constants, ``kappa``, where ``eps``
+  sits) could not be read (abstract only, no code); this is the standard
+  L1 norm of Hoffer et al., *Norm matters*, arXiv:1803.01814 (2018).
+  Gradients are plain autodiff (:math:`d|u|/du = \mathrm{sign}(u)`).
+
+  Args:
+    x: input of any rank.
+    scale: gain over ``axis`` or ``None``.
+    bias: offset over ``axis`` or ``None``.
+    eps: stabilizer, placed according to ``eps_mode``.
+    axis: axis or axes to normalize over.
+    kappa: :math:`\kappa`.
+    eps_mode: ``"outside"`` (default) or ``"inside"``.
+
+  Returns:
+    Array with the shape and dtype of ``x``.
+
+  Raises:
+    TypeError: for non-floating input or parameters.
+    ValueError: for a bad axis, parameter shape or ``eps_mode``.
+
+  References:
+    Guo et al., *Towards Accurate and Efficient Sub-8-Bit Integer Training*,
+    arXiv:2411.10948 (2024).
+  """
+  who = "l1_layer_norm"
+  _checks.check_floating(who, "x", x)
+  _checks.check_choice(who, "eps_mode", eps_mode, EPS_MODES)
+  x = jnp.asarray(x)
+  axes = _checks.normalize_axes(who, axis, x.ndim)
+  _check_param(who, "scale", scale, x, axes)
+  _check_param(who, "bias", bias, x, axes)
+  cdt = _compute_dtype(x)
+  xf = x.astype(cdt)
+  mu = jnp.mean(xf, axis=axes, keepdims=True)
+  s1 = jnp.mean(jnp.abs(xf - mu), axis=axes, keepdims=True)
+  y = (xf - mu) / _l1_denominator(s1, kappa, eps, eps_mode)
+  if scale is not None:
+    y = y * _expand(scale, x.ndim, axes, cdt)
+  if bias is not None:
+    y = y + _expand(bias, x.ndim, axes, cdt)
+  return y.astype(x.dtype)
+
+
+class L1BatchNormState(NamedTuple):
+  """Running statistics of `l1_batch_norm`.
+
+  Attributes:
+    mean: running mean, ``(C,)``, init 0.
+    dev: running ``kappa * s1`` (the L1 estimate of the std), ``(C,)``,
+      init 1.
+  """
+
+  mean: jax.Array
+  dev: jax.Array
+
+
+def init_l1_batch_norm_state(num_features: int,
+                             dtype: jnp.dtype = jnp.float32
+                             ) -> L1BatchNormState:
+  """`l1_batch_norm` state at initialization: mean 0, deviation 1."""
+  _checks.check_positive_int("init_l1_batch_norm_state", "num_features",
+                             num_features)
+  return L1BatchNormState(mean=jnp.zeros((num_features,), dtype),
+                          dev=jnp.ones((num_features,), dtype))
+
+
+def l1_batch_norm(
+    x: Float[ArrayLike, "... c"],
+    scale: Float[ArrayLike, " c"] | None,
+    bias: Float[ArrayLike, " c"] | None,
+    state: L1BatchNormState,
+    *,
+    training: bool,
+    momentum: float = 0.99,
+    eps: float = 1e-5,
+    kappa: float = L1_KAPPA,
+    eps_mode: EpsMode = "outside",
+    axis_name: str | tuple[str, ...] | None = None,
+) -> tuple[Float[Array, "... c"], L1BatchNormState]:
+  r"""L1 batch normalization with running statistics (features last).
+
+  Training uses the batch :math:`\mu` and :math:`d = \kappa\,
+  \mathrm{mean}(|x - \mu|)` over every axis but the last, normalizes
+  :math:`y = \gamma (x - \mu)/(d + \epsilon) + \beta` and updates
+  :math:`\bar\mu \leftarrow m\bar\mu + (1-m)\mu`,
+  :math:`\bar d \leftarrow m\bar d + (1-m)d` (Flax momentum convention);
+  inference uses the running values. ``eps_mode="inside"`` uses
+  :math:`\sqrt{d^2 + \epsilon}`. Unverified details as in `l1_layer_norm`.
+
+  Args:
+    x: input ``(..., c)``.
+    scale: per-channel gain or ``None``.
+    bias: per-channel offset or ``None``.
+    state: running statistics.
+    training: batch statistics and a state update when True.
+    momentum: decay of the running statistics.
+    eps: stabilizer.
+    kappa: :math:`\kappa`.
+    eps_mode: ``"outside"`` or ``"inside"``.
+    axis_name: mapped axis name(s) for cross-device batch statistics.
+
+  Returns:
+    ``(y, new_state)``.
+
+  Raises:
+    TypeError: for non-floating input or parameters, or a bad state type.
+    ValueError: for rank < 2, bad shapes or ``eps_mode``.
+
+  References:
+    Guo et al., *Towards Accurate and Efficient Sub-8-Bit Integer Training*,
+    arXiv:2411.10948 (2024); Hoffer et al., *Norm matters*,
+    arXiv:1803.01814 (2018).
+  """
+  who = "l1_batch_norm"
+  _checks.check_floating(who, "x", x)
+  _checks.check_choice(who, "eps_mode", eps_mode, EPS_MODES)
+  x = jnp.asarray(x)
+  _checks.check_ndim(who, "x", x, minimum=2)
+  c = x.shape[-1]
+  _check_channels(who, x, scale=scale, bias=bias)
+  _check_state(who, state, L1BatchNormState, {"mean": (c,), "dev": (c,)})
+  cdt = _compute_dtype(x)
+  xf = x.astype(cdt)
+  axes = tuple(range(x.ndim - 1))
+  if training:
+    mu = _pmean(jnp.mean(xf, axis=axes, keepdims=True), axis_name)
+    dev = kappa * _pmean(jnp.mean(jnp.abs(xf - mu), axis=axes,
+                                  keepdims=True), axis_name)
+    new_state = L1BatchNormState(
+        mean=(momentum * state.mean.astype(cdt) + (1 - momentum)
+              * mu.reshape(-1)).astype(state.mean.dtype),
+        dev=(momentum * state.dev.astype(cdt) + (1 - momentum)
+             * jax.lax.stop_gradient(dev).reshape(-1)).astype(
+                 state.dev.dtype))
+  else:
+    mu = _channel(state.mean, x.ndim, cdt)
+    dev = _channel(state.dev, x.ndim, cdt)
+    new_state = state
+  y = (xf - mu) / _l1_denominator(dev, 1.0, eps, eps_mode)
+  if scale is not None:
+    y = y * _channel(scale, x.ndim, cdt)
+  if bias is not None:
+    y = y + _channel(bias, x.ndim, cdt)
+  return y.astype(x.dtype), new_state
+
+
+# ---------------------------------------------------------------------------
+# Scale vectors: branch-specific scales, dual placement, magnitude-direction.
+
+
+def magnitude_direction_scale(
+    magnitude: Float[ArrayLike, " *one"],
+    direction: Float[ArrayLike, " d"],
+) -> Float[Array, " d"]:
+  r"""A scale vector written as magnitude times unit direction.
+
+  .. math:: \gamma = m \cdot \frac{u}{\|u\|_2} \sqrt{d}
+
+  so ``magnitude = 1`` and ``direction = 1`` give :math:`\gamma = 1`.
+
+  Unverified: the paper's OR / ER reparameterizations could not be read
+  (abstract and digests only); this is one reading of "a global scalar
+  magnitude times a direction vector". :math:`\|u\|` is clamped at 1e-12.
+
+  Args:
+    magnitude: scalar :math:`m`, shape ``()`` or ``(1,)``.
+    direction: :math:`u`, shape ``(d,)``.
+
+  Returns:
+    :math:`\gamma`, shape ``(d,)``, in ``direction``'s dtype promoted to at
+    least float32.
+
+  Raises:
+    TypeError: for non-floating arrays.
+    ValueError: for a non-scalar magnitude or non-vector direction.
+
+  References:
+    Wang et al., *Negligible in Size, Significant in Effect: On Scale
+    Vectors in Large Language Models*, arXiv:2605.26895 (2026).
+  """
+  who = "magnitude_direction_scale"
+  _checks.check_floating(who, "magnitude", magnitude)
+  _checks.check_floating(who, "direction", direction)
+  if math.prod(jnp.shape(magnitude)) != 1 or jnp.ndim(magnitude) > 1:
+    raise ValueError(f"{who}: magnitude must be a scalar of shape () or "
+                     f"(1,), got magnitude.shape={jnp.shape(magnitude)}")
+  _checks.check_ndim(who, "direction", direction, expected=1)
+  u = jnp.asarray(direction)
+  cdt = _compute_dtype(u)
+  u = u.astype(cdt)
+  m = jnp.asarray(magnitude).astype(cdt).reshape(())
+  norm = jnp.maximum(jnp.linalg.norm(u), 1e-12)
+  return m * u / norm * math.sqrt(u.shape[0])
+
+
+def branch_rms_norm(
+    x: Float[ArrayLike, "... d"],
+    scales: Sequence[Float[ArrayLike, " d"]],
+    *,
+    eps: float = 1e-6,
+    eps_mode: EpsMode = "inside",
+) -> tuple[Float[Array, "... d"], ...]:
+  r"""One affine-free RMSNorm read by several branches, each with its scale.
+
+  Branch-specific heterogeneity (HG): instead of one scale shared by the
+  readers of a norm (Q, K, V; or gate and up), reader ``i`` gets
+  :math:`\gamma_i \odot \mathrm{RMS}(x)`. The function class is the same
+  (each :math:`\gamma_i` folds into its reader's weight); the
+  preconditioning differs. With equal scales every branch equals
+  ``rms_norm(x, scale)``.
+
+  Args:
+    x: input ``(..., d)``.
+    scales: one ``(d,)`` scale per branch.
+    eps: RMSNorm eps.
+    eps_mode: RMSNorm eps placement.
+
+  Returns:
+    A tuple with one array per branch, each shaped and typed like ``x``.
+
+  Raises:
+    TypeError: for non-floating input or scales.
+    ValueError: for no scales or a bad scale shape.
+
+  References:
+    Wang et al., *Negligible in Size, Significant in Effect: On Scale
+    Vectors in Large Language Models*, arXiv:2605.26895 (2026).
+  """
+  who = "branch_rms_norm"
+  _checks.check_floating(who, "x", x)
+  x = jnp.asarray(x)
+  scales = tuple(scales)
+  if not scales:
+    raise ValueError(f"{who}: scales must hold at least one (d,) vector, "
+                     f"got {len(scales)}")
+  for i, s in enumerate(scales):
+    _check_param(who, f"scales[{i}]", s, x, (x.ndim - 1,))
+  cdt = _compute_dtype(x)
+  n = rms_norm(x.astype(cdt), eps=eps, eps_mode=eps_mode)
+  return tuple((n * _channel(s, x.ndim, cdt)).astype(x.dtype)
+               for s in scales)
+
+
+def dual_scaled_linear(
+    x: Float[ArrayLike, "... d_in"],
+    kernel: Float[ArrayLike, "d_in d_out"],
+    scale_in: Float[ArrayLike, " d_in"] | None = None,
+    scale_out: Float[ArrayLike, " d_out"] | None = None,
+    *,
+    dnp: bool = False,
+    eps: float = 1e-6,
+) -> Float[Array, "... d_out"]:
+  r"""A linear map with scale vectors on both sides (dual placement, DP).
+
+  .. math:: y = s_{out} \odot ((s_{in} \odot x) W)
+
+  row- and column-wise preconditioning of ``W``; both scales start at 1,
+  where this is the plain linear map. ``dnp=True`` (DNP) adds an
+  affine-free RMS normalization of the result, after :math:`s_{out}`.
+
+  Unverified: the position of DNP's extra normalization is our choice (the
+  paper text could not be read).
+
+  Args:
+    x: input ``(..., d_in)``.
+    kernel: ``(d_in, d_out)``.
+    scale_in: :math:`s_{in}` or ``None`` (no input scale).
+    scale_out: :math:`s_{out}` or ``None``.
+    dnp: append the RMS normalization.
+    eps: its eps.
+
+  Returns:
+    ``(..., d_out)`` array in ``x``'s dtype.
+
+  Raises:
+    TypeError: for non-floating arrays.
+    ValueError: for mismatched shapes.
+
+  References:
+    Wang et al., *Negligible in Size, Significant in Effect: On Scale
+    Vectors in Large Language Models*, arXiv:2605.26895 (2026).
+  """
+  who = "dual_scaled_linear"
+  _checks.check_floating(who, "x", x)
+  _checks.check_floating(who, "kernel", kernel)
+  x = jnp.asarray(x)
+  _checks.check_ndim(who, "kernel", kernel, expected=2)
+  d_in, d_out = jnp.shape(kernel)
+  _checks.check_shape(who, "kernel", kernel, (x.shape[-1], d_out),
+                      "(x.shape[-1], d_out)")
+  for name, s, size in (("scale_in", scale_in, d_in),
+                        ("scale_out", scale_out, d_out)):
+    if s is not None:
+      _checks.check_floating(who, name, s)
+      _checks.check_shape(who, name, s, (size,))
+  cdt = _compute_dtype(x)
+  h = x.astype(cdt)
+  if scale_in is not None:
+    h = h * _channel(scale_in, x.ndim, cdt)
+  h = h @ jnp.asarray(kernel).astype(cdt)
+  if scale_out is not None:
+    h = h * _channel(scale_out, x.ndim, cdt)
+  if dnp:
+    h = rms_norm(h, eps=eps)
+  return h.astype(x.dtype)
+
+
+# ---------------------------------------------------------------------------
+# [CLS]-specialized normalization.
+
+RegistersWith = Literal["patch", "cls"]
+
+
+def cls_token_type(seq_len: int, *, num_cls_tokens: int = 1,
+                   num_registers: int = 0,
+                   registers_with: RegistersWith = "patch") -> jax.Array:
+  """Token types of a ``[CLS], registers, patches`` sequence (1 = [CLS]).
+
+  Args:
+    seq_len: sequence length.
+    num_cls_tokens: leading [CLS] tokens.
+    num_registers: register tokens right after them (DINOv2 layout).
+    registers_with: whose parameters registers use; ``"patch"`` by default
+      (unverified: the two re-implementations disagree, the paper most
+      likely separates only [CLS]).
+
+  Returns:
+    int32 ``(seq_len,)``.
+
+  Raises:
+    ValueError: if the special tokens do not fit or for a bad choice.
+  """
+  who = "cls_token_type"
+  _checks.check_choice(who, "registers_with", registers_with,
+                       ("patch", "cls"))
+  _checks.check_positive_int(who, "seq_len", seq_len)
+  if num_cls_tokens < 0 or num_registers < 0 or (
+      num_cls_tokens + num_registers > seq_len):
+    raise ValueError(f"{who}: need 0 <= num_cls_tokens + num_registers <= "
+                     f"seq_len, got {num_cls_tokens=}, {num_registers=}, "
+                     f"{seq_len=}")
+  special = num_cls_tokens + (num_registers if registers_with == "cls" else 0)
+  return (jnp.arange(seq_len) < special).astype(jnp.int32)
+
+
+def _token_select(who: str, token_type: ArrayLike, x: jax.Array
+                  ) -> jax.Array:
+  """Returns ``token_type`` as a rank-``x.ndim`` boolean, True at [CLS]."""
+  shape = tuple(jnp.shape(token_type))
+  lead = x.shape[:-1]
+  if len(shape) > len(lead) or lead[len(lead) - len(shape):] != shape:
+    raise ValueError(f"{who}: token_type must have shape x.shape[:-1]="
+                     f"{lead} or a suffix of it, got "
+                     f"token_type.shape={shape}")
+  t = jnp.asarray(token_type) != 0
+  return t.reshape((1,) * (len(lead) - len(shape)) + shape + (1,))
+
+
+def specialized_layer_norm(
+    x: Float[ArrayLike, "... d"],
+    token_type: ArrayLike,
+    scale_cls: Float[ArrayLike, " d"],
+    bias_cls: Float[ArrayLike, " d"] | None,
+    scale_patch: Float[ArrayLike, " d"],
+    bias_patch: Float[ArrayLike, " d"] | None,
+    *,
+    eps: float = 1e-6,
+    kind: Literal["layer", "rms"] = "layer",
+) -> Float[Array, "... d"]:
+  r"""LayerNorm (or RMSNorm) with separate affines for [CLS] and patches.
+
+  The statistics are per token, so they are unchanged; only the affine is
+  chosen per token: :math:`y = \gamma_{t} \odot \hat x + \beta_{t}` with
+  ``t = token_type`` (1 = [CLS], 0 = patch), selected with a mask (no
+  gather), so it is `jit`-friendly and :math:`\partial L/\partial
+  \gamma_{cls}` only receives gradient from [CLS] positions. With equal
+  parameters this is the shared norm.
+
+  Args:
+    x: input ``(..., d)``, e.g. ``(batch, seq, d)``.
+    token_type: integer or boolean array of shape ``x.shape[:-1]`` or a
+      suffix of it (e.g. ``(seq,)`` from `cls_token_type`).
+    scale_cls: [CLS] gain ``(d,)``.
+    bias_cls: [CLS] offset ``(d,)`` or ``None`` (for ``kind="rms"``).
+    scale_patch: patch gain ``(d,)``.
+    bias_patch: patch offset ``(d,)`` or ``None``.
+    eps: added to the variance (mean square for RMS).
+    kind: ``"layer"`` or ``"rms"`` (only the scale is specialized).
+
+  Returns:
+    Array with the shape and dtype of ``x``.
+
+  Raises:
+    TypeError: for non-floating input or parameters.
+    ValueError: for bad shapes, a bad ``kind`` or biases given with only
+      one token type.
+
+  References:
+    Marouani, Siméoni, Jégou, Bojanowski & Vo, *Revisiting [CLS] and Patch
+    Token Interaction in Vision Transformers*, arXiv:2602.08626 (ICLR 2026).
+  """
+  who = "specialized_layer_norm"
+  _checks.check_floating(who, "x", x)
+  _checks.check_choice(who, "kind", kind, ("layer", "rms"))
+  x = jnp.asarray(x)
+  _check_channels(who, x, scale_cls=scale_cls, bias_cls=bias_cls,
+                  scale_patch=scale_patch, bias_patch=bias_patch)
+  if (bias_cls is None) != (bias_patch is None):
+    raise ValueError(f"{who}: give both bias_cls and bias_patch or neither")
+  is_cls = _token_select(who, token_type, x)
+  cdt = _compute_dtype(x)
+  xf = x.astype(cdt)
+  xhat = layer_norm(xf, eps=eps) if kind == "layer" else rms_norm(xf, eps=eps)
+  nd = x.ndim
+  y = xhat * jnp.where(is_cls, _channel(scale_cls, nd, cdt),
+                       _channel(scale_patch, nd, cdt))
+  if bias_cls is not None:
+    y = y + jnp.where(is_cls, _channel(bias_cls, nd, cdt),
+                      _channel(bias_patch, nd, cdt))
+  return y.astype(x.dtype)
+
+
+def specialized_linear(
+    x: Float[ArrayLike, "... d_in"],
+    token_type: ArrayLike,
+    kernel_cls: Float[ArrayLike, "d_in d_out"],
+    kernel_patch: Float[ArrayLike, "d_in d_out"],
+    bias_cls: Float[ArrayLike, " d_out"] | None = None,
+    bias_patch: Float[ArrayLike, " d_out"] | None = None,
+) -> Float[Array, "... d_out"]:
+  """A linear layer with separate weights for [CLS] and patch tokens.
+
+  QKV specialization of the early blocks: both weight sets are applied and
+  the result is selected per token (1 = [CLS]), so the tokens still
+  interact in attention. Bias pairs follow the kernels.
+
+  Args:
+    x: input ``(..., d_in)``.
+    token_type: as in `specialized_layer_norm`.
+    kernel_cls: ``(d_in, d_out)``.
+    kernel_patch: ``(d_in, d_out)``.
+    bias_cls: ``(d_out,)`` or ``None``.
+    bias_patch: ``(d_out,)`` or ``None``.
+
+  Returns:
+    ``(..., d_out)`` in ``x``'s dtype.
+
+  Raises:
+    TypeError: for non-floating arrays.
+    ValueError: for mismatched shapes or a single bias.
+
+  References:
+    Marouani, Siméoni, Jégou, Bojanowski & Vo, *Revisiting [CLS] and Patch
+    Token Interaction in Vision Transformers*, arXiv:2602.08626 (ICLR 2026).
+  """
+  who = "specialized_linear"
+  _checks.check_floating(who, "x", x)
+  x = jnp.asarray(x)
+  for name, k in (("kernel_cls", kernel_cls), ("kernel_patch", kernel_patch)):
+    _checks.check_floating(who, name, k)
+    _checks.check_ndim(who, name, k, expected=2)
+  d_out = jnp.shape(kernel_cls)[1]
+  for name, k in (("kernel_cls", kernel_cls), ("kernel_patch", kernel_patch)):
+    _checks.check_shape(who, name, k, (x.shape[-1], d_out),
+                        "(x.shape[-1], kernel_cls.shape[1])")
+  if (bias_cls is None) != (bias_patch is None):
+    raise ValueError(f"{who}: give both bias_cls and bias_patch or neither")
+  is_cls = _token_select(who, token_type, x)
+  cdt = _compute_dtype(x)
+  xf = x.astype(cdt)
+  y_cls = xf @ jnp.asarray(kernel_cls).astype(cdt)
+  y_patch = xf @ jnp.asarray(kernel_patch).astype(cdt)
+  if bias_cls is not None:
+    for name, b in (("bias_cls", bias_cls), ("bias_patch", bias_patch)):
+      _checks.check_floating(who, name, b)
+      _checks.check_shape(who, name, b, (d_out,))
+    y_cls = y_cls + _channel(bias_cls, x.ndim, cdt)
+    y_patch = y_patch + _channel(bias_patch, x.ndim, cdt)
+  return jnp.where(is_cls, y_cls, y_patch).astype(x.dtype)
+
+
+# ---------------------------------------------------------------------------
+# Gecko timestep-decay normalization.
+
+
+class TimestepDecayNormState(NamedTuple):
+  """Carried statistics of `timestep_decay_norm`, per sequence and group.
+
+  Attributes:
+    count: tokens accumulated since the last reset, int32 ``(B,)``.
+    mean: decayed mean accumulator ``M``, ``(B, G)``.
+    var: decayed variance accumulator ``V``, ``(B, G)``.
+  """
+
+  count: jax.Array
+  mean: jax.Array
+  var: jax.Array
+
+
+def init_timestep_decay_norm_state(batch_size: int, num_groups: int = 64,
+                                   dtype: jnp.dtype = jnp.float32
+                                   ) -> TimestepDecayNormState:
+  """The empty `timestep_decay_norm` state: ``n = M = V = 0``."""
+  who = "init_timestep_decay_norm_state"
+  _checks.check_positive_int(who, "batch_size", batch_size)
+  _checks.check_positive_int(who, "num_groups", num_groups)
+  return TimestepDecayNormState(
+      count=jnp.zeros((batch_size,), jnp.int32),
+      mean=jnp.zeros((batch_size, num_groups), dtype),
+      var=jnp.zeros((batch_size, num_groups), dtype))
+
+
+def _affine_scan(a: jax.Array, b: jax.Array, h0: jax.Array) -> jax.Array:
+  """``h_t = a_t h_{t-1} + b_t`` along axis 1, from ``h0`` (prefix scan)."""
+
+  def combine(left, right):
+    a1, b1 = left
+    a2, b2 = right
+    return a1 * a2, a2 * b1 + b2
+
+  big_a, big_b = jax.lax.associative_scan(combine, (a, b), axis=1)
+  return big_a * jnp.expand_dims(h0, 1) + big_b
+
+
+def timestep_decay_norm(
+    x: Float[ArrayLike, "b l d"],
+    scale: Float[ArrayLike, " d"] | None = None,
+    bias: Float[ArrayLike, " d"] | None = None,
+    state: TimestepDecayNormState | None = None,
+    *,
+    num_groups: int = 64,
+    beta1: float = 0.999,
+    beta2: float = 0.9999,
+    eps: float = 1e-5,
+    padding_mask: ArrayLike | None = None,
+    bos_mask: ArrayLike | None = None,
+) -> tuple[Float[Array, "b l d"], TimestepDecayNormState]:
+  r"""Gecko's timestep-decay normalization: causal, decayed group stats.
+
+  For token ``t`` and group ``g``, :math:`u_t` and :math:`v_t` are the mean
+  and biased variance over the group's ``D/G`` channels. From the carried
+  state ``(n, M, V)``:
+  :math:`n \leftarrow n + 1`, :math:`M \leftarrow \beta_1 M +
+  (1-\beta_1)u_t`, :math:`V \leftarrow \beta_2 V + (1-\beta_2)v_t`, then
+
+  .. math::
+    \hat\mu_t = \frac{M}{1-\beta_1^n},\quad
+    \hat\sigma^2_t = \frac{V}{1-\beta_2^n},\quad
+    y_t = \frac{x_t - \hat\mu_t}{\sqrt{\hat\sigma^2_t + \epsilon}}
+          \odot (1 + w) + b
+
+  ``V`` averages within-token group variances (not the spread of the means
+  over time). Pad tokens (``padding_mask`` True) leave the state unchanged
+  and output 0. At a BOS token (``bos_mask`` True) the state resets to
+  empty before the update, so that token gets :math:`\hat\mu = u_t,
+  \hat\sigma^2 = v_t`. Unverified: the official CUDA combine appears to
+  store the unweighted :math:`(u_t, v_t)` at a BOS; we follow the spec's
+  reset-then-update reading. The recurrence is evaluated with a parallel
+  prefix scan; gradients flow through the statistics into ``x`` and the
+  incoming state. No train/eval difference.
+
+  Args:
+    x: input ``(B, L, D)``.
+    scale: :math:`w` (used as ``1 + w``, init 0), ``(D,)``, or ``None``.
+    bias: :math:`b` (init 0), ``(D,)``, or ``None``.
+    state: carried `TimestepDecayNormState` or ``None`` (empty).
+    num_groups: ``G``; ``D % G == 0`` and ``G < D``.
+    beta1: decay of the mean accumulator.
+    beta2: decay of the variance accumulator.
+    eps: added to :math:`\hat\sigma^2`.
+    padding_mask: boolean ``(B, L)``, True at pads.
+    bos_mask: boolean ``(B, L)``, True where a new document starts.
+
+  Returns:
+    ``(y, new_state)``: ``y`` like ``x``; the state after the last token,
+    to carry into the next segment (streaming).
+
+  Raises:
+    TypeError: for non-floating input or parameters, non-boolean masks or a
+      bad state type.
+    ValueError: for bad shapes or group counts.
+
+  References:
+    Ma et al., *Gecko: An Efficient Neural Architecture Inherently
+    Processing Sequences with Arbitrary Lengths*, arXiv:2601.06463 (2026);
+    code ``XuezheMax/gecko-llm``.
+  """
+  who = "timestep_decay_norm"
+  _checks.check_floating(who, "x", x)
+  x = jnp.asarray(x)
+  _checks.check_ndim(who, "x", x, expected=3)
+  bsz, length, d = x.shape
+  _checks.check_positive_int(who, "num_groups", num_groups)
+  _checks.check_divisible(who, "x.shape[-1]", d, "num_groups", num_groups)
+  if num_groups >= d:
+    raise ValueError(f"{who}: num_groups must be < x.shape[-1]={d} (at "
+                     f"least two channels per group), got {num_groups=}")
+  _check_channels(who, x, scale=scale, bias=bias)
+  masks = []
+  for name, mk in (("padding_mask", padding_mask), ("bos_mask", bos_mask)):
+    if mk is None:
+      masks.append(jnp.zeros((bsz, length, 1), bool))
+      continue
+    if jnp.result_type(mk) != jnp.bool_:
+      raise TypeError(f"{who}: {name} must be boolean, got "
+                      f"{name}.dtype={jnp.result_type(mk)}")
+    _checks.check_shape(who, name, mk, (bsz, length), "x.shape[:2]")
+    masks.append(jnp.asarray(mk).reshape(bsz, length, 1))
+  pad, bos = masks
+  cdt = _compute_dtype(x)
+  if state is None:
+    state = init_timestep_decay_norm_state(bsz, num_groups, cdt)
+  _check_state(who, state, TimestepDecayNormState, {
+      "count": (bsz,), "mean": (bsz, num_groups), "var": (bsz, num_groups)})
+  xf = x.astype(cdt)
+  xg = xf.reshape(bsz, length, num_groups, d // num_groups)
+  u, v = _moments(xg, (3,))
+  u, v = u.reshape(bsz, length, num_groups), v.reshape(bsz, length, num_groups)
+  keep = jnp.logical_not(pad).astype(cdt)
+  reset = jnp.logical_and(bos, jnp.logical_not(pad)).astype(cdt)
+
+  def decay(beta, val, h0):
+    a = keep * (1 - reset) * beta + (1 - keep)
+    return _affine_scan(jnp.broadcast_to(a, val.shape),
+                        keep * (1 - beta) * val, h0)
+
+  m = decay(beta1, u, state.mean.astype(cdt))
+  vv = decay(beta2, v, state.var.astype(cdt))
+  n = _affine_scan(keep * (1 - reset) + (1 - keep), keep,
+                   state.count.astype(cdt).reshape(bsz, 1))
+  live = n > 0
+  safe_n = jnp.where(live, n, 1.0)
+  corr1 = -jnp.expm1(safe_n * math.log(beta1))
+  corr2 = -jnp.expm1(safe_n * math.log(beta2))
+  mu = (m / corr1).reshape(bsz, length, num_groups, 1)
+  var = (vv / corr2).reshape(bsz, length, num_groups, 1)
+  y = ((xg - mu) * jax.lax.rsqrt(var + eps)).reshape(x.shape)
+  if scale is not None:
+    y = y * (1 + _channel(scale, 3, cdt))
+  if bias is not None:
+    y = y + _channel(bias, 3, cdt)
+  y = y * keep
+  new_state = TimestepDecayNormState(
+      count=n[:, -1, 0].astype(state.count.dtype),
+      mean=m[:, -1].astype(state.mean.dtype),
+      var=vv[:, -1].astype(state.var.dtype))
+  return y.astype(x.dtype), new_state

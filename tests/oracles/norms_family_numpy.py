@@ -141,3 +141,99 @@ def unified_norm_step(x, gamma, beta, st, gy, *, warmup, eps=1e-5, m=0.9,
   red = tuple(range(x.ndim - 1))
   st["t"] = t
   return y, dx, (gy * r * z).sum(red), gy.sum(red), st
+
+
+# ---------------------------------------------------------------------------
+# Region Normalization (section 8): the code's mechanism, not the closed form.
+
+
+def region_norm_fill(x, mask, eps=1e-5):
+  """Fill outside each region with its mean, BatchNorm the whole map,
+  rescale by sqrt(S_R / N_tot), keep the region."""
+  x = f64(x)
+  m = np.broadcast_to(f64(mask), x.shape)
+  red = tuple(range(x.ndim - 1))
+  n_tot = np.prod(x.shape[:-1])
+  y = np.zeros_like(x)
+  for r in (m, 1 - m):
+    s = np.maximum(r.sum(red), 1)
+    mu = (x * r).sum(red) / s
+    filled = x * r + mu * (1 - r)
+    bn_mu = filled.mean(red)
+    bn_var = filled.var(red)
+    bn = (filled - bn_mu) / np.sqrt(bn_var + eps)
+    y += r * bn * np.sqrt(s / n_tot)
+  return y
+
+
+# ---------------------------------------------------------------------------
+# UnMix-TNS (section 11).
+
+
+def unmix_tns(x, gamma, beta, mu_k, var_k, *, momentum, tau=0.07, eps=1e-5):
+  """Returns ``(y, new_mu_k, new_var_k)``; ``x`` is ``(B, *spatial, C)``."""
+  x = f64(x)
+  b, c = x.shape[0], x.shape[-1]
+  flat = x.reshape(b, -1, c)
+  mu_t, var_t = flat.mean(1), flat.var(1)
+  mu_k, var_k = f64(mu_k), f64(var_k)
+  k = mu_k.shape[0]
+  y = np.empty_like(flat)
+  p_all = np.empty((b, k))
+  for i in range(b):
+    cos = np.array([mu_t[i] @ mu_k[j] / max(
+        np.linalg.norm(mu_t[i]) * np.linalg.norm(mu_k[j]), 1e-8)
+                    for j in range(k)])
+    e = np.exp(cos / tau - (cos / tau).max())
+    p = e / e.sum()
+    p_all[i] = p
+    m = np.array([(1 - p[j]) * mu_k[j] + p[j] * mu_t[i] for j in range(k)])
+    v = np.array([(1 - p[j]) * var_k[j] + p[j] * var_t[i] for j in range(k)])
+    mu_b = m.mean(0)
+    var_b = v.mean(0) + (m ** 2).mean(0) - mu_b ** 2
+    y[i] = f64(gamma) * (flat[i] - mu_b) / np.sqrt(var_b + eps) + f64(beta)
+  new_mu = mu_k + momentum * np.mean(
+      p_all[:, :, None] * (mu_t[:, None] - mu_k[None]), axis=0)
+  new_var = var_k + momentum * np.mean(
+      p_all[:, :, None] * (var_t[:, None] - var_k[None]), axis=0)
+  return y.reshape(x.shape), new_mu, new_var
+
+
+# ---------------------------------------------------------------------------
+# L1 normalization (section 13).
+
+
+def l1_layer_norm(x, gamma, beta, *, eps=1e-5, kappa=np.sqrt(np.pi / 2)):
+  x = f64(x)
+  mu = x.mean(-1, keepdims=True)
+  s1 = np.abs(x - mu).mean(-1, keepdims=True)
+  return f64(gamma) * (x - mu) / (kappa * s1 + eps) + f64(beta)
+
+
+# ---------------------------------------------------------------------------
+# Gecko timestep-decay normalization (section 15c): a plain loop.
+
+
+def timestep_decay_norm(x, w, b, groups, *, beta1=0.999, beta2=0.9999,
+                        eps=1e-5, state=None, pad=None, bos=None):
+  x = f64(x)
+  bsz, length, d = x.shape
+  if state is None:
+    state = (np.zeros(bsz), np.zeros((bsz, groups)), np.zeros((bsz, groups)))
+  n, m, v = (np.array(s, np.float64) for s in state)
+  y = np.zeros_like(x)
+  for i in range(bsz):
+    for t in range(length):
+      if pad is not None and pad[i, t]:
+        continue
+      if bos is not None and bos[i, t]:
+        n[i], m[i], v[i] = 0, 0, 0
+      xg = x[i, t].reshape(groups, -1)
+      n[i] += 1
+      m[i] = beta1 * m[i] + (1 - beta1) * xg.mean(-1)
+      v[i] = beta2 * v[i] + (1 - beta2) * xg.var(-1)
+      mu = m[i] / (1 - beta1 ** n[i])
+      var = v[i] / (1 - beta2 ** n[i])
+      yn = (xg - mu[:, None]) / np.sqrt(var[:, None] + eps)
+      y[i, t] = yn.reshape(d) * (1 + f64(w)) + f64(b)
+  return y, (n, m, v)
