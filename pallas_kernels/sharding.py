@@ -1,0 +1,91 @@
+"""Running the row kernels on a device mesh with `jax.shard_map`.
+
+A Pallas call is a per-device program: XLA cannot partition it, so on a
+mesh it must sit inside `jax.shard_map`. The norm kernels are row-local (each
+row's statistics use only that row), so any sharding of the *leading* (row)
+dimensions is exact without communication: batch over ``data``, sequence
+over ``tensor`` (sequence parallelism), or any other split. The normalized
+trailing axes must be unsharded on the mesh, since a row must live on one
+device. Parameters are replicated; their gradients are the per-device
+partial sums, which `shard_map`'s transpose adds across the mesh (a psum over
+the axes the parameters are replicated on).
+
+Example::
+
+  mesh = jaxnorm.sharding.make_mesh((2, 2), ("data", "tensor"))
+  norm = shard_rows(rms_norm_pallas, mesh, P("data", "tensor", None))
+  y = jax.jit(norm)(x, scale)           # x: (batch, seq, d)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+from jax.sharding import Mesh, PartitionSpec
+
+
+def shard_rows(kernel: Callable[..., Any], mesh: Mesh,
+               row_spec: PartitionSpec, *, num_row_args: int = 1,
+               num_feature_axes: int = 1, **kernel_kwargs: Any
+               ) -> Callable[..., Any]:
+  """Wraps a row kernel to run per device on ``mesh`` via `jax.shard_map`.
+
+  Args:
+    kernel: a `pallas_kernels.norms` function (or any row-local function
+      with the same calling convention: row arrays first, then parameters).
+    mesh: the device mesh, e.g. axes ``("data", "tensor")``.
+    row_spec: `PartitionSpec` of every row array (and every output); its
+      entries for the ``num_feature_axes`` trailing axes must be ``None``.
+    num_row_args: how many leading positional arguments are row arrays
+      (2 for the fused residual-add kernels: ``x`` and ``residual``).
+    num_feature_axes: how many trailing axes are normalized.
+    **kernel_kwargs: static keyword arguments for ``kernel`` (``eps``,
+      ``interpret``, ...).
+
+  Returns:
+    A function of the kernel's positional arguments; parameters (the
+    arguments after the row arrays, ``None`` allowed) are replicated.
+
+  Raises:
+    ValueError: when ``row_spec`` shards a normalized axis, names an axis
+      missing from ``mesh``, or has more entries than the rows have axes.
+  """
+  who = "shard_rows"
+  specs = tuple(row_spec)
+  trailing = specs[len(specs) - num_feature_axes:] if len(specs) >= (
+      num_feature_axes) else specs
+  if any(s is not None for s in trailing):
+    raise ValueError(
+        f"{who}: the {num_feature_axes} normalized trailing axes must be "
+        f"unsharded (None), got {row_spec=}; a row must live on one device")
+  names = set()
+  for s in specs:
+    names.update(s if isinstance(s, tuple) else () if s is None else (s,))
+  missing = names - set(mesh.axis_names)
+  if missing:
+    raise ValueError(f"{who}: row_spec names axes {sorted(missing)} that "
+                     f"mesh.axis_names={mesh.axis_names} lacks")
+
+  def run(*args):
+    rows, params = args[:num_row_args], args[num_row_args:]
+    for i, a in enumerate(rows):
+      if len(specs) != a.ndim:
+        raise ValueError(
+            f"{who}: row_spec has {len(specs)} entries but row argument {i} "
+            f"has shape {a.shape}; give one entry per axis")
+    in_specs = (row_spec,) * num_row_args + tuple(
+        None if p is None else PartitionSpec() for p in params)
+
+    def local(*local_args):
+      return kernel(*local_args, **kernel_kwargs)
+
+    out = jax.eval_shape(local, *args)
+    out_specs = jax.tree.map(lambda _: row_spec, out)
+    # Pallas calls carry no varying-manual-axes rules, so the type check of
+    # shard_map is off; outputs are row-sharded exactly like the inputs.
+    return jax.shard_map(local, mesh=mesh, in_specs=in_specs,
+                         out_specs=out_specs, check_vma=False)(*args)
+
+  return run
