@@ -1,0 +1,310 @@
+"""Throughput of the Pallas norm kernels against XLA, tokamax and the peak.
+
+Run from the repository root:
+
+  python benchmarks/kernels.py [--rounds 20] [--json out.json]
+
+On a GPU or TPU, for each (shape, dtype) it times, in one process:
+
+* RMSNorm and LayerNorm forward and forward+backward, and the fused
+  residual-add + RMSNorm forward and forward+backward, for
+  ``pallas_kernels`` (compiled), the jitted jnp reference
+  (``implementation="xla"``) and ``tokamax.layer_norm`` (``xla`` and
+  ``triton`` on GPU; skipped with a note when tokamax is not importable);
+* achieved GB/s under the minimal byte model (forward: read x, write y = 2
+  arrays; forward+backward: also read dy, write dx = 4 arrays; fused add
+  forward: read x, r, write h, y = 4; fused add forward+backward: 8), divided
+  by the device-to-device copy bandwidth measured in the same process
+  (``x + 1`` into a fresh array, 2 arrays), which is the practical peak;
+* attention TFLOP/s of ``jax.nn.dot_product_attention`` (``xla`` and, on
+  GPU, ``cudnn``; causal counted as half the FLOPs), the denominators for a
+  flash kernel (jaxnorm has none yet).
+
+Inputs are random (never zeros) and rotated through 4 sets so the working set
+is well beyond L2; every case is checked against the float32 reference
+before timing; cases are interleaved round-robin and reported as medians.
+
+On CPU it says that no accelerator is present, and only times the
+interpreted kernels (``interpret=True`` and ``pltpu.InterpretParams()``)
+against the jnp reference on a small array as a smoke check: interpreter
+time is not kernel speed (PERFORMANCE.md 3.5).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import platform
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax.experimental.pallas import tpu as pltpu
+
+from jaxnorm import fused_norms, norms
+from pallas_kernels import norms as pk
+
+GPU_SHAPES = ((16384, 4096), (8192, 8192), (65536, 1024))
+TPU_SHAPES = ((16384, 4096), (8192, 8192), (65536, 1024))
+CPU_SHAPE = (256, 512)
+_ROTATE = 4
+
+
+def _try_tokamax() -> Any:
+  try:
+    import tokamax
+  except ImportError:
+    return None
+  return tokamax
+
+
+def _timed(fn: Callable[[Any], Any], arg_sets: list[Any], calls: int
+           ) -> float:
+  """Seconds per call: ``calls`` calls rotating through ``arg_sets``."""
+  start = time.perf_counter()
+  out = None
+  for i in range(calls):
+    out = fn(*arg_sets[i % len(arg_sets)])
+  jax.block_until_ready(out)
+  return (time.perf_counter() - start) / calls
+
+
+def _measure(cases: dict[str, tuple[Callable, list[Any]]], rounds: int,
+             calls: int) -> dict[str, list[float]]:
+  for fn, args in cases.values():  # compile and warm up
+    jax.block_until_ready(fn(*args[0]))
+    _timed(fn, args, calls)
+  times: dict[str, list[float]] = {k: [] for k in cases}
+  for _ in range(rounds):  # round-robin
+    for name, (fn, args) in cases.items():
+      times[name].append(_timed(fn, args, calls))
+  return times
+
+
+def _fwd_bwd(f: Callable[..., Any]) -> Callable[..., Any]:
+  """One jitted call returning outputs and all gradients for cotangents."""
+  def run(*args):
+    inputs, cts = args[:-1], args[-1]
+    out, vjp = jax.vjp(f, *inputs)
+    return out, vjp(cts)
+  return jax.jit(run)
+
+
+def _norm_cases(rows: int, cols: int, dtype: Any, tokamax: Any, backend: str,
+                interpret: Any = False) -> tuple[dict, dict]:
+  """The timed callables and their byte counts for one shape and dtype."""
+  keys = jax.random.split(jax.random.key(0), 3 * _ROTATE)
+  itemsize = jnp.dtype(dtype).itemsize
+  arr = rows * cols * itemsize
+
+  def rand(k):
+    return jax.random.normal(k, (rows, cols), jnp.float32).astype(dtype)
+
+  xs = [rand(keys[i]) for i in range(_ROTATE)]
+  rs = [rand(keys[_ROTATE + i]) for i in range(_ROTATE)]
+  dys = [rand(keys[2 * _ROTATE + i]) for i in range(_ROTATE)]
+  scale = jnp.ones((cols,), jnp.float32) * 1.5
+  bias = jnp.full((cols,), 0.25, jnp.float32)
+  impls: dict[str, dict[str, Callable]] = {
+      "pallas": {
+          "rms": lambda x, s: pk.rms_norm_pallas(x, s, interpret=interpret),
+          "ln": lambda x, s, b: pk.layer_norm_pallas(x, s, b,
+                                                     interpret=interpret),
+          "add_rms": lambda x, r, s: pk.add_rms_norm_pallas(
+              x, r, s, interpret=interpret),
+      },
+      "xla": {
+          "rms": lambda x, s: norms.rms_norm(x, s),
+          "ln": lambda x, s, b: norms.layer_norm(x, s, b),
+          "add_rms": lambda x, r, s: fused_norms.add_rms_norm(
+              x, r, s, implementation="xla"),
+      },
+  }
+  if tokamax is not None:
+    for impl in (("xla", "triton") if backend == "gpu" else ("xla",)):
+      impls[f"tokamax-{impl}"] = {
+          "rms": lambda x, s, impl=impl: tokamax.layer_norm(
+              x, s, None, subtract_mean=False, implementation=impl),
+          "ln": lambda x, s, b, impl=impl: tokamax.layer_norm(
+              x, s, b, implementation=impl),
+      }
+  cases, nbytes = {}, {}
+  for impl, fns in impls.items():
+    for op, f in fns.items():
+      if op == "rms":
+        fwd_args = [(x, scale) for x in xs]
+        bwd_args = [(x, scale, dy) for x, dy in zip(xs, dys)]
+        n_fwd, n_bwd = 2, 4
+      elif op == "ln":
+        fwd_args = [(x, scale, bias) for x in xs]
+        bwd_args = [(x, scale, bias, dy) for x, dy in zip(xs, dys)]
+        n_fwd, n_bwd = 2, 4
+      else:
+        fwd_args = [(x, r, scale) for x, r in zip(xs, rs)]
+        bwd_args = [(x, r, scale, (dy, dy)) for x, r, dy in zip(xs, rs, dys)]
+        n_fwd, n_bwd = 4, 8
+      cases[f"{op} fwd {impl}"] = (jax.jit(f), fwd_args)
+      cases[f"{op} fwd+bwd {impl}"] = (_fwd_bwd(f), bwd_args)
+      nbytes[f"{op} fwd {impl}"] = n_fwd * arr
+      nbytes[f"{op} fwd+bwd {impl}"] = n_bwd * arr
+  return cases, nbytes
+
+
+def _check(cases: dict[str, tuple[Callable, list[Any]]]) -> dict[str, float]:
+  """Max abs error of every case against its ``xla`` twin (float32)."""
+  errs = {}
+  for name, (fn, args) in cases.items():
+    op, kind, impl = name.split(" ")
+    if impl == "xla":
+      continue
+    ref_fn, _ = cases[f"{op} {kind} xla"]
+    got, want = fn(*args[0]), ref_fn(*args[0])
+    diffs = [float(jnp.max(jnp.abs(a.astype(jnp.float32)
+                                   - b.astype(jnp.float32))))
+             for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want))]
+    errs[name] = max(diffs) if diffs else 0.0
+  return errs
+
+
+def _copy_bandwidth(rounds: int, calls: int, size: int = 1 << 28) -> float:
+  x = [jax.random.normal(jax.random.key(i), (size,), jnp.float32)
+       for i in range(2)]  # 2 x 1 GiB by default
+  f = jax.jit(lambda a: a + 1.0)
+  t = _measure({"copy": (f, [(a,) for a in x])}, rounds, calls)["copy"]
+  return 2 * x[0].nbytes / statistics.median(t)
+
+
+def _attention(backend: str, rounds: int, calls: int,
+               dims: tuple[int, int, int, int] = (4, 4096, 16, 128)
+               ) -> list[dict]:
+  b, t, h, d = dims
+  ks = jax.random.split(jax.random.key(1), 3)
+  q, k, v = (jax.random.normal(kk, (b, t, h, d), jnp.bfloat16) for kk in ks)
+  impls = ("xla", "cudnn") if backend == "gpu" else ("xla",)
+  cases = {}
+  for impl in impls:
+    for causal in (False, True):
+      f = jax.jit(lambda q, k, v, impl=impl, causal=causal:
+                  jax.nn.dot_product_attention(q, k, v, is_causal=causal,
+                                               implementation=impl))
+      cases[f"{impl} causal={causal}"] = (f, [(q, k, v)])
+  times = _measure(cases, rounds, calls)
+  rows = []
+  for name, ts in times.items():
+    flops = 4 * b * h * t * t * d * (0.5 if "True" in name else 1.0)
+    med = statistics.median(ts)
+    rows.append({"case": name, "ms": med * 1e3, "tflops": flops / med / 1e12})
+  return rows
+
+
+def run_accelerator(backend: str, rounds: int, calls: int,
+                    shapes: tuple[tuple[int, int], ...] | None = None,
+                    dry_run: bool = False) -> dict:
+  """The accelerator table; ``dry_run`` exercises it on CPU (interpreter)."""
+  tokamax = _try_tokamax()
+  peak = _copy_bandwidth(rounds, calls, 1 << 16 if dry_run else 1 << 28)
+  print(f"measured copy bandwidth: {peak / 1e9:.0f} GB/s (the peak used)")
+  if tokamax is None:
+    print("tokamax: not importable, its rows are skipped")
+  results = {"copy_gbps": peak / 1e9, "norms": [], "attention": []}
+  if shapes is None:
+    shapes = GPU_SHAPES if backend == "gpu" else TPU_SHAPES
+  for rows, cols in shapes:
+    for dtype in (jnp.bfloat16, jnp.float32):
+      cases, nbytes = _norm_cases(rows, cols, dtype, tokamax, backend,
+                                  interpret=dry_run)
+      errs = _check(cases)
+      times = _measure(cases, rounds, calls)
+      for name, ts in times.items():
+        op, kind, impl = name.split(" ")
+        med = statistics.median(ts)
+        xla = statistics.median(times[f"{op} {kind} xla"])
+        gbps = nbytes[name] / med / 1e9
+        row = {"shape": [rows, cols], "dtype": jnp.dtype(dtype).name,
+               "op": op, "pass": kind, "impl": impl, "us": med * 1e6,
+               "min_us": min(ts) * 1e6, "gbps": gbps,
+               "pct_peak": 100 * gbps * 1e9 / peak,
+               "speedup_vs_xla": xla / med, "max_err": errs.get(name, 0.0)}
+        results["norms"].append(row)
+        print(f"{rows}x{cols} {row['dtype']:8s} {op:7s} {kind:7s} "
+              f"{impl:14s} {med * 1e6:9.1f} us {gbps:7.0f} GB/s "
+              f"{row['pct_peak']:5.1f}% peak  x{row['speedup_vs_xla']:.2f} "
+              f"vs xla  err {row['max_err']:.1e}")
+  results["attention"] = _attention(
+      "cpu" if dry_run else backend, rounds, calls,
+      (1, 128, 2, 32) if dry_run else (4, 4096, 16, 128))
+  for row in results["attention"]:
+    print(f"attention {row['case']:22s} {row['ms']:8.2f} ms "
+          f"{row['tflops']:6.1f} TFLOP/s")
+  return results
+
+
+def run_cpu_smoke(rounds: int) -> dict:
+  print("No accelerator present (backend=cpu): GB/s, peak and tokamax "
+        "comparisons need a GPU or TPU. Timing the interpreted kernels only "
+        "as a smoke check; interpreter time is not kernel speed.\n")
+  rows, cols = CPU_SHAPE
+  x = jax.random.normal(jax.random.key(0), (rows, cols), jnp.float32)
+  dy = jax.random.normal(jax.random.key(1), (rows, cols), jnp.float32)
+  s = jnp.full((cols,), 1.5, jnp.float32)
+  cases = {
+      "rms fwd+bwd xla": (_fwd_bwd(lambda x, s: norms.rms_norm(x, s)),
+                          [(x, s, dy)]),
+      "rms fwd+bwd interpret-gpu": (_fwd_bwd(lambda x, s: pk.rms_norm_pallas(
+          x, s, interpret=True)), [(x, s, dy)]),
+      "rms fwd+bwd interpret-tpu": (_fwd_bwd(lambda x, s: pk.rms_norm_pallas(
+          x, s, interpret=pltpu.InterpretParams())), [(x, s, dy)]),
+  }
+  errs = _check(cases)
+  times = _measure(cases, rounds, 1)
+  ref = statistics.median(times["rms fwd+bwd xla"])
+  out = []
+  for name, ts in times.items():
+    med = statistics.median(ts)
+    out.append({"case": name, "shape": [rows, cols], "ms": med * 1e3,
+                "vs_xla": med / ref, "max_err": errs.get(name, 0.0)})
+    print(f"{name:28s} {rows}x{cols} f32 {med * 1e3:9.2f} ms  "
+          f"{med / ref:7.1f}x the jnp time  max err "
+          f"{errs.get(name, 0.0):.1e}")
+  return {"cpu_smoke": out}
+
+
+def main() -> None:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--rounds", type=int, default=None)
+  parser.add_argument("--calls", type=int, default=10,
+                      help="calls per timed sample on an accelerator")
+  parser.add_argument("--json", default=None, help="write results here")
+  parser.add_argument("--shapes", default=None,
+                      help="comma-separated ROWSxCOLS, e.g. 16384x4096")
+  parser.add_argument("--dry-run", action="store_true",
+                      help="run the accelerator table on CPU with interpreted "
+                      "kernels and tiny shapes (checks the script, not speed)")
+  args = parser.parse_args()
+  backend = jax.default_backend()
+  backend = "gpu" if backend in ("cuda", "rocm") else backend
+  devices = jax.devices()
+  header = {"date": datetime.datetime.now(datetime.UTC).isoformat(
+      timespec="seconds"), "jax": jax.__version__, "backend": backend,
+      "device": devices[0].device_kind, "host": platform.machine()}
+  print(" ".join(f"{k}={v}" for k, v in header.items()))
+  shapes = None if args.shapes is None else tuple(
+      tuple(int(v) for v in s.split("x")) for s in args.shapes.split(","))
+  if args.dry_run:
+    print("dry run: interpreted kernels on CPU; the numbers are not speeds")
+    results = run_accelerator("gpu", 2, 1, shapes or ((64, 96),), True)
+  elif backend in ("gpu", "tpu"):
+    results = run_accelerator(backend, args.rounds or 20, args.calls, shapes)
+  else:
+    results = run_cpu_smoke(args.rounds or 5)
+  if args.json:
+    with open(args.json, "w") as f:
+      json.dump({**header, **results}, f, indent=1)
+
+
+if __name__ == "__main__":
+  main()

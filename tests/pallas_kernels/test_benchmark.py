@@ -1,0 +1,25 @@
+"""benchmarks/kernels.py runs end to end on CPU (interpreted smoke check)."""
+
+from __future__ import annotations
+
+import importlib.util
+import pathlib
+
+import jax
+
+_PATH = pathlib.Path(__file__).parents[2] / "benchmarks" / "kernels.py"
+
+
+def test_cpu_smoke_reports_no_accelerator(capsys):
+  spec = importlib.util.spec_from_file_location("bench_kernels", _PATH)
+  mod = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(mod)
+  assert jax.default_backend() == "cpu"
+  out = mod.run_cpu_smoke(1)
+  text = capsys.readouterr().out
+  assert "No accelerator present (backend=cpu)" in text
+  cases = {row["case"]: row for row in out["cpu_smoke"]}
+  assert set(cases) == {"rms fwd+bwd xla", "rms fwd+bwd interpret-gpu",
+                        "rms fwd+bwd interpret-tpu"}
+  for row in cases.values():
+    assert row["ms"] > 0 and row["max_err"] < 1e-4
