@@ -75,8 +75,12 @@ def build_cases(rows, cols):
   scale = jnp.linspace(0.5, 1.5, cols, dtype=jnp.float32)
   bias = jnp.linspace(-0.5, 0.5, cols, dtype=jnp.float32)
 
-  rms = lambda x, p: norms.rms_norm(x, p["scale"])
-  ln = lambda x, p: norms.layer_norm(x, p["scale"], p["bias"])
+  def rms(x, p):
+    return norms.rms_norm(x, p["scale"])
+
+  def ln(x, p):
+    return norms.layer_norm(x, p["scale"], p["bias"])
+
   rms_p = {"scale": scale}
   ln_p = {"scale": scale, "bias": bias}
   flax_rms, flax_rms_p = _flax_fn(nnx.RMSNorm(cols, epsilon=1e-6,

@@ -146,11 +146,12 @@ def validate(cfg: TrainConfig, registries: dict[str, Sequence[str]]) -> None:
                      f"data,fsdp,tensor, got {cfg.mesh}")
   devices = jax.device_count()
   size = math.prod(cfg.mesh)
-  if size != devices:
+  if size > devices:
     raise ValueError(
-        f"TrainConfig: --mesh {','.join(map(str, cfg.mesh))} uses {size} "
-        f"devices but {devices} are available; valid meshes multiply to "
-        f"{devices}, e.g. {devices},1,1 or 1,1,{devices}")
+        f"TrainConfig: --mesh {','.join(map(str, cfg.mesh))} needs {size} "
+        f"devices but {devices} are available; valid meshes multiply to at "
+        f"most {devices}, e.g. {devices},1,1 or 1,1,{devices} (simulate CPU "
+        f"devices with XLA_FLAGS=--xla_force_host_platform_device_count=N)")
   batch_shards = cfg.mesh[0] * cfg.mesh[1]
   if cfg.batch_size % batch_shards:
     raise ValueError(f"TrainConfig: --batch-size {cfg.batch_size} must be "

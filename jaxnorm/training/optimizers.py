@@ -55,8 +55,9 @@ def build_optimizer(name: str, *, learning_rate: float, weight_decay: float,
   if name not in OPTIMIZERS:
     raise ValueError(f"build_optimizer: unknown optimizer {name!r}; valid "
                      f"names are {', '.join(sorted(OPTIMIZERS))}")
+  warmup = min(max(warmup_steps, 1), max(total_steps - 1, 1))
   schedule = optax.warmup_cosine_decay_schedule(
-      0.0, learning_rate, max(warmup_steps, 1), max(total_steps, 2),
+      0.0, learning_rate, warmup, max(total_steps, warmup + 1),
       end_value=learning_rate * 0.1)
   return optax.chain(optax.clip_by_global_norm(1.0),
                      OPTIMIZERS[name](schedule, weight_decay, matrix_mask))
