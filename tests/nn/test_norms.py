@@ -57,6 +57,41 @@ CASES = {
                     lambda m, x: norms.unified_norm(
                         x, m.scale[...], m.bias[...], m.state_tuple(),
                         training=False)[0]),
+    "regionnormb": ({}, (2, 3, 2, D),
+                    lambda m, x: norms.region_norm_b(
+                        x, jnp.ones((2, 3, 2, 1)), m.scale_fg[...],
+                        m.bias_fg[...], m.scale_bg[...], m.bias_bg[...])),
+    "regionnorml": ({"kernel_size": 3, "threshold": 0.5}, (2, 4, 4, D),
+                    lambda m, x: norms.region_norm_l(
+                        x, m.mask_kernel[...], m.scale_kernel[...],
+                        m.scale_bias[...], m.bias_kernel[...],
+                        m.bias_bias[...], threshold=0.5)),
+    "unmixtns": ({"num_components": 3, "update_stats": False}, (2, 3, 2, D),
+                 lambda m, x: norms.unmix_tns(
+                     x, m.scale[...], m.bias[...],
+                     norms.UnMixTNSState(m.mean[...], m.var[...]),
+                     update=False)[0]),
+    "l1layernorm": ({"eps_mode": "inside"}, (2, 3, D),
+                    lambda m, x: norms.l1_layer_norm(
+                        x, m.scale[...], m.bias[...], eps_mode="inside")),
+    "l1batchnorm": ({"use_running_average": True}, (4, 3, D),
+                    lambda m, x: norms.l1_batch_norm(
+                        x, m.scale[...], m.bias[...],
+                        norms.L1BatchNormState(m.mean[...], m.dev[...]),
+                        training=False)[0]),
+    "scalevectornorm": ({"reparam": True}, (2, 3, D),
+                        lambda m, x: norms.rms_norm(
+                            x, norms.magnitude_direction_scale(
+                                m.scale_magnitude[...],
+                                m.scale_direction[...]))),
+    "clsnorm": ({}, (2, 3, D),
+                lambda m, x: norms.specialized_layer_norm(
+                    x, jnp.array([1, 0, 0]), m.scale_cls[...],
+                    m.bias_cls[...], m.scale_patch[...], m.bias_patch[...])),
+    "timestepdecaynorm": ({"num_groups": 2}, (2, 3, D),
+                          lambda m, x: norms.timestep_decay_norm(
+                              x, m.scale[...], m.bias[...],
+                              num_groups=2)[0]),
 }
 
 
@@ -171,10 +206,12 @@ class TestErrors:
 
   def test_unknown_name_lists_valid_names(self):
     with pytest.raises(ValueError, match=r"make_norm: unknown norm 'lnorm'; "
-                       r"valid names are batchnorm, crmsnorm, dyt, "
-                       r"evonormb0, evonorms0, groupnorm, instancenorm, "
-                       r"layernorm, powernorm, rmsnorm, seednorm, "
-                       r"unifiednorm"):
+                       r"valid names are batchnorm, clsnorm, crmsnorm, "
+                       r"dyt, evonormb0, evonorms0, groupnorm, "
+                       r"instancenorm, l1batchnorm, l1layernorm, "
+                       r"layernorm, powernorm, regionnormb, regionnorml, "
+                       r"rmsnorm, scalevectornorm, seednorm, "
+                       r"timestepdecaynorm, unifiednorm, unmixtns"):
       jnn.make_norm("lnorm", D, rngs=nnx.Rngs(0))
 
   @pytest.mark.parametrize("name", sorted(CASES))
