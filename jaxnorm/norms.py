@@ -33,7 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, ArrayLike, Float
 
-from jaxnorm import _checks
+from jaxnorm import _checks, _dispatch
 
 Axis = int | Sequence[int]
 EpsMode = Literal["inside", "outside"]
@@ -114,6 +114,7 @@ def layer_norm(
     eps: float = 1e-6,
     axis: Axis = -1,
     scale_offset: float = 0.0,
+    implementation: _dispatch.Implementation | None = None,
 ) -> Float[Array, "..."]:
   r"""Layer normalization over ``axis``.
 
@@ -134,6 +135,9 @@ def layer_norm(
     axis: axis or axes to normalize over.
     scale_offset: constant added to ``scale`` (1.0 gives the ``1 + scale``
       parameterization of Gemma-style models).
+    implementation: ``"xla"`` (this reference), ``"pallas"`` (the
+      `pallas_kernels.norms` kernel) or ``None`` (the kernel on GPU/TPU when
+      it supports the case, else the reference).
 
   Returns:
     Normalized array with the shape and dtype of ``x``.
@@ -141,6 +145,8 @@ def layer_norm(
   Raises:
     TypeError: if ``x``, ``scale`` or ``bias`` is not floating.
     ValueError: if ``axis`` is out of range or a parameter has the wrong shape.
+    NotImplementedError: ``implementation="pallas"`` on a case the kernel
+      does not support (named in the message).
 
   References:
     Ba, Kiros & Hinton, *Layer Normalization*, arXiv:1607.06450 (2016).
@@ -151,6 +157,12 @@ def layer_norm(
   axes = _checks.normalize_axes(who, axis, x.ndim)
   _check_param(who, "scale", scale, x, axes)
   _check_param(who, "bias", bias, x, axes)
+  out = _dispatch.kernel_or_none(
+      who, implementation, "layer_norm_pallas",
+      lambda k: k(x, scale, bias, eps=eps, axis=axes,
+                  scale_offset=scale_offset))
+  if out is not None:
+    return out
   return _layer_norm(x, scale, bias, float(eps), axes, float(scale_offset))
 
 
@@ -210,6 +222,7 @@ def rms_norm(
     axis: Axis = -1,
     eps_mode: EpsMode = "inside",
     scale_offset: float = 0.0,
+    implementation: _dispatch.Implementation | None = None,
 ) -> Float[Array, "..."]:
   r"""Root-mean-square normalization over ``axis`` (no re-centering).
 
@@ -231,6 +244,9 @@ def rms_norm(
     axis: axis or axes to normalize over.
     eps_mode: ``"inside"`` or ``"outside"`` the square root.
     scale_offset: constant added to ``scale`` (1.0 for ``1 + scale``).
+    implementation: ``"xla"`` (this reference), ``"pallas"`` (the
+      `pallas_kernels.norms` kernel) or ``None`` (the kernel on GPU/TPU when
+      it supports the case, else the reference).
 
   Returns:
     Normalized array with the shape and dtype of ``x``.
@@ -238,6 +254,8 @@ def rms_norm(
   Raises:
     TypeError: if ``x`` or ``scale`` is not floating.
     ValueError: for a bad ``axis``, ``scale`` shape or ``eps_mode``.
+    NotImplementedError: ``implementation="pallas"`` on a case the kernel
+      does not support (named in the message).
 
   References:
     Zhang & Sennrich, *Root Mean Square Layer Normalization*,
@@ -249,6 +267,12 @@ def rms_norm(
   x = jnp.asarray(x)
   axes = _checks.normalize_axes(who, axis, x.ndim)
   _check_param(who, "scale", scale, x, axes)
+  out = _dispatch.kernel_or_none(
+      who, implementation, "rms_norm_pallas",
+      lambda k: k(x, scale, eps=eps, axis=axes, eps_mode=eps_mode,
+                  scale_offset=scale_offset))
+  if out is not None:
+    return out
   return _rms_norm(x, scale, float(eps), axes, eps_mode, float(scale_offset))
 
 
@@ -608,6 +632,7 @@ def dyt(
     bias: Float[ArrayLike, " *d"] | None = None,
     *,
     axis: Axis = -1,
+    implementation: _dispatch.Implementation | None = None,
 ) -> Float[Array, "..."]:
   r"""Dynamic Tanh, an element-wise stand-in for a normalization layer.
 
@@ -623,6 +648,9 @@ def dyt(
     scale: gain over ``axis`` or ``None``.
     bias: offset over ``axis`` or ``None``.
     axis: axis or axes that ``scale`` and ``bias`` run along.
+    implementation: ``"xla"`` (this reference), ``"pallas"`` (the
+      `pallas_kernels.norms` kernel) or ``None`` (the kernel on GPU/TPU when
+      it supports the case, else the reference).
 
   Returns:
     Array with the shape and dtype of ``x``.
@@ -630,6 +658,8 @@ def dyt(
   Raises:
     TypeError: for non-floating input or parameters.
     ValueError: for a non-scalar ``alpha``, a bad ``axis`` or parameter shape.
+    NotImplementedError: ``implementation="pallas"`` on a case the kernel
+      does not support (named in the message).
 
   References:
     Zhu, Chen, He, LeCun & Liu, *Transformers without Normalization*,
@@ -645,6 +675,11 @@ def dyt(
   axes = _checks.normalize_axes(who, axis, x.ndim)
   _check_param(who, "scale", scale, x, axes)
   _check_param(who, "bias", bias, x, axes)
+  out = _dispatch.kernel_or_none(
+      who, implementation, "dyt_pallas",
+      lambda k: k(x, alpha, scale, bias, axis=axes))
+  if out is not None:
+    return out
   cdt = _compute_dtype(x)
   a = jnp.asarray(alpha).astype(cdt).reshape(())
   y = jnp.tanh(a * x.astype(cdt))
@@ -665,6 +700,7 @@ def seed_norm(
     num_heads: int = 1,
     axis: int = -1,
     dyn_scale_div_dim: bool = False,
+    implementation: _dispatch.Implementation | None = None,
 ) -> Float[Array, "... d"]:
   r"""SeeDNorm: RMSNorm with an input-dependent, bounded rescaling.
 
@@ -698,6 +734,9 @@ def seed_norm(
     num_heads: number of heads ``H``; must divide ``D``.
     axis: the feature axis.
     dyn_scale_div_dim: divide the dot product by ``D`` before the tanh.
+    implementation: ``"xla"`` (this reference), ``"pallas"`` (the
+      `pallas_kernels.norms` kernel) or ``None`` (the kernel on GPU/TPU when
+      it supports the case, else the reference).
 
   Returns:
     Array with the shape and dtype of ``x``.
@@ -705,6 +744,8 @@ def seed_norm(
   Raises:
     TypeError: for non-floating input or parameters.
     ValueError: for a bad axis, parameter shape or head count.
+    NotImplementedError: ``implementation="pallas"`` on a case the kernel
+      does not support (named in the message).
 
   References:
     Cai, Zhu, Liu & Min, *SeeDNorm: Self-Rescaled Dynamic Normalization*,
@@ -722,6 +763,12 @@ def seed_norm(
   d = x.shape[ax]
   _checks.check_positive_int(who, "num_heads", num_heads)
   _checks.check_divisible(who, "x.shape[axis]", d, "num_heads", num_heads)
+  out = _dispatch.kernel_or_none(
+      who, implementation, "seed_norm_pallas",
+      lambda k: k(x, scale, dyn_scale, dyn_proj, eps=eps, num_heads=num_heads,
+                  axis=ax, dyn_scale_div_dim=dyn_scale_div_dim))
+  if out is not None:
+    return out
   cdt = _compute_dtype(x)
   xf = jnp.moveaxis(x.astype(cdt), ax, -1)
   beta = jnp.asarray(dyn_proj).astype(cdt).reshape(num_heads, d // num_heads)

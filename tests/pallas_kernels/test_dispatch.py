@@ -1,0 +1,112 @@
+"""`implementation=` on rms_norm / layer_norm / dyt / seed_norm / fused add."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import pallas_kernels.norms as pk
+from jaxnorm import _dispatch, fused_norms, norms
+from tests import helpers
+
+
+def _args(name, key):
+  x = jax.random.normal(key, (6, 32), jnp.float32) + 0.5
+  p = jnp.linspace(0.5, 1.5, 32)
+  return {
+      "rms_norm": (norms.rms_norm, (x, p), {}),
+      "layer_norm": (norms.layer_norm, (x, p, p * 0.1), {}),
+      "dyt": (norms.dyt, (x, jnp.array(0.5), p, p), {}),
+      "seed_norm": (norms.seed_norm, (x, p, p, p * 0.01), {"num_heads": 2}),
+      "add_rms_norm": (fused_norms.add_rms_norm, (x, x * 0.5, p), {}),
+      "add_layer_norm": (fused_norms.add_layer_norm, (x, x * 0.5, p, p), {}),
+  }[name]
+
+
+NAMES = ["rms_norm", "layer_norm", "dyt", "seed_norm", "add_rms_norm",
+         "add_layer_norm"]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_none_is_the_reference_on_cpu(name, key):
+  fn, args, kw = _args(name, key)
+  got = jax.jit(lambda *a: fn(*a, **kw))(*args)
+  want = jax.jit(lambda *a: fn(*a, implementation="xla", **kw))(*args)
+  for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+    np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_pallas_on_cpu_raises_naming_the_case(name, key):
+  fn, args, kw = _args(name, key)
+  with pytest.raises(
+      NotImplementedError,
+      match=rf"{name}\(implementation='pallas'\): {name}_pallas: no compiled "
+            r"Pallas lowering for backend 'cpu'"):
+    fn(*args, implementation="pallas", **kw)
+  with pytest.raises(ValueError, match="implementation must be one of"):
+    fn(*args, implementation="triton", **kw)
+
+
+@pytest.fixture
+def fake_gpu(monkeypatch):
+  """Dispatch sees a GPU; kernels run interpreted and record their calls."""
+  calls = []
+  monkeypatch.setattr(_dispatch, "_backend", lambda: "gpu")
+  for name in NAMES:
+    kernel = getattr(pk, f"{name}_pallas")
+
+    def wrapped(*a, _kernel=kernel, _name=name, **kw):
+      calls.append(_name)
+      return _kernel(*a, interpret=True, **kw)
+
+    monkeypatch.setattr(pk, f"{name}_pallas", wrapped)
+  return calls
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_none_picks_the_kernel_on_an_accelerator(fake_gpu, name, key):
+  fn, args, kw = _args(name, key)
+  got = fn(*args, **kw)
+  assert fake_gpu == [name]
+  want = fn(*args, implementation="xla", **kw)
+  helpers.assert_close(got, want, atol=1e-5, rtol=1e-5)
+  grads = jax.grad(lambda *a: sum(
+      jnp.sum(jnp.sin(o)) for o in jax.tree.leaves(fn(*a, **kw))),
+      argnums=tuple(range(len(args))))(*args)
+  grads_ref = jax.grad(lambda *a: sum(
+      jnp.sum(jnp.sin(o)) for o in jax.tree.leaves(
+          fn(*a, implementation="xla", **kw))),
+      argnums=tuple(range(len(args))))(*args)
+  helpers.assert_close(grads, grads_ref, atol=1e-4, rtol=1e-5)
+
+
+def test_unsupported_case_falls_back_or_raises(fake_gpu, key):
+  x = jax.random.normal(key, (32, 6), jnp.float32)
+  s = jnp.ones((32,))
+  y = norms.rms_norm(x, s, axis=0)  # not the trailing axis
+  assert fake_gpu == ["rms_norm"]
+  helpers.assert_close(y, norms.rms_norm(x, s, axis=0, implementation="xla"),
+                       atol=0.0)
+  with pytest.raises(NotImplementedError,
+                     match=r"rms_norm\(implementation='pallas'\): .*trailing"):
+    norms.rms_norm(x, s, axis=0, implementation="pallas")
+  wide = jnp.ones((2, 2, 130))
+  p = jnp.ones((130,))
+  with pytest.raises(NotImplementedError, match="at most 64 heads"):
+    norms.seed_norm(wide, p, p, p, num_heads=65, implementation="pallas")
+  helpers.assert_close(
+      norms.seed_norm(wide, p, p, p, num_heads=65),
+      norms.seed_norm(wide, p, p, p, num_heads=65, implementation="xla"),
+      atol=0.0)
+
+
+def test_jaxnorm_imports_pallas_kernels_lazily():
+  code = ("import sys, jaxnorm.norms, jaxnorm.fused_norms; "
+          "assert 'pallas_kernels' not in sys.modules, 'eager import'")
+  subprocess.run([sys.executable, "-c", code], check=True)
