@@ -44,8 +44,8 @@ class PlainBlock(nnx.Module):
     self.qkv = nnx.Linear(d, 3 * d, use_bias=False, rngs=rngs)
     self.out = nnx.Linear(d, d, use_bias=False, rngs=rngs)
     self.norm2 = nnx.RMSNorm(d, epsilon=1e-6, rngs=rngs)
-    self.up = nnx.Linear(d, 4 * d, rngs=rngs)
-    self.down = nnx.Linear(4 * d, d, rngs=rngs)
+    self.up = nnx.Linear(d, 4 * d, use_bias=False, rngs=rngs)
+    self.down = nnx.Linear(4 * d, d, use_bias=False, rngs=rngs)
 
   def __call__(self, x):
     b, t, d = x.shape

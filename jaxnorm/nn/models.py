@@ -112,18 +112,19 @@ class MLP(nnx.Module):
   """Position-wise MLP ``down(act(up(x)))``; gated names use ``a(x) * b``."""
 
   def __init__(self, width: int, hidden: int, *, activation: str,
-               dtype: Any, rngs: nnx.Rngs):
+               dtype: Any, use_bias: bool = True, rngs: nnx.Rngs):
     fn, gated = ACTIVATIONS[activation]
     self.gated = gated
     self.up = Dense(width, hidden * (2 if gated else 1),
-                    names=("embed", "mlp"), dtype=dtype, rngs=rngs)
+                    names=("embed", "mlp"), use_bias=use_bias, dtype=dtype,
+                    rngs=rngs)
     if isinstance(fn, type):
       kwargs = {"experimental": True} if fn is not nn_activations.SALU else {}
       self.act = fn(hidden, rngs=rngs, **kwargs)
     else:
       self.act = fn
-    self.down = Dense(hidden, width, names=("mlp", "embed"), dtype=dtype,
-                      rngs=rngs)
+    self.down = Dense(hidden, width, names=("mlp", "embed"),
+                      use_bias=use_bias, dtype=dtype, rngs=rngs)
 
   def __call__(self, x: jax.Array) -> jax.Array:
     """Applies the MLP over the last axis."""
@@ -164,13 +165,38 @@ def _norm_kwargs(norm: str, width: int) -> dict[str, Any]:
 
 @dataclasses.dataclass(frozen=True)
 class LMConfig:
-  """A decoder-only (GPT-style) language model."""
+  """A decoder-only (GPT-style) language model.
+
+  Attributes:
+    vocab_size: vocabulary (256 for bytes).
+    width: residual stream width ``d``.
+    depth: number of (attention, MLP) layers.
+    num_heads: attention heads.
+    head_dim: per-head width; default ``width // num_heads``.
+    mlp_ratio: MLP hidden size over ``width`` (when ``mlp_hidden`` is None).
+    mlp_hidden: MLP hidden size; overrides ``mlp_ratio``.
+    max_len: longest sequence (learned positions).
+    norm: norm name; ``norm_kwargs`` are passed to every norm.
+    attention: attention variant (causal ones only).
+    residual: residual scheme.
+    activation: MLP activation.
+    positional: ``learned``, ``rope`` or ``none``.
+    tie_embeddings: the head is the transposed embedding.
+    use_bias: biases in attention, MLP and (untied) head projections.
+    norm_kwargs: ``(name, value)`` pairs for `make_norm`, e.g.
+      ``(("use_scale", False),)``.
+    zero_mean_writers: center the embedding and every sublayer output over
+      the stream axis, the training re-parameterization of Pre-RMSNorm
+      (equivalent to using ``W - mean_out(W)`` for every writer).
+  """
 
   vocab_size: int = 256
   width: int = 128
   depth: int = 4
   num_heads: int = 4
+  head_dim: int | None = None
   mlp_ratio: int = 4
+  mlp_hidden: int | None = None
   max_len: int = 128
   norm: str = "rmsnorm"
   attention: str = "softmax"
@@ -178,6 +204,24 @@ class LMConfig:
   activation: str = "gelu"
   positional: str = "learned"
   tie_embeddings: bool = True
+  use_bias: bool = False
+  norm_kwargs: tuple[tuple[str, Any], ...] = ()
+  zero_mean_writers: bool = False
+
+
+def _center(x: jax.Array) -> jax.Array:
+  return x - jnp.mean(x, axis=-1, keepdims=True)
+
+
+class ZeroMeanOutput(nnx.Module):
+  """Wraps a sublayer so its output has zero mean over the last axis."""
+
+  def __init__(self, sublayer: nnx.Module):
+    self.sublayer = sublayer
+
+  def __call__(self, x: jax.Array) -> jax.Array:
+    """``f(x) - mean(f(x))`` over the stream axis."""
+    return _center(self.sublayer(x))
 
 
 class DecoderLM(nnx.Module):
@@ -197,7 +241,8 @@ class DecoderLM(nnx.Module):
           f"{', '.join(CAUSAL_ATTENTIONS)}")
     self.dtype = dtype
     d = c.width
-    embed_init = nnx.initializers.normal(1.0)
+    # Unit-norm rows: the tied head then starts with logits of std ~1.
+    embed_init = nnx.initializers.normal(1.0 / math.sqrt(d))
     self.embed = _param.param(
         embed_init(rngs.params(), (c.vocab_size, d), jnp.float32),
         ("vocab", "embed"))
@@ -205,21 +250,25 @@ class DecoderLM(nnx.Module):
         nnx.initializers.normal(0.02)(rngs.params(), (c.max_len, d),
                                       jnp.float32), (None, "embed"))
                 if c.positional == "learned" else None)
-    norm_kwargs = _norm_kwargs(c.norm, d)
+    norm_kwargs = {**_norm_kwargs(c.norm, d), **dict(c.norm_kwargs)}
     blocks = []
     for _ in range(c.depth):
       blocks.append(nn_attention.make_attention(
-          c.attention, d, c.num_heads, is_causal=True,
-          use_rope=c.positional == "rope", dtype=dtype, rngs=rngs))
-      blocks.append(MLP(d, c.mlp_ratio * d, activation=c.activation,
+          c.attention, d, c.num_heads, head_dim=c.head_dim, is_causal=True,
+          use_rope=c.positional == "rope", use_bias=c.use_bias, dtype=dtype,
+          rngs=rngs))
+      blocks.append(MLP(d, c.mlp_hidden or c.mlp_ratio * d,
+                        activation=c.activation, use_bias=c.use_bias,
                         dtype=dtype, rngs=rngs))
+    if c.zero_mean_writers:
+      blocks = [ZeroMeanOutput(b) for b in blocks]
     self.net = nn_residual.make_residual(
         c.residual, blocks, num_features=d, rngs=rngs,
         **_residual_kwargs(c.residual, c.norm, norm_kwargs))
     self.final_norm = nn_norms.make_norm(c.norm, d, rngs=rngs, **norm_kwargs)
     self.head = (None if c.tie_embeddings else
                  Dense(d, c.vocab_size, names=("embed", "vocab"),
-                       use_bias=False, dtype=dtype, rngs=rngs))
+                       use_bias=c.use_bias, dtype=dtype, rngs=rngs))
 
   def __call__(self, tokens: jax.Array, *,
                rngs: jax.Array | None = None) -> jax.Array:
@@ -232,6 +281,8 @@ class DecoderLM(nnx.Module):
     x = jnp.take(self.embed[...], tokens, axis=0)
     if self.pos is not None:
       x = x + self.pos[...][None, :tokens.shape[1]]
+    if self.config.zero_mean_writers:
+      x = _center(x)
     x = sharding.constrain(x.astype(self.dtype), ("batch", "seq", "embed"))
     h = self.final_norm(self.net(x))
     if self.head is None:

@@ -82,11 +82,11 @@ class TrainConfig:
   depth: int = 4
   num_heads: int = 4
   seq_len: int = 128
-  batch_size: int = 32
-  steps: int = 600
-  eval_every: int = 200
+  batch_size: int = 16
+  steps: int = 500
+  eval_every: int = 100
   eval_batches: int = 8
-  checkpoint_every: int = 200
+  checkpoint_every: int = 100
   keep_checkpoints: int = 2
   log_every: int = 10
   seed: int = 0
