@@ -176,7 +176,9 @@ class LMConfig:
     mlp_ratio: MLP hidden size over ``width`` (when ``mlp_hidden`` is None).
     mlp_hidden: MLP hidden size; overrides ``mlp_ratio``.
     max_len: longest sequence (learned positions).
-    norm: norm name; ``norm_kwargs`` are passed to every norm.
+    norm: norm name; ``norm_kwargs`` are passed to every norm. ``"none"``
+      builds a norm-free pre-norm stack ``x + f(x)`` without a final norm
+      (the LayerNorm-free export of `jaxnorm.convert.remove_fake_ln`).
     attention: attention variant (causal ones only).
     residual: residual scheme.
     activation: MLP activation.
@@ -262,10 +264,17 @@ class DecoderLM(nnx.Module):
                         dtype=dtype, rngs=rngs))
     if c.zero_mean_writers:
       blocks = [ZeroMeanOutput(b) for b in blocks]
-    self.net = nn_residual.make_residual(
+    if c.norm == "none" and c.residual != "prenorm":
+      raise ValueError(f"DecoderLM: norm='none' is the norm-free pre-norm "
+                       f"stack x + f(x); it needs residual='prenorm', got "
+                       f"residual={c.residual!r}")
+    self.net = (nn_residual.make_residual(
+        "scaled", blocks, num_features=d, rngs=rngs, norm=None, scale=1.0)
+                if c.norm == "none" else nn_residual.make_residual(
         c.residual, blocks, num_features=d, rngs=rngs,
-        **_residual_kwargs(c.residual, c.norm, norm_kwargs))
-    self.final_norm = nn_norms.make_norm(c.norm, d, rngs=rngs, **norm_kwargs)
+        **_residual_kwargs(c.residual, c.norm, norm_kwargs)))
+    self.final_norm = (None if c.norm == "none" else
+                       nn_norms.make_norm(c.norm, d, rngs=rngs, **norm_kwargs))
     self.head = (None if c.tie_embeddings else
                  Dense(d, c.vocab_size, names=("embed", "vocab"),
                        use_bias=c.use_bias, dtype=dtype, rngs=rngs))
@@ -284,7 +293,9 @@ class DecoderLM(nnx.Module):
     if self.config.zero_mean_writers:
       x = _center(x)
     x = sharding.constrain(x.astype(self.dtype), ("batch", "seq", "embed"))
-    h = self.final_norm(self.net(x))
+    h = self.net(x)
+    if self.final_norm is not None:
+      h = self.final_norm(h)
     if self.head is None:
       return jnp.matmul(h, self.embed[...].astype(self.dtype).T)
     return self.head(h)
