@@ -138,8 +138,18 @@ def _abstract(tree: Any) -> Any:
       if isinstance(x, jax.Array) else x, tree)
 
 
-def train(cfg: config_lib.TrainConfig) -> dict[str, Any]:
-  """Trains one configuration; returns the run summary (see module doc)."""
+def train(cfg: config_lib.TrainConfig, *,
+          model: nnx.Module | None = None) -> dict[str, Any]:
+  """Trains one configuration; returns the run summary (see module doc).
+
+  Args:
+    cfg: the run configuration.
+    model: train this module instead of building one from ``cfg`` (e.g. a
+      pretrained or converted model, or one whose norms follow a training
+      schedule such as `jaxnorm.nn.fakeln.FakeLayerNorm`); the model fields
+      of ``cfg`` (width, depth, norm, ...) are then unused. On return it
+      holds the trained parameters and state, in eval mode.
+  """
   config_lib.validate(cfg, registries(cfg.model))
   out_dir = pathlib.Path(cfg.out_dir).absolute()
   out_dir.mkdir(parents=True, exist_ok=True)
@@ -150,8 +160,10 @@ def train(cfg: config_lib.TrainConfig) -> dict[str, Any]:
   dtype = jnp.dtype(cfg.dtype)
 
   with jax.set_mesh(mesh), nnx.logical_axis_rules(rules):
-    model = models.build_model(cfg, rngs=nnx.Rngs(cfg.seed), dtype=dtype,
-                               **task.model_kwargs)
+    given = model
+    if model is None:
+      model = models.build_model(cfg, rngs=nnx.Rngs(cfg.seed), dtype=dtype,
+                                 **task.model_kwargs)
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
     model.eval()
     eval_graphdef = nnx.graphdef(model)
@@ -254,6 +266,8 @@ def train(cfg: config_lib.TrainConfig) -> dict[str, Any]:
   bar.close()
   manager.wait_until_finished()
   manager.close()
+  if given is not None:
+    nnx.update(given, state["params"], state["rest"])
   summary = metrics_lib.summarize(
       log.path, config=dataclasses.asdict(cfg), num_params=num_params,
       baseline=task.baseline, kind=task.kind, stopped_early=stopped_early)
