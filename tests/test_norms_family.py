@@ -653,7 +653,8 @@ class TestRegionNorm:
     mk = _normal(k1, (3, 3, 2, 1))
     gk, bk = 0.3 * _normal(k2, (3, 3, 1, 1)), 0.3 * _normal(k3, (3, 3, 1, 1))
     gbias, bbias = jnp.array([0.1]), jnp.array([-0.2])
-    y = norms.region_norm_l(x, mk, gk, gbias, bk, bbias, threshold=0.6)
+    rn_l = jax.jit(functools.partial(norms.region_norm_l, threshold=0.6))
+    y = rn_l(x, mk, gk, gbias, bk, bbias)
     xn = np.asarray(x, np.float64)
     pooled = np.concatenate([xn.mean(-1, keepdims=True),
                              xn.max(-1, keepdims=True)], -1)
@@ -673,8 +674,8 @@ class TestRegionNorm:
     expected = rn * (1 + conv(a, gk) + 0.1) + conv(a, bk) - 0.2
     helpers.assert_close(y, expected, atol=5e-5, rtol=1e-4)
     # The mask is thresholded without gradient; a still gets gradient.
-    g = jax.grad(lambda mk: jnp.sum(norms.region_norm_l(
-        x, mk, gk, gbias, bk, bbias, threshold=0.6) ** 2))(mk)
+    g = jax.jit(jax.grad(lambda mk: jnp.sum(rn_l(
+        x, mk, gk, gbias, bk, bbias) ** 2)))(mk)
     assert float(jnp.max(jnp.abs(g))) > 0
 
   def test_cross_device(self, key):
@@ -799,8 +800,9 @@ class TestUnMixTNS:
     kx, ks = jax.random.split(key)
     x = _normal(kx, (2, 3, 3, 5))
     state = self._state(ks)
-    g = jax.grad(lambda x: jnp.sum(norms.unmix_tns(x, None, None, state)[0]
-                                   * jnp.arange(5.0)[None, None, None]))(x)
+    g = jax.jit(jax.grad(lambda x: jnp.sum(
+        norms.unmix_tns(x, None, None, state)[0]
+        * jnp.arange(5.0)[None, None, None])))(x)
     assert helpers.all_finite(g) and float(jnp.max(jnp.abs(g))) > 0
 
   def test_momentum(self):
@@ -1114,8 +1116,8 @@ class TestTimestepDecayNorm:
         jnp.array([0, 3], jnp.int32), 0.3 * _normal(k1, (2, 2)),
         jnp.abs(_normal(k2, (2, 2))))
     kw_ = {"num_groups": 2, "beta1": 0.9, "beta2": 0.99}
-    y, new = norms.timestep_decay_norm(x, w, b, state, padding_mask=pad,
-                                       bos_mask=bos, **kw_)
+    y, new = jax.jit(functools.partial(norms.timestep_decay_norm, **kw_))(
+        x, w, b, state, padding_mask=pad, bos_mask=bos)
     y_r, (n, m, v) = ref.timestep_decay_norm(
         x, w, b, 2, beta1=0.9, beta2=0.99, state=state,
         pad=np.asarray(pad), bos=np.asarray(bos))
@@ -1148,10 +1150,9 @@ class TestTimestepDecayNorm:
 
   def test_claim_streaming(self, key):
     x = _normal(key, (2, 9, 8), shift=0.3)
-    full, s_full = norms.timestep_decay_norm(x, num_groups=2, beta1=0.9,
-                                             beta2=0.95)
     step = jax.jit(functools.partial(norms.timestep_decay_norm, num_groups=2,
                                      beta1=0.9, beta2=0.95))
+    full, s_full = step(x, None, None, None)
     a, s_a = step(x[:, :4], None, None, None)
     b, s_b = step(x[:, 4:], None, None, s_a)
     _assert_same_structure(s_a, s_b)
@@ -1162,8 +1163,8 @@ class TestTimestepDecayNorm:
     x = _normal(key, (2, 3, 8))
     st = norms.init_timestep_decay_norm_state(2, 2)._replace(
         count=jnp.array([2, 5], jnp.int32), var=jnp.ones((2, 2)))
-    g = jax.grad(lambda m: jnp.sum(norms.timestep_decay_norm(
-        x, None, None, st._replace(mean=m), num_groups=2)[0] ** 2))(
+    g = jax.jit(jax.grad(lambda m: jnp.sum(norms.timestep_decay_norm(
+        x, None, None, st._replace(mean=m), num_groups=2)[0] ** 2)))(
             jnp.zeros((2, 2)))
     assert float(jnp.max(jnp.abs(g))) > 0
 
@@ -1227,6 +1228,10 @@ _FAMILY = {
         x, norms.cls_token_type(x.shape[-2]), s, s, 2 * s, s),
     "timestep_decay_norm": lambda x, s: norms.timestep_decay_norm(
         x.reshape(x.shape[0], -1, x.shape[-1]), s, s, num_groups=2)[0],
+    "region_norm_l": lambda x, s: norms.region_norm_l(
+        x, jnp.full((3, 3, 2, 1), 0.1), 0.1 * jnp.tile(s[:1], 9).reshape(
+            3, 3, 1, 1), s[:1], -0.1 * jnp.tile(s[:1], 9).reshape(
+                3, 3, 1, 1), s[:1], threshold=0.5),
 }
 
 
@@ -1240,10 +1245,10 @@ def test_finite_outputs_and_gradients(key, dtype, name, case):
     x = x.at[0].set(0.0).at[1, 1].set(0.0)
   x = x.astype(dtype)
   s = jnp.linspace(0.5, 1.5, 8)
-  y = fn(x, s)
+  y = jax.jit(fn)(x, s)
   assert y.dtype == dtype
   assert helpers.all_finite(y)
-  grads = jax.grad(lambda x, s: jnp.sum(fn(x, s).astype(jnp.float32)),
-                   (0, 1))(x, s)
+  grads = jax.jit(jax.grad(
+      lambda x, s: jnp.sum(fn(x, s).astype(jnp.float32)), (0, 1)))(x, s)
   assert grads[0].dtype == dtype and grads[1].dtype == jnp.float32
   assert helpers.all_finite(grads)
