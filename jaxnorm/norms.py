@@ -1479,6 +1479,7 @@ def unified_norm(
   slot = t % w_f
   buf = buf.at[slot].set(psi2)
   skip = jnp.asarray(w_f <= 1)
+  outlier = jnp.asarray(False)
   if outlier_filtration:
     am = jnp.mean(buf, axis=0)
     gm = jnp.exp(jnp.mean(jnp.log(buf), axis=0))
@@ -1498,7 +1499,8 @@ def unified_norm(
                          axis_name)
   new_state = UnifiedNormState(
       count=t.astype(state.count.dtype),
-      skip_count=(state.skip_count + skip.astype(state.skip_count.dtype)),
+      skip_count=(state.skip_count
+                  + outlier.astype(state.skip_count.dtype)),
       running_var=(momentum * phi + (1 - momentum) * var).astype(
           state.running_var.dtype),
       grad_ema=state.grad_ema,

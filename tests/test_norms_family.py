@@ -479,6 +479,20 @@ class TestUnifiedNorm:
       helpers.assert_close(y, np.asarray(gamma) * np.asarray(x) / np.sqrt(
           psi2 + 1e-5) + np.asarray(beta), atol=2e-6, rtol=1e-5)
 
+  def test_window_of_one_always_uses_the_batch(self, key):
+    state = norms.init_unified_norm_state(3, (1, 1))._replace(
+        count=jnp.asarray(2000, jnp.int32))
+    x = _normal(key, (4, 3), scale=2.0)
+    y, new = norms.unified_norm(x, None, None, state, training=True,
+                                warmup_iters=1)
+    helpers.assert_close(y, np.asarray(x) / np.sqrt(ref.quad_mean(x) + 1e-5),
+                         atol=1e-6)
+    assert int(new.skip_count) == 0  # Only filtered outliers are counted.
+    st = _un_ref_state(state)
+    *_, st = ref.unified_norm_step(x, np.ones(3), np.zeros(3), st,
+                                   np.ones(x.shape), warmup=1)
+    assert st["skips"] == 0
+
   def test_claim_first_step_gradient(self, key):
     kx, kg, ky = jax.random.split(key, 3)
     x = _normal(kx, (3, 4, 5), scale=2.0)
