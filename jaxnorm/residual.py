@@ -479,8 +479,9 @@ def hc_maps(
   return alpha[..., 0], beta, jnp.swapaxes(alpha[..., 1:], -1, -2)
 
 
-def hc_static_init(num_streams: int, layer_index: int
-                   ) -> tuple[np.ndarray, np.ndarray]:
+def hc_static_init(num_streams: int, layer_index: int, *,
+                   dtype: jnp.dtype = jnp.float32
+                   ) -> tuple[jax.Array, jax.Array]:
   r"""HC's initial ``(static_alpha, static_beta)`` for sublayer ``k``.
 
   :math:`A_m = e_{k \bmod n}`, :math:`A_r = I_n`, :math:`B = 1_n`: every
@@ -490,9 +491,11 @@ def hc_static_init(num_streams: int, layer_index: int
   Args:
     num_streams: ``n``.
     layer_index: 0-based sublayer index ``k``.
+    dtype: dtype of the returned arrays.
 
   Returns:
-    float32 NumPy arrays of shapes ``(n, n + 1)`` and ``(n,)``.
+    Arrays of shapes ``(n, n + 1)`` and ``(n,)``, built with ``jnp`` ops so
+    that they follow an active mesh.
 
   Raises:
     ValueError: for a non-positive ``num_streams`` or negative index.
@@ -503,10 +506,10 @@ def hc_static_init(num_streams: int, layer_index: int
       layer_index < 0):
     raise ValueError(f"{who}: layer_index must be a non-negative integer, "
                      f"got {layer_index=}")
-  alpha = np.zeros((num_streams, num_streams + 1), np.float32)
-  alpha[layer_index % num_streams, 0] = 1.0
-  alpha[:, 1:] = np.eye(num_streams, dtype=np.float32)
-  return alpha, np.ones((num_streams,), np.float32)
+  eye = jnp.eye(num_streams, dtype=dtype)
+  alpha = jnp.concatenate(
+      [eye[:, layer_index % num_streams, None], eye], axis=1)
+  return alpha, jnp.ones((num_streams,), dtype)
 
 
 # ---------------------------------------------------------------------------
@@ -849,8 +852,8 @@ def mhc_maps(
 
 
 def mhc_static_init(num_streams: int, *, residual: ResidualMap = "sinkhorn",
-                    res_diag: float = 0.99
-                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+                    res_diag: float = 0.99, dtype: jnp.dtype = jnp.float32
+                    ) -> tuple[jax.Array, jax.Array, jax.Array | None]:
   r"""Initial biases ``(b_pre, b_post, b_res)`` for `mhc_maps`.
 
   Unverified: the mHC paper states only the gate init (0.01); the biases
@@ -874,9 +877,11 @@ def mhc_static_init(num_streams: int, *, residual: ResidualMap = "sinkhorn",
     num_streams: ``n`` (4 for quaternions).
     residual: as in `mhc_maps`.
     res_diag: diagonal of the initial Sinkhorn matrix, in ``[1/n, 1)``.
+    dtype: dtype of the returned arrays.
 
   Returns:
-    float32 NumPy arrays; ``b_res`` is ``None`` for ``"identity"``.
+    Arrays built with ``jnp`` ops (they follow an active mesh); ``b_res`` is
+    ``None`` for ``"identity"``.
 
   Raises:
     ValueError: for a bad ``num_streams``, ``residual`` or ``res_diag``.
@@ -885,23 +890,23 @@ def mhc_static_init(num_streams: int, *, residual: ResidualMap = "sinkhorn",
   _checks.check_positive_int(who, "num_streams", num_streams)
   _checks.check_choice(who, "residual", residual, RESIDUAL_MAPS)
   n = num_streams
-  b_pre = np.full((n,), math.log((1.0 / n) / (1.0 - 1.0 / n)) if n > 1
-                  else 30.0, np.float32)
-  b_post = np.zeros((n,), np.float32)
+  pre = math.log((1.0 / n) / (1.0 - 1.0 / n)) if n > 1 else 30.0
+  b_pre = jnp.full((n,), pre, dtype)
+  b_post = jnp.zeros((n,), dtype)
   if residual == "identity":
     return b_pre, b_post, None
   if residual == "quaternion":
     if n != 4:
       raise ValueError(f"{who}: residual='quaternion' needs num_streams=4, "
                        f"got {num_streams=}")
-    return b_pre, b_post, np.array([1, 0, 0, 0] * 2, np.float32)
+    return b_pre, b_post, jnp.tile(jnp.eye(4, dtype=dtype)[0], 2)
   if n == 1:
-    return b_pre, b_post, np.zeros((1, 1), np.float32)
+    return b_pre, b_post, jnp.zeros((1, 1), dtype)
   if not 1.0 / n <= res_diag < 1.0:
     raise ValueError(f"{who}: res_diag must lie in [1/n, 1) = [{1.0 / n}, 1),"
                      f" got {res_diag=}")
   diag = math.log(res_diag * (n - 1) / (1.0 - res_diag))
-  return b_pre, b_post, (np.eye(n) * diag).astype(np.float32)
+  return b_pre, b_post, jnp.eye(n, dtype=dtype) * diag
 
 
 # ---------------------------------------------------------------------------

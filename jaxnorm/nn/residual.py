@@ -35,30 +35,33 @@ name                    wiring of sublayer ``f_k`` (norms from `make_norm`)
 ======================  ====================================================
 
 Depth growth at initialization, measured by
-``tests/nn/test_residual.py::test_depth_growth_table`` on a 24-layer
-(48-sublayer) stack of causal softmax attention and GELU MLP sublayers with
-Gaussian (std ``1/sqrt(fan_in)``) weights, ``d = 32``, RMSNorm, float32:
-the RMS of the hidden state after the last layer over its RMS after the
-first layer (the embedding has RMS 1; multi-stream schemes are read out
-with ``mean``).
+``tests/nn/test_residual.py::test_depth_growth_table`` (marked slow) on a
+24-layer (48-sublayer) stack of single-head causal softmax attention and
+GELU MLP sublayers with Gaussian weights (std ``1/sqrt(fan_in)``), ``d = 32``,
+RMSNorm everywhere, batch 2 x 8 tokens of unit-RMS Gaussian embeddings,
+float32. "growth" is the RMS of the hidden state after the last layer over
+its RMS after the first layer (multi-stream schemes read out with
+``"mean"``; for AttnRes the hidden state is the aggregated sublayer input
+:math:`h_l`). All schemes also stay finite in float32 and bfloat16, with
+finite gradients (``test_24_layer_stack_finite``).
 
 =================  ======  ================================================
 scheme             growth  note
 =================  ======  ================================================
-prenorm            3.43    RMS grows like sqrt(depth)
+prenorm            3.67    the stream accumulates unnormalized branches
 postnorm           1.00    every step ends in a norm
-sandwich           3.06
-lns                1.48    1/sqrt(l) damps late branches
-scaled (1/n)       1.04    branches weighted 1/48
-skipinit, rezero   1.00    identity network at init
+sandwich           4.05    branch outputs normalized to RMS 1 and summed
+lns                1.24    1/sqrt(l) damps the late branches
+scaled (1/n)       1.00    every branch weighted 1/48
+skipinit, rezero   1.00    identity network at init (gate 0)
 layerscale         1.00    branches weighted 1e-5
-hc                 3.43    n copies of prenorm at init (mean readout)
-mhc, ohc, ihc      3.43    same: identical streams, rows of H_res sum to 1
-attnres            0.47    inputs are means of the earlier outputs
-block_attnres      0.87    mean of block summaries
+hc                 3.67    n copies of prenorm at init
+mhc, ohc, ihc      3.67    same: identical streams, rows of H_res sum to 1
+attnres            0.15    inputs are means over a growing set of sources
+block_attnres      0.81    8 blocks: means over at most 9 sources
 =================  ======  ================================================
 
-The test recomputes the table and checks every entry within 10%.
+The slow test recomputes every entry and checks it within 10%.
 """
 
 from __future__ import annotations
@@ -112,6 +115,16 @@ def _check_input(who: str, x: jax.Array, num_features: int) -> None:
   if x.shape[-1] != num_features:
     raise ValueError(f"{who}: x must have num_features={num_features} "
                      f"features in its last axis, got {x.shape=}")
+
+
+def _check_state(who: str, h: jax.Array, num_streams: int,
+                 num_features: int) -> None:
+  _checks.check_ndim(who, "h", h, minimum=2)
+  if tuple(h.shape[-2:]) != (num_streams, num_features):
+    raise ValueError(
+        f"{who}: h must end in (num_streams, num_features)=({num_streams}, "
+        f"{num_features}), got {h.shape=}; expand the input with "
+        "jaxnorm.residual.expand_streams(x, num_streams)")
 
 
 # ---------------------------------------------------------------------------
@@ -257,11 +270,9 @@ class HyperConnection(nnx.Module):
     d, n = num_features, num_streams
     self.num_features, self.num_streams = d, n
     self.dynamic, self.tanh = dynamic, tanh
-    alpha, beta = residual.hc_static_init(n, layer_index)
-    self.static_alpha = _param.param(jnp.asarray(alpha, param_dtype),
-                                     ("streams", None))
-    self.static_beta = _param.param(jnp.asarray(beta, param_dtype),
-                                    ("streams",))
+    alpha, beta = residual.hc_static_init(n, layer_index, dtype=param_dtype)
+    self.static_alpha = _param.param(alpha, ("streams", None))
+    self.static_beta = _param.param(beta, ("streams",))
     if dynamic:
       self.dynamic_alpha = _param.param(jnp.zeros((d, n + 1), param_dtype),
                                         ("embed", None))
@@ -289,6 +300,7 @@ class HyperConnection(nnx.Module):
 
   def __call__(self, h: jax.Array, sublayer: Sublayer) -> jax.Array:
     """Updates the stream state ``h`` ``(..., n, d)`` around ``sublayer``."""
+    _check_state(type(self).__name__, h, self.num_streams, self.num_features)
     h_pre, h_post, h_res = self.maps(h)
     return residual.hyper_connection(h, _then(self.norm, sublayer),
                                      h_pre=h_pre, h_post=h_post, h_res=h_res)
@@ -334,13 +346,12 @@ class ManifoldHyperConnection(nnx.Module):
     self.num_iters, self.temperature = num_iters, temperature
     self.log_domain, self.eps = log_domain, eps
     b_pre, b_post, b_res = residual.mhc_static_init(
-        n, residual=residual_map, res_diag=res_diag)
-    self.b_pre = _param.param(jnp.asarray(b_pre, param_dtype), ("streams",))
-    self.b_post = _param.param(jnp.asarray(b_post, param_dtype),
-                               ("streams",))
+        n, residual=residual_map, res_diag=res_diag, dtype=param_dtype)
+    self.b_pre = _param.param(b_pre, ("streams",))
+    self.b_post = _param.param(b_post, ("streams",))
     names = ("streams", None) if residual_map == "sinkhorn" else (None,)
     self.b_res = (None if b_res is None else
-                  _param.param(jnp.asarray(b_res, param_dtype), names))
+                  _param.param(b_res, names))
     res_out = {"sinkhorn": n * n, "quaternion": 8, "identity": 0}[
         residual_map]
 
@@ -377,6 +388,7 @@ class ManifoldHyperConnection(nnx.Module):
 
   def __call__(self, h: jax.Array, sublayer: Sublayer) -> jax.Array:
     """Updates the stream state ``h`` ``(..., n, d)`` around ``sublayer``."""
+    _check_state(type(self).__name__, h, self.num_streams, self.num_features)
     h_pre, h_post, h_res = self.maps(h)
     return residual.hyper_connection(h, _then(self.norm, sublayer),
                                      h_pre=h_pre, h_post=h_post, h_res=h_res)
