@@ -31,7 +31,7 @@ def test_rms_norm_matches_reference(interpret, dtype, shape, block_rows, key):
 
 @pytest.mark.parametrize("interpret", c.LOWERINGS)
 @pytest.mark.parametrize("dtype", c.DTYPES)
-@pytest.mark.parametrize("shape,block_rows", c.SHAPES)
+@pytest.mark.parametrize("shape,block_rows", c.SHAPES[:2])
 def test_layer_norm_matches_reference(interpret, dtype, shape, block_rows,
                                       key):
   br = c.block_rows_for(interpret, block_rows, dtype)
