@@ -58,8 +58,13 @@ class LayerNorm(nnx.Module):
                scale_init: Initializer = nnx.initializers.ones,
                bias_init: Initializer = nnx.initializers.zeros,
                dtype: Any = None, param_dtype: Any = jnp.float32,
-               axis_names: Names = ("norm",), rngs: nnx.Rngs):
+               axis_names: Names = ("norm",),
+               implementation: Literal["xla", "pallas"] | None = None,
+               rngs: nnx.Rngs):
     _checks.check_positive_int("LayerNorm", "num_features", num_features)
+    _checks.check_choice("LayerNorm", "implementation", implementation,
+                         (None, "xla", "pallas"))
+    self.implementation = implementation
     self.num_features, self.eps = num_features, eps
     self.scale_offset, self.dtype = scale_offset, dtype
     self.scale = (_init(scale_init, rngs, num_features, param_dtype,
@@ -70,7 +75,8 @@ class LayerNorm(nnx.Module):
   def __call__(self, x: jax.Array) -> jax.Array:
     """Normalizes ``x`` (features last) with this module's parameters."""
     y = norms.layer_norm(x, _maybe(self.scale), _maybe(self.bias),
-                         eps=self.eps, scale_offset=self.scale_offset)
+                         eps=self.eps, scale_offset=self.scale_offset,
+                         implementation=self.implementation)
     return _cast(y, self.dtype)
 
 
@@ -82,9 +88,14 @@ class RMSNorm(nnx.Module):
                scale_offset: float = 0.0,
                scale_init: Initializer = nnx.initializers.ones,
                dtype: Any = None, param_dtype: Any = jnp.float32,
-               axis_names: Names = ("norm",), rngs: nnx.Rngs):
+               axis_names: Names = ("norm",),
+               implementation: Literal["xla", "pallas"] | None = None,
+               rngs: nnx.Rngs):
     _checks.check_positive_int("RMSNorm", "num_features", num_features)
     _checks.check_choice("RMSNorm", "eps_mode", eps_mode, norms.EPS_MODES)
+    _checks.check_choice("RMSNorm", "implementation", implementation,
+                         (None, "xla", "pallas"))
+    self.implementation = implementation
     self.num_features, self.eps, self.eps_mode = num_features, eps, eps_mode
     self.scale_offset, self.dtype = scale_offset, dtype
     self.scale = (_init(scale_init, rngs, num_features, param_dtype,
@@ -93,7 +104,8 @@ class RMSNorm(nnx.Module):
   def __call__(self, x: jax.Array) -> jax.Array:
     """Normalizes ``x`` (features last) with this module's parameters."""
     y = norms.rms_norm(x, _maybe(self.scale), eps=self.eps,
-                       eps_mode=self.eps_mode, scale_offset=self.scale_offset)
+                       eps_mode=self.eps_mode, scale_offset=self.scale_offset,
+                       implementation=self.implementation)
     return _cast(y, self.dtype)
 
 

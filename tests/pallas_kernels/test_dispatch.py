@@ -110,3 +110,29 @@ def test_jaxnorm_imports_pallas_kernels_lazily():
   code = ("import sys, jaxnorm.norms, jaxnorm.fused_norms; "
           "assert 'pallas_kernels' not in sys.modules, 'eager import'")
   subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@pytest.mark.parametrize("cls", ["RMSNorm", "LayerNorm"])
+def test_modules_forward_implementation(cls, fake_gpu, key):
+  from flax import nnx
+
+  from jaxnorm import nn as jnn
+  module_cls = getattr(jnn, cls)
+  x = jax.random.normal(key, (4, 32), jnp.float32)
+  default = module_cls(32, rngs=nnx.Rngs(0))
+  xla = module_cls(32, implementation="xla", rngs=nnx.Rngs(0))
+  y = default(x)
+  assert fake_gpu == [{"RMSNorm": "rms_norm", "LayerNorm": "layer_norm"}[cls]]
+  helpers.assert_close(y, xla(x), atol=1e-5, rtol=1e-5)
+  with pytest.raises(ValueError, match="implementation must be one of"):
+    module_cls(32, implementation="cuda", rngs=nnx.Rngs(0))
+
+
+@pytest.mark.parametrize("cls", ["RMSNorm", "LayerNorm"])
+def test_modules_pallas_on_cpu_raises(cls):
+  from flax import nnx
+
+  from jaxnorm import nn as jnn
+  module = getattr(jnn, cls)(16, implementation="pallas", rngs=nnx.Rngs(0))
+  with pytest.raises(NotImplementedError, match="backend 'cpu'"):
+    module(jnp.ones((2, 16)))
