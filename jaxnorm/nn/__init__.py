@@ -1,5 +1,12 @@
 """Flax nnx modules that hold parameters and call `jaxnorm`'s functions."""
 
+from jaxnorm.nn.activations import GALU, SALU, SWALU, AlphaDropout
+from jaxnorm.nn.attention import (
+    ATTENTION_NAMES,
+    AffineScaleEMA,
+    MultiHeadAttention,
+    make_attention,
+)
 from jaxnorm.nn.norms import (
     BACKWARD_DIFF,
     NORMS,
@@ -30,6 +37,7 @@ from jaxnorm.nn.norms import (
     make_norm,
     weight_decay_mask,
 )
+from jaxnorm.nn.vision import ELA, PolarizedSelfAttention
 
 __all__ = [
     "BACKWARD_DIFF",
@@ -60,4 +68,14 @@ __all__ = [
     "apply_backward_updates",
     "make_norm",
     "weight_decay_mask",
+    "ATTENTION_NAMES",
+    "AffineScaleEMA",
+    "AlphaDropout",
+    "ELA",
+    "GALU",
+    "MultiHeadAttention",
+    "PolarizedSelfAttention",
+    "SALU",
+    "SWALU",
+    "make_attention",
 ]

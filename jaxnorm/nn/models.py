@@ -151,11 +151,22 @@ def _residual_kwargs(name: str, norm: str, norm_kwargs: Mapping[str, Any]
   return kwargs
 
 
+# Grouped norms keep their paper's group count when it divides the width,
+# else the largest divisor of the width below it.
+_GROUP_DEFAULTS = types.MappingProxyType(
+    {"groupnorm": 32, "evonorms0": 32, "timestepdecaynorm": 64})
+
+# Norms whose statistics need an image (NHWC) or a sequence layout.
+IMAGE_ONLY_NORMS: tuple[str, ...] = ("regionnorml",)
+SEQUENCE_ONLY_NORMS: tuple[str, ...] = ("timestepdecaynorm",)
+
+
 def _norm_kwargs(norm: str, width: int) -> dict[str, Any]:
-  if norm == "groupnorm":
-    return {"num_groups": math.gcd(width, 8)}
-  if norm == "seednorm":
-    return {"num_heads": 1}
+  if norm in _GROUP_DEFAULTS:
+    groups = math.gcd(width, _GROUP_DEFAULTS[norm])
+    if norm == "timestepdecaynorm" and groups == width:  # needs G < D.
+      groups = max(width // 2, 1)
+    return {"num_groups": groups}
   return {}
 
 
@@ -318,6 +329,14 @@ class ViTConfig:
   activation: str = "gelu"
 
 
+def _vit_attention_kwargs(name: str, tokens: int) -> dict[str, Any]:
+  if name == "lina":  # Static KV gates over the token positions.
+    return {"lina_max_len": tokens}
+  if name == "soft":  # Landmark windows must tile the tokens (CLS + patches).
+    return {"soft_ratio": math.gcd(tokens, 2)}
+  return {}
+
+
 class ViT(nnx.Module):
   """Patch embedding, [CLS] token, learned positions, blocks, CLS head."""
 
@@ -342,8 +361,7 @@ class ViT(nnx.Module):
     for _ in range(c.depth):
       blocks.append(nn_attention.make_attention(
           c.attention, d, c.num_heads, dtype=dtype, rngs=rngs,
-          **({"lina_max_len": num_patches + 1} if c.attention == "lina"
-             else {})))
+          **_vit_attention_kwargs(c.attention, num_patches + 1)))
       blocks.append(MLP(d, c.mlp_ratio * d, activation=c.activation,
                         dtype=dtype, rngs=rngs))
     self.net = nn_residual.make_residual(
@@ -487,8 +505,11 @@ def registries(model: str = "lm") -> dict[str, tuple[str, ...]]:
   """Valid part names per config field for ``model``."""
   attention = (CAUSAL_ATTENTIONS if model == "lm"
                else nn_attention.ATTENTION_NAMES)
+  excluded = {"lm": IMAGE_ONLY_NORMS, "vit": IMAGE_ONLY_NORMS,
+              "cnn": SEQUENCE_ONLY_NORMS}.get(model, ())
+  norms = [n for n in nn_norms.NORMS if n not in excluded]
   return {
-      "norm": tuple(sorted(nn_norms.NORMS)),
+      "norm": tuple(sorted(norms)),
       "attention": tuple(sorted(attention)),
       "residual": tuple(sorted(nn_residual.RESIDUALS)),
       "activation": tuple(sorted(ACTIVATIONS)),

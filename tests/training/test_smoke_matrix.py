@@ -1,0 +1,107 @@
+"""Every registered part builds into a model and takes one finite step."""
+
+import types
+
+import jax
+import jax.numpy as jnp
+import optax
+import pytest
+from flax import nnx
+
+from jaxnorm.nn import models
+from jaxnorm.training import optimizers
+
+LM_PARTS = models.registries("lm")
+VIT_PARTS = models.registries("vit")
+CNN_PARTS = models.registries("cnn")
+
+
+@pytest.fixture(autouse=True)
+def standard_promotion():
+  with jax.numpy_dtype_promotion("standard"):  # optax mixes int and float.
+    yield
+
+
+def one_step(model="lm", optimizer="adamw", **parts):
+  cfg = types.SimpleNamespace(
+      model=model, width=16, depth=1, num_heads=2, norm="rmsnorm",
+      attention="softmax", residual="prenorm",
+      activation="relu" if model == "cnn" else "gelu", positional="learned")
+  for k, v in parts.items():
+    setattr(cfg, k, v)
+  if model == "lm":
+    net = models.build_model(cfg, rngs=nnx.Rngs(0), vocab_size=256,
+                             max_len=8)
+    x = jax.random.randint(jax.random.key(1), (2, 8), 0, 256)
+    y = x
+  else:
+    net = models.build_model(cfg, rngs=nnx.Rngs(0), num_classes=10,
+                             image_shape=(8, 8, 1))
+    x = jax.random.uniform(jax.random.key(1), (2, 8, 8, 1))
+    y = jnp.array([3, 7])
+  graphdef, params, rest = nnx.split(net, nnx.Param, ...)
+  tx = optimizers.build_optimizer(optimizer, learning_rate=1e-3,
+                                  weight_decay=0.1, warmup_steps=1,
+                                  total_steps=10)
+
+  @jax.jit
+  def step(params, opt_state):
+    def loss_fn(params):
+      out = nnx.merge(graphdef, params, rest, copy=True)(x)
+      return optax.softmax_cross_entropy_with_integer_labels(
+          out.astype(jnp.float32), y).mean()
+
+    loss, grads = jax.value_and_grad(loss_fn)(params)
+    updates, _ = tx.update(grads, opt_state, params)
+    return loss, optax.apply_updates(params, updates)
+
+  loss, new_params = step(params, tx.init(params))
+  assert jnp.isfinite(loss), (model, optimizer, parts)
+  assert all(bool(jnp.all(jnp.isfinite(p)))
+             for p in jax.tree.leaves(new_params))
+
+
+@pytest.mark.parametrize("norm", LM_PARTS["norm"])
+def test_norm_in_lm(norm):
+  one_step("lm", norm=norm)
+
+
+@pytest.mark.parametrize("norm", CNN_PARTS["norm"])
+def test_norm_in_cnn(norm):
+  one_step("cnn", norm=norm)
+
+
+@pytest.mark.parametrize("attention", LM_PARTS["attention"])
+def test_attention_in_lm(attention):
+  one_step("lm", attention=attention)
+
+
+@pytest.mark.parametrize("attention", VIT_PARTS["attention"])
+def test_attention_in_vit(attention):
+  one_step("vit", attention=attention)
+
+
+@pytest.mark.parametrize("residual", LM_PARTS["residual"])
+def test_residual_in_lm(residual):
+  one_step("lm", residual=residual)
+
+
+@pytest.mark.parametrize("activation", LM_PARTS["activation"])
+def test_activation_in_lm(activation):
+  one_step("lm", activation=activation)
+
+
+@pytest.mark.parametrize("activation", ["selu", "elu"])
+def test_snn(activation):
+  one_step("mlp", activation=activation)
+
+
+@pytest.mark.parametrize("optimizer", sorted(optimizers.OPTIMIZERS))
+def test_optimizer_on_lm(optimizer):
+  one_step("lm", optimizer=optimizer)
+
+
+def test_bidirectional_attention_refused_in_lm():
+  with pytest.raises(ValueError, match=r"attention 'soft' has no causal "
+                     r"form"):
+    one_step("lm", attention="soft")
