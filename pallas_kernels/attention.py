@@ -1,0 +1,613 @@
+"""Blockwise (flash) softmax attention, forward and backward, GPU and TPU.
+
+Kernels of `jaxnorm.attention.dot_product_attention` and `sink_attention`
+with their layouts and conventions (``(B, T, N, H)`` queries, GQA keys and
+values ``(B, S, K, H)``, boolean masks broadcastable to ``(B, N, T, S)``
+where True attends, ``is_causal`` as a lower-triangular mask, default scale
+``1/sqrt(H)``, float32 softmax statistics, a fully masked row giving the
+mean of ``value`` for plain attention and 0 with a sink).
+
+Algorithm (FlashAttention-2): one program per (batch, head, query block)
+streams the key/value blocks with an online softmax (running max ``m``,
+normalizer ``l``, float32 accumulator) and writes the output and the row
+log-sum-exp. A learned sink logit ``s_h`` is an extra key with value 0: it
+starts the running statistics at ``m = s_h, l = 1``. Masked logits get the
+same large finite negative as the reference, so the semantics of fully
+masked rows carry over; keys added by padding are dropped exactly. Under
+``is_causal`` the key loop stops at the diagonal. The backward recomputes
+the probabilities from the saved log-sum-exp: one kernel per query block
+for ``dq``, one per key block for ``dk``/``dv`` (per query head, summed over
+each GQA group outside); ``delta = rowsum(dO * O)`` and the sink gradient
+``-sum exp(s_h - lse) * delta`` are small jnp reductions.
+
+Tiling (`attention_block_heuristic`): sequences are padded to the blocks in
+the wrapper (so no load is ever out of bounds on either lowering) and the
+whole key/value sequence of one head sits in one block that the kernel
+slices. Unsupported, raising `NotImplementedError` for dispatch: an additive
+``bias``, a GPU head dim that is not a power of two >= 16, dtypes other than
+float32/bfloat16 (float16 on GPU), sequences whose per-head K/V exceed the
+on-chip budget.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+from jax.experimental.pallas import triton as plgpu
+from jaxtyping import Array, Bool, Float
+
+from jaxnorm import _checks
+from pallas_kernels import _rows
+
+# As jaxnorm.attention / jax.nn: finite, so fully masked rows stay finite.
+_NEG = -0.7 * float(jnp.finfo(jnp.float32).max)
+# K/V of one head live in one block: 2 * S * H elements; beyond this many
+# bytes (per head, input dtype) the kernel would need a key grid axis.
+MAX_KV_BYTES = 4 << 20
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionTiling:
+  """Static tiling of the flash kernels.
+
+  Attributes:
+    lowering: ``"gpu"`` or ``"tpu"``.
+    block_q: query rows per program.
+    block_k: keys per inner-loop step.
+    q_len: padded query length (a multiple of ``block_q``).
+    kv_len: padded key length (a multiple of ``block_k``).
+  """
+
+  lowering: str
+  block_q: int
+  block_k: int
+  q_len: int
+  kv_len: int
+
+  def __post_init__(self):
+    for name in ("block_q", "block_k"):
+      v = getattr(self, name)
+      if v < 1:
+        raise ValueError(f"AttentionTiling: {name} must be >= 1, got {v}")
+      if self.lowering == "gpu" and (v & (v - 1) or v < 16):
+        raise ValueError(f"AttentionTiling: the gpu (Triton) lowering needs "
+                         f"a power-of-two {name} >= 16, got {name}={v}")
+    if self.lowering == "tpu":
+      if self.block_q % 8:
+        raise ValueError(f"AttentionTiling: the tpu lowering needs block_q "
+                         f"to be a multiple of 8, got {self.block_q}")
+      if self.block_k % 128:
+        raise ValueError(f"AttentionTiling: the tpu lowering needs block_k "
+                         f"to be a multiple of 128 (a lane tile), got "
+                         f"{self.block_k}")
+    if self.q_len % self.block_q or self.kv_len % self.block_k:
+      raise ValueError("AttentionTiling: padded lengths must be multiples of "
+                       "the blocks")
+
+
+def attention_block_heuristic(lowering: str, q_len: int, kv_len: int,
+                              block_q: int | None = None,
+                              block_k: int | None = None) -> AttentionTiling:
+  """Chooses the flash tiles; the one place for attention block sizes.
+
+  Constants: 128 x 128 tiles are the standard FlashAttention-2 choice on
+  both targets: a (128, 128) float32 logits tile is 64 KiB, a head-dim-128
+  accumulator another 64 KiB, which fits the GPU register file at 4-8 warps
+  and the TPU's VMEM many times over, while giving the matmul units full
+  128-wide operands (MXU tile on TPU, wgmma/mma K on GPU). Short sequences
+  shrink the query block to ``next_pow2(q_len)`` (GPU, at least 16, the
+  Triton ``dot`` minimum) or to ``q_len`` rounded up to 8 sublanes (TPU) so
+  tiny problems do not pad to 128 rows. The key block stays a lane multiple
+  (128) on TPU because the mask tile is sliced along lanes; on GPU it
+  shrinks like the query block.
+
+  Args:
+    lowering: ``"gpu"`` or ``"tpu"``.
+    q_len: query length.
+    kv_len: key length.
+    block_q: override for the query block.
+    block_k: override for the key block.
+
+  Returns:
+    The `AttentionTiling` with padded lengths.
+  """
+  if lowering == "gpu":
+    bq = block_q or min(128, max(16, pl.next_power_of_2(q_len)))
+    bk = block_k or min(128, max(16, pl.next_power_of_2(kv_len)))
+  else:
+    bq = block_q or min(128, pl.cdiv(q_len, 8) * 8)
+    bk = block_k or 128
+  return AttentionTiling(lowering, bq, bk, pl.cdiv(q_len, bq) * bq,
+                         pl.cdiv(kv_len, bk) * bk)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Static:
+  tiling: AttentionTiling
+  interpret: Any
+  scale: float
+  causal: bool
+  has_mask: bool
+  has_sink: bool
+  q_len: int
+  kv_len: int
+  group: int
+  mask_b: bool  # the mask varies over batch
+  mask_n: bool  # the mask varies over heads
+
+
+def _compiler_params(st: _Static, num_dims: int):
+  if st.tiling.lowering == "gpu":
+    return plgpu.CompilerParams(num_warps=4, num_stages=2)
+  if isinstance(st.interpret, pltpu.InterpretParams):
+    return pltpu.CompilerParams()  # see _rows.row_call (interpreter + vmap)
+  return pltpu.CompilerParams(dimension_semantics=("parallel",) * num_dims)
+
+
+def _dot(a, b, contract_b: int):
+  """``a @ b`` (contract_b=0) or ``a @ b.T`` (contract_b=1), f32 result."""
+  return jax.lax.dot_general(a, b, (((1,), (contract_b,)), ((), ())),
+                             preferred_element_type=jnp.float32)
+
+
+def _logits(st, q, k, q0, k0, mask):
+  """Scaled, masked logits tile, its real (unpadded) keys, the mask."""
+  bq, bk = q.shape[0], k.shape[0]
+  s = _dot(q, k, 1) * st.scale
+  qi = q0 + jax.lax.broadcasted_iota(jnp.int32, (bq, bk), 0)
+  kj = k0 + jax.lax.broadcasted_iota(jnp.int32, (bq, bk), 1)
+  allowed = None
+  if st.has_mask or st.causal:
+    allowed = jnp.ones((bq, bk), jnp.bool_)
+    if st.has_mask:
+      allowed = mask != 0
+    if st.causal:
+      allowed = jnp.logical_and(allowed, qi >= kj)
+    s = jnp.where(allowed, s, _NEG)
+  return s, kj < st.kv_len, allowed
+
+
+def _masked(ds, allowed):
+  """Masked logits are constants: no gradient flows through them."""
+  return ds if allowed is None else jnp.where(allowed, ds, 0.0)
+
+
+def _skip_above_diagonal(st) -> bool:
+  """Whether causal blocks above the diagonal may be skipped.
+
+  Not with a user mask in plain attention: there a fully masked row must
+  average ``value`` over *all* keys (the reference semantics), including
+  those above the diagonal. With a sink such a row is 0 either way.
+  """
+  return st.causal and (st.has_sink or not st.has_mask)
+
+
+def _kv_stop(st, q_block):
+  """Number of key blocks a query block needs (stops at the diagonal)."""
+  t = st.tiling
+  n = t.kv_len // t.block_k
+  if not _skip_above_diagonal(st):
+    return n
+  # lax.div (truncation) on these non-negative ints: jnp's floor division
+  # emits a sign op that Mosaic cannot lower without a TPU attached.
+  return jnp.minimum(n, jax.lax.div((q_block + 1) * t.block_q + t.block_k - 1,
+                                    t.block_k))
+
+
+def _fwd_kernel(st, q_ref, k_ref, v_ref, *refs):
+  refs = list(refs)
+  mask_ref = refs.pop(0) if st.has_mask else None
+  sink_ref = refs.pop(0) if st.has_sink else None
+  o_ref, m_ref, l_ref = refs
+  t = st.tiling
+  i = pl.program_id(2)
+  q = q_ref[...]
+  bq, bk = t.block_q, t.block_k
+  if st.has_sink:
+    m0 = sink_ref[...].astype(jnp.float32)
+    l0 = jnp.ones((bq, 1), jnp.float32)
+  else:
+    m0 = jnp.full((bq, 1), -jnp.inf, jnp.float32)
+    l0 = jnp.zeros((bq, 1), jnp.float32)
+  acc0 = jnp.zeros((bq, o_ref.shape[-1]), jnp.float32)
+
+  def body(j, carry):
+    m, norm, acc = carry
+    k = k_ref[pl.ds(j * bk, bk), :]
+    v = v_ref[pl.ds(j * bk, bk), :]
+    mask = mask_ref[:, pl.ds(j * bk, bk)] if st.has_mask else None
+    s, valid, _ = _logits(st, q, k, i * bq, j * bk, mask)
+    m_new = jnp.maximum(m, jnp.max(jnp.where(valid, s, -jnp.inf), axis=1,
+                                   keepdims=True))
+    p = jnp.where(valid, jnp.exp(s - m_new), 0.0)
+    corr = jnp.exp(m - m_new)
+    l_new = corr * norm + jnp.sum(p, axis=1, keepdims=True)
+    acc_new = corr * acc + _dot(p.astype(v.dtype), v, 0)
+    return m_new, l_new, acc_new
+
+  m, norm, acc = jax.lax.fori_loop(0, _kv_stop(st, i), body,
+                                   (m0, l0, acc0))
+  o_ref[...] = (acc / norm).astype(o_ref.dtype)
+  # m and l, not m + log(l): for a fully masked row m is -0.7 * f32 max and
+  # log(l) would be lost to rounding, giving wrong backward probabilities.
+  m_ref[...] = m
+  l_ref[...] = norm
+
+
+def _dq_kernel(st, q_ref, k_ref, v_ref, do_ref, m_ref, linv_ref, delta_ref,
+               *refs):
+  refs = list(refs)
+  mask_ref = refs.pop(0) if st.has_mask else None
+  (dq_ref,) = refs
+  t = st.tiling
+  i = pl.program_id(2)
+  bq, bk = t.block_q, t.block_k
+  q, do = q_ref[...], do_ref[...]
+  m, linv, delta = m_ref[...], linv_ref[...], delta_ref[...]
+
+  def body(j, dq):
+    k = k_ref[pl.ds(j * bk, bk), :]
+    v = v_ref[pl.ds(j * bk, bk), :]
+    mask = mask_ref[:, pl.ds(j * bk, bk)] if st.has_mask else None
+    s, valid, allowed = _logits(st, q, k, i * bq, j * bk, mask)
+    p = jnp.where(valid, jnp.exp(s - m) * linv, 0.0)
+    ds = _masked(p * (_dot(do, v, 1) - delta), allowed)
+    return dq + _dot(ds.astype(k.dtype), k, 0)
+
+  dq = jax.lax.fori_loop(0, _kv_stop(st, i), body,
+                         jnp.zeros((bq, q.shape[-1]), jnp.float32))
+  dq_ref[...] = (dq * st.scale).astype(dq_ref.dtype)
+
+
+def _dkv_kernel(st, q_ref, k_ref, v_ref, do_ref, m_ref, linv_ref, delta_ref,
+                *refs):
+  refs = list(refs)
+  mask_ref = refs.pop(0) if st.has_mask else None
+  dk_ref, dv_ref = refs
+  t = st.tiling
+  j = pl.program_id(2)
+  bq, bk = t.block_q, t.block_k
+  k, v = k_ref[...], v_ref[...]
+  nq = t.q_len // bq
+  start = jax.lax.div(j * bk, bq) if _skip_above_diagonal(st) else 0
+
+  def body(i, carry):
+    dk, dv = carry
+    q = q_ref[pl.ds(i * bq, bq), :]
+    do = do_ref[pl.ds(i * bq, bq), :]
+    m = m_ref[pl.ds(i * bq, bq), :]
+    linv = linv_ref[pl.ds(i * bq, bq), :]
+    delta = delta_ref[pl.ds(i * bq, bq), :]
+    mask = mask_ref[pl.ds(i * bq, bq), :] if st.has_mask else None
+    s, valid, allowed = _logits(st, q, k, i * bq, j * bk, mask)
+    p = jnp.where(valid, jnp.exp(s - m) * linv, 0.0)
+    dv = dv + _dot(p.astype(do.dtype).T, do, 0)
+    ds = _masked(p * (_dot(do, v, 1) - delta), allowed)
+    dk = dk + _dot(ds.astype(q.dtype).T, q, 0)
+    return dk, dv
+
+  dk, dv = jax.lax.fori_loop(
+      start, nq, body, (jnp.zeros(k.shape, jnp.float32),
+                        jnp.zeros(v.shape, jnp.float32)))
+  dk_ref[...] = (dk * st.scale).astype(dk_ref.dtype)
+  dv_ref[...] = dv.astype(dv_ref.dtype)
+
+
+def _mask_spec(st, rows, cols, row_blocked):
+  def index(b, n, x):
+    bb = b if st.mask_b else 0
+    nn = n if st.mask_n else 0
+    return (bb, nn, x, 0) if row_blocked else (bb, nn, 0, x)
+  return pl.BlockSpec((pl.squeezed, pl.squeezed, rows, cols), index)
+
+
+def _forward(q, k, v, sink, mask, st):
+  t = st.tiling
+  b, n, _, h = q.shape
+  hv = v.shape[-1]
+  g = st.group
+  in_specs = [
+      pl.BlockSpec((pl.squeezed, pl.squeezed, t.block_q, h),
+                   lambda b, n, i: (b, n, i, 0)),
+      pl.BlockSpec((pl.squeezed, pl.squeezed, t.kv_len, h),
+                   lambda b, n, i: (b, jax.lax.div(n, g), 0, 0)),
+      pl.BlockSpec((pl.squeezed, pl.squeezed, t.kv_len, hv),
+                   lambda b, n, i: (b, jax.lax.div(n, g), 0, 0)),
+  ]
+  args = [q, k, v]
+  if st.has_mask:
+    in_specs.append(_mask_spec(st, t.block_q, t.kv_len, True))
+    args.append(mask)
+  if st.has_sink:
+    in_specs.append(pl.BlockSpec((pl.squeezed, t.block_q, 1),
+                                 lambda b, n, i: (n, i, 0)))
+    args.append(jnp.broadcast_to(sink.astype(jnp.float32).reshape(n, 1, 1),
+                                 (n, t.q_len, 1)))
+  row = lambda w: pl.BlockSpec((pl.squeezed, pl.squeezed, t.block_q, w),  # noqa: E731
+                               lambda b, n, i: (b, n, i, 0))
+  return pl.pallas_call(
+      functools.partial(_fwd_kernel, st),
+      out_shape=[jax.ShapeDtypeStruct((b, n, t.q_len, hv), q.dtype),
+                 jax.ShapeDtypeStruct((b, n, t.q_len, 1), jnp.float32),
+                 jax.ShapeDtypeStruct((b, n, t.q_len, 1), jnp.float32)],
+      grid=(b, n, t.q_len // t.block_q),
+      in_specs=in_specs,
+      out_specs=[row(hv), row(1), row(1)],
+      compiler_params=_compiler_params(st, 3),
+      interpret=st.interpret,
+      name="jaxnorm_flash_attention_fwd",
+  )(*args)
+
+
+def _backward(q, k, v, mask, o, m, norm, do, st):
+  t = st.tiling
+  b, n, _, h = q.shape
+  hv = v.shape[-1]
+  g = st.group
+  delta = jnp.sum(do.astype(jnp.float32) * o.astype(jnp.float32), axis=-1,
+                  keepdims=True)
+  linv = 1.0 / norm
+  qblk = lambda w: pl.BlockSpec((pl.squeezed, pl.squeezed, t.block_q, w),  # noqa: E731
+                                lambda b, n, i: (b, n, i, 0))
+  qall = lambda w: pl.BlockSpec((pl.squeezed, pl.squeezed, t.q_len, w),  # noqa: E731
+                                lambda b, n, j: (b, n, 0, 0))
+  kall = lambda w: pl.BlockSpec((pl.squeezed, pl.squeezed, t.kv_len, w),  # noqa: E731
+                                lambda b, n, i: (b, jax.lax.div(n, g), 0, 0))
+  kblk = lambda w: pl.BlockSpec((pl.squeezed, pl.squeezed, t.block_k, w),  # noqa: E731
+                                lambda b, n, j: (b, jax.lax.div(n, g), j, 0))
+  kout = lambda w: pl.BlockSpec((pl.squeezed, pl.squeezed, t.block_k, w),  # noqa: E731
+                                lambda b, n, j: (b, n, j, 0))
+  margs = [mask] if st.has_mask else []
+  dq = pl.pallas_call(
+      functools.partial(_dq_kernel, st),
+      out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
+      grid=(b, n, t.q_len // t.block_q),
+      in_specs=[qblk(h), kall(h), kall(hv), qblk(hv), qblk(1), qblk(1),
+                qblk(1)] + (
+          [_mask_spec(st, t.block_q, t.kv_len, True)] if st.has_mask else []),
+      out_specs=qblk(h),
+      compiler_params=_compiler_params(st, 3),
+      interpret=st.interpret,
+      name="jaxnorm_flash_attention_dq",
+  )(q, k, v, do, m, linv, delta, *margs)
+  dk, dv = pl.pallas_call(
+      functools.partial(_dkv_kernel, st),
+      out_shape=[jax.ShapeDtypeStruct((b, n, t.kv_len, h), k.dtype),
+                 jax.ShapeDtypeStruct((b, n, t.kv_len, hv), v.dtype)],
+      grid=(b, n, t.kv_len // t.block_k),
+      in_specs=[qall(h), kblk(h), kblk(hv), qall(hv), qall(1), qall(1),
+                qall(1)] + (
+          [_mask_spec(st, t.q_len, t.block_k, False)] if st.has_mask else []),
+      out_specs=[kout(h), kout(hv)],
+      compiler_params=_compiler_params(st, 3),
+      interpret=st.interpret,
+      name="jaxnorm_flash_attention_dkv",
+  )(q, k, v, do, m, linv, delta, *margs)
+  if g > 1:  # sum the query heads of each GQA group (f32, then cast)
+    kh = n // g
+    dk = jnp.sum(dk.astype(jnp.float32).reshape(b, kh, g, t.kv_len, h),
+                 axis=2).astype(k.dtype)
+    dv = jnp.sum(dv.astype(jnp.float32).reshape(b, kh, g, t.kv_len, hv),
+                 axis=2).astype(v.dtype)
+  return dq, dk, dv, delta
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
+def _flash(q, k, v, sink, mask, st):
+  return _flash_fwd(q, k, v, sink, mask, st)[0]
+
+
+def _flash_fwd(q, k, v, sink, mask, st):
+  o, m, norm = _forward(q, k, v, sink, mask, st)
+  return o, (q, k, v, sink, mask, o, m, norm)
+
+
+def _flash_bwd(st, res, do):
+  q, k, v, sink, mask, o, m, norm = res
+  dq, dk, dv, delta = _backward(q, k, v, mask, o, m, norm, do, st)
+  dsink = None
+  if sink is not None:
+    n = q.shape[1]
+    s = sink.astype(jnp.float32).reshape(1, n, 1, 1)
+    w = (jnp.exp(s - m) / norm * delta)[:, :, :st.q_len]
+    dsink = (-jnp.sum(w, axis=(0, 2, 3))).astype(sink.dtype)
+  dmask = None if mask is None else jnp.zeros(mask.shape, mask.dtype)
+  return dq, dk, dv, dsink, dmask
+
+
+_flash.defvjp(_flash_fwd, _flash_bwd)
+
+
+def _attention(who, query, key, value, bias, mask, sinks, use_sink, scale,
+               is_causal, block_q, block_k, interpret):
+  for name, a in (("query", query), ("key", key), ("value", value)):
+    _checks.check_floating(who, name, a)
+  query, key, value = map(jnp.asarray, (query, key, value))
+  lowering = _rows.lowering_for(who, interpret)
+  if bias is not None:
+    raise NotImplementedError(
+        f"{who}: the flash kernel has no additive bias (it would stream a "
+        "(B, N, T, S) tensor); use the reference (implementation='xla')")
+  unbatched = query.ndim == 3
+  if unbatched:
+    query, key, value = query[None], key[None], value[None]
+    if mask is not None and jnp.ndim(mask) == 3:
+      mask = jnp.asarray(mask)[None]
+  if query.ndim != 4 or key.ndim != 4 or value.ndim != 4:
+    raise ValueError(f"{who}: query, key and value must have rank 4 (B, T, "
+                     f"N, H) or 3, got {query.shape=}, {key.shape=}, "
+                     f"{value.shape=}")
+  b, tq, n, h = query.shape
+  _, s, kh, _ = key.shape
+  if key.shape[0] != b or key.shape[-1] != h or n % kh or (
+      value.shape[:-1] != key.shape[:-1]):
+    raise ValueError(f"{who}: incompatible shapes {query.shape=}, "
+                     f"{key.shape=}, {value.shape=} (need equal batch and "
+                     "head_dim, N % K == 0, value matching key but the last "
+                     "axis)")
+  for a in (query, key, value):
+    _rows.check_dtype(who, a.dtype, lowering)
+  if len({query.dtype, key.dtype, value.dtype}) != 1:
+    raise NotImplementedError(f"{who}: the kernel needs one dtype for q, k, "
+                              f"v, got {query.dtype}, {key.dtype}, "
+                              f"{value.dtype}")
+  hv = value.shape[-1]
+  if lowering == "gpu":
+    for name, dim in (("head_dim", h), ("value head_dim", hv)):
+      if dim < 16 or dim & (dim - 1):
+        raise NotImplementedError(
+            f"{who}: the gpu (Triton) kernel needs a power-of-two {name} "
+            f">= 16, got {dim}; use the reference (implementation='xla')")
+  tiling = attention_block_heuristic(lowering, tq, s, block_q, block_k)
+  kv_bytes = tiling.kv_len * (h + hv) * query.dtype.itemsize
+  if kv_bytes > MAX_KV_BYTES:
+    raise NotImplementedError(
+        f"{who}: one head's keys and values ({kv_bytes} bytes after padding) "
+        f"exceed the single-block budget of {MAX_KV_BYTES} bytes; use the "
+        "reference (implementation='xla')")
+  mask_b = mask_n = False
+  mask_arr = None
+  if mask is not None:
+    mask = jnp.asarray(mask)
+    if mask.dtype != jnp.bool_:
+      raise TypeError(f"{who}: mask must be boolean (True attends), got "
+                      f"{mask.dtype=}")
+    target = (b, n, tq, s)
+    if mask.ndim != 4 or any(a not in (1, e) for a, e in
+                             zip(mask.shape, target)):
+      raise ValueError(f"{who}: mask must be broadcastable to (batch, heads,"
+                       f" q_len, kv_len)={target}, got {mask.shape=}")
+    mask_b, mask_n = mask.shape[0] == b > 1, mask.shape[1] == n > 1
+    full = jnp.broadcast_to(mask, (mask.shape[0], mask.shape[1], tq, s))
+    mask_arr = jnp.pad(full.astype(jnp.int32),
+                       ((0, 0), (0, 0), (0, tiling.q_len - tq),
+                        (0, tiling.kv_len - s)), constant_values=1)
+  sink = None
+  if use_sink:
+    if sinks is None:
+      sink = jnp.zeros((n,), jnp.float32)
+    else:
+      _checks.check_floating(who, "sinks", sinks)
+      _checks.check_shape(who, "sinks", sinks, (n,), "one per query head")
+      sink = jnp.asarray(sinks)
+  scale = 1.0 / math.sqrt(h) if scale is None else float(scale)
+  st = _Static(tiling, interpret, scale, bool(is_causal), mask is not None,
+               use_sink, tq, s, n // kh, mask_b, mask_n)
+
+  def heads_first(x, length):
+    x = jnp.swapaxes(x, 1, 2)
+    return jnp.pad(x, ((0, 0), (0, 0), (0, length - x.shape[2]), (0, 0)))
+
+  out = _flash(heads_first(query, tiling.q_len),
+               heads_first(key, tiling.kv_len),
+               heads_first(value, tiling.kv_len), sink, mask_arr, st)
+  out = jnp.swapaxes(out[:, :, :tq], 1, 2)
+  return out[0] if unbatched else out
+
+
+def dot_product_attention_pallas(
+    query: Float[Array, "B T N H"],
+    key: Float[Array, "B S K H"],
+    value: Float[Array, "B S K Hv"],
+    bias: Float[Array, "B N T S"] | None = None,
+    mask: Bool[Array, "B N T S"] | None = None,
+    *,
+    scale: float | None = None,
+    is_causal: bool = False,
+    block_q: int | None = None,
+    block_k: int | None = None,
+    interpret: Any = False,
+) -> Float[Array, "B T N Hv"]:
+  r"""Flash attention kernel of `jaxnorm.attention.dot_product_attention`.
+
+  .. math:: \mathrm{out} = \mathrm{softmax}(q k^T s + \mathrm{mask})\, v
+
+  Args:
+    query: ``(B, T, N, H)`` or ``(T, N, H)``.
+    key: ``(B, S, K, H)``, ``N % K == 0``.
+    value: ``(B, S, K, Hv)``.
+    bias: must be ``None`` (additive bias is not supported by the kernel).
+    mask: boolean, broadcastable to ``(B, N, T, S)``; True attends.
+    scale: logit scale, default ``1/sqrt(H)``.
+    is_causal: query ``i`` attends keys ``j <= i``.
+    block_q: query block (default: `attention_block_heuristic`).
+    block_k: key block (default: `attention_block_heuristic`).
+    interpret: ``True`` (GPU kernel, interpreter), ``pltpu.InterpretParams()``
+      (TPU kernel, interpreter) or ``False`` (compiled).
+
+  Returns:
+    ``(B, T, N, Hv)`` in ``query.dtype``.
+
+  Raises:
+    TypeError: for non-floating inputs or a non-boolean mask.
+    ValueError: for incompatible shapes or invalid blocks.
+    NotImplementedError: for a case the kernel does not cover (module
+      docstring).
+
+  References:
+    Dao, *FlashAttention-2: Faster Attention with Better Parallelism and
+    Work Partitioning*, arXiv:2307.08691 (2023).
+  """
+  return _attention("dot_product_attention_pallas", query, key, value, bias,
+                    mask, None, False, scale, is_causal, block_q, block_k,
+                    interpret)
+
+
+def sink_attention_pallas(
+    query: Float[Array, "B T N H"],
+    key: Float[Array, "B S K H"],
+    value: Float[Array, "B S K Hv"],
+    bias: Float[Array, "B N T S"] | None = None,
+    mask: Bool[Array, "B N T S"] | None = None,
+    *,
+    sinks: Float[Array, " N"] | None = None,
+    scale: float | None = None,
+    is_causal: bool = False,
+    block_q: int | None = None,
+    block_k: int | None = None,
+    interpret: Any = False,
+) -> Float[Array, "B T N Hv"]:
+  r"""Flash attention kernel of `jaxnorm.attention.sink_attention`.
+
+  .. math:: w_{ij} = \frac{e^{x_{ij}}}{e^{s_h} + \sum_{j'} e^{x_{ij'}}}
+
+  The sink is an extra key with logit ``s_h`` and value 0, folded into the
+  online softmax's initial state; ``sinks=None`` means ``s_h = 0``
+  (softmax-off-by-one). A fully masked row gives 0.
+
+  Args:
+    query: ``(B, T, N, H)`` or ``(T, N, H)``.
+    key: ``(B, S, K, H)``, ``N % K == 0``.
+    value: ``(B, S, K, Hv)``.
+    bias: must be ``None``.
+    mask: boolean, broadcastable to ``(B, N, T, S)``; True attends.
+    sinks: per-head sink logits ``(N,)`` (differentiable) or ``None``.
+    scale: logit scale, default ``1/sqrt(H)``.
+    is_causal: query ``i`` attends keys ``j <= i``.
+    block_q: query block (default: `attention_block_heuristic`).
+    block_k: key block (default: `attention_block_heuristic`).
+    interpret: see `dot_product_attention_pallas`.
+
+  Returns:
+    ``(B, T, N, Hv)`` in ``query.dtype``.
+
+  Raises:
+    TypeError: for non-floating inputs or a non-boolean mask.
+    ValueError: for incompatible shapes, ``sinks`` not ``(N,)`` or invalid
+      blocks.
+    NotImplementedError: for a case the kernel does not cover.
+
+  References:
+    Xiao et al., *Efficient Streaming Language Models with Attention Sinks*,
+    arXiv:2309.17453 (2023); Dao, arXiv:2307.08691 (2023).
+  """
+  return _attention("sink_attention_pallas", query, key, value, bias, mask,
+                    sinks, True, scale, is_causal, block_q, block_k,
+                    interpret)
