@@ -16,9 +16,10 @@ On a GPU or TPU, for each (shape, dtype) it times, in one process:
   forward: read x, r, write h, y = 4; fused add forward+backward: 8), divided
   by the device-to-device copy bandwidth measured in the same process
   (``x + 1`` into a fresh array, 2 arrays), which is the practical peak;
-* attention TFLOP/s of ``jax.nn.dot_product_attention`` (``xla`` and, on
-  GPU, ``cudnn``; causal counted as half the FLOPs), the denominators for a
-  flash kernel (jaxnorm has none yet).
+* attention TFLOP/s, forward and forward+backward, of the Pallas flash
+  kernel (`pallas_kernels.attention`) against ``jax.nn.dot_product_attention``
+  (``xla`` and, on GPU, ``cudnn``; causal counted as half the FLOPs, the
+  backward as 2.5x the forward), with the speed ratio to cuDNN (GPU) or XLA.
 
 Inputs are random (never zeros) and rotated through 4 sets so the working set
 is well beyond L2; every case is checked against the float32 reference
@@ -46,6 +47,7 @@ import jax.numpy as jnp
 from jax.experimental.pallas import tpu as pltpu
 
 from jaxnorm import fused_norms, norms
+from pallas_kernels import attention as pa
 from pallas_kernels import norms as pk
 
 GPU_SHAPES = ((16384, 4096), (8192, 8192), (65536, 1024))
@@ -179,25 +181,43 @@ def _copy_bandwidth(rounds: int, calls: int, size: int = 1 << 28) -> float:
 
 
 def _attention(backend: str, rounds: int, calls: int,
-               dims: tuple[int, int, int, int] = (4, 4096, 16, 128)
-               ) -> list[dict]:
+               dims: tuple[int, int, int, int] = (4, 4096, 16, 128),
+               interpret: Any = False) -> list[dict]:
+  """Flash kernel vs jax.nn.dot_product_attention, fwd and fwd+bwd.
+
+  FLOPs: 4 B N T^2 H forward (halved when causal), backward counted as 2.5x
+  the forward (the convention of tokamax and FlashAttention papers).
+  """
   b, t, h, d = dims
-  ks = jax.random.split(jax.random.key(1), 3)
-  q, k, v = (jax.random.normal(kk, (b, t, h, d), jnp.bfloat16) for kk in ks)
+  ks = jax.random.split(jax.random.key(1), 4)
+  q, k, v, do = (jax.random.normal(kk, (b, t, h, d), jnp.bfloat16)
+                 for kk in ks)
   impls = ("xla", "cudnn") if backend == "gpu" else ("xla",)
+  fns: dict[str, Callable] = {}
+  for causal in (False, True):
+    for impl in impls:
+      fns[f"{impl} causal={causal}"] = (
+          lambda q, k, v, impl=impl, causal=causal:
+          jax.nn.dot_product_attention(q, k, v, is_causal=causal,
+                                       implementation=impl))
+    fns[f"pallas causal={causal}"] = (
+        lambda q, k, v, causal=causal: pa.dot_product_attention_pallas(
+            q, k, v, is_causal=causal, interpret=interpret))
   cases = {}
-  for impl in impls:
-    for causal in (False, True):
-      f = jax.jit(lambda q, k, v, impl=impl, causal=causal:
-                  jax.nn.dot_product_attention(q, k, v, is_causal=causal,
-                                               implementation=impl))
-      cases[f"{impl} causal={causal}"] = (f, [(q, k, v)])
+  for name, f in fns.items():
+    cases[f"{name} fwd"] = (jax.jit(f), [(q, k, v)])
+    cases[f"{name} fwd+bwd"] = (_fwd_bwd(f), [(q, k, v, do)])
   times = _measure(cases, rounds, calls)
   rows = []
   for name, ts in times.items():
     flops = 4 * b * h * t * t * d * (0.5 if "True" in name else 1.0)
+    flops *= 3.5 if name.endswith("fwd+bwd") else 1.0
     med = statistics.median(ts)
-    rows.append({"case": name, "ms": med * 1e3, "tflops": flops / med / 1e12})
+    best = "cudnn" if backend == "gpu" else "xla"
+    base = statistics.median(times[name.replace(name.split(" ")[0], best,
+                                                1)])
+    rows.append({"case": name, "ms": med * 1e3,
+                 "tflops": flops / med / 1e12, f"vs_{best}": base / med})
   return rows
 
 
@@ -236,10 +256,12 @@ def run_accelerator(backend: str, rounds: int, calls: int,
               f"vs xla  err {row['max_err']:.1e}")
   results["attention"] = _attention(
       "cpu" if dry_run else backend, rounds, calls,
-      (1, 128, 2, 32) if dry_run else (4, 4096, 16, 128))
+      (1, 128, 2, 32) if dry_run else (4, 4096, 16, 128), interpret=dry_run)
   for row in results["attention"]:
-    print(f"attention {row['case']:22s} {row['ms']:8.2f} ms "
-          f"{row['tflops']:6.1f} TFLOP/s")
+    ratio = {k: v for k, v in row.items() if k.startswith("vs_")}
+    print(f"attention {row['case']:30s} {row['ms']:8.2f} ms "
+          f"{row['tflops']:6.1f} TFLOP/s  " + " ".join(
+              f"x{v:.2f} {k}" for k, v in ratio.items()))
   return results
 
 
