@@ -37,6 +37,21 @@ from jaxnorm.nn.norms import (
     make_norm,
     weight_decay_mask,
 )
+from jaxnorm.nn.residual import (
+    RESIDUALS,
+    AttnResQuery,
+    AttnResStack,
+    GatedResidual,
+    HyperConnection,
+    ManifoldHyperConnection,
+    PostNormResidual,
+    PreNormResidual,
+    ResidualStack,
+    SandwichNormResidual,
+    ScaledResidual,
+    StreamStack,
+    make_residual,
+)
 from jaxnorm.nn.vision import ELA, PolarizedSelfAttention
 
 __all__ = [
@@ -78,4 +93,17 @@ __all__ = [
     "SALU",
     "SWALU",
     "make_attention",
+    "RESIDUALS",
+    "AttnResQuery",
+    "AttnResStack",
+    "GatedResidual",
+    "HyperConnection",
+    "ManifoldHyperConnection",
+    "PostNormResidual",
+    "PreNormResidual",
+    "ResidualStack",
+    "SandwichNormResidual",
+    "ScaledResidual",
+    "StreamStack",
+    "make_residual",
 ]
