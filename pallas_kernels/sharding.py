@@ -89,3 +89,67 @@ def shard_rows(kernel: Callable[..., Any], mesh: Mesh,
                          out_specs=out_specs, check_vma=False)(*args)
 
   return run
+
+
+def shard_heads(kernel: Callable[..., Any], mesh: Mesh, *,
+                batch_axis: str | None = "data",
+                head_axis: str | None = "tensor", **kernel_kwargs: Any
+                ) -> Callable[..., Any]:
+  """Wraps an attention kernel to run per device: batch and heads split.
+
+  Attention is independent across batch elements and heads, so ``query``,
+  ``key`` and ``value`` (``(B, T, N, H)`` / ``(B, S, K, H)``) are split on
+  ``batch_axis`` along B and on ``head_axis`` along the head axis, with no
+  communication. Each device must hold whole GQA groups, so the mesh's
+  ``head_axis`` size must divide ``K`` (and hence ``N``). Keyword array
+  arguments are sharded by name: ``mask`` (``(B|1, N|1, T, S)``) like the
+  logits, ``sinks`` (``(N,)``) along heads; the remaining keyword arguments
+  are static and passed through.
+
+  Args:
+    kernel: `pallas_kernels.attention` / `linear_attention` function.
+    mesh: the device mesh.
+    batch_axis: mesh axis for the batch, or ``None``.
+    head_axis: mesh axis for the heads, or ``None``.
+    **kernel_kwargs: static keyword arguments (``is_causal``, ``interpret``).
+
+  Returns:
+    ``f(query, key, value, *, mask=None, sinks=None)``.
+
+  Raises:
+    ValueError: for axes missing from ``mesh`` or heads not divisible by
+      the ``head_axis`` size.
+  """
+  who = "shard_heads"
+  for a in (batch_axis, head_axis):
+    if a is not None and a not in mesh.axis_names:
+      raise ValueError(f"{who}: axis {a!r} is not in "
+                       f"mesh.axis_names={mesh.axis_names}")
+  qkv = PartitionSpec(batch_axis, None, head_axis, None)
+
+  def run(query, key, value, *, mask=None, sinks=None):
+    heads = 1 if head_axis is None else mesh.shape[head_axis]
+    if key.shape[2] % heads:
+      raise ValueError(
+          f"{who}: the {key.shape[2]} key heads must be divisible by the "
+          f"{head_axis!r} axis size {heads} (each device holds whole GQA "
+          "groups)")
+    arrays = {"mask": mask, "sinks": sinks}
+    specs = {
+        "mask": None if mask is None else PartitionSpec(
+            batch_axis if mask.shape[0] > 1 else None,
+            head_axis if mask.shape[1] > 1 else None, None, None),
+        "sinks": None if sinks is None else PartitionSpec(head_axis),
+    }
+
+    def local(q, k, v, m, s):
+      extra = {n: a for n, a in (("mask", m), ("sinks", s)) if a is not None}
+      return kernel(q, k, v, **extra, **kernel_kwargs)
+
+    return jax.shard_map(
+        local, mesh=mesh,
+        in_specs=(qkv, qkv, qkv, specs["mask"], specs["sinks"]),
+        out_specs=qkv, check_vma=False)(query, key, value, arrays["mask"],
+                                        arrays["sinks"])
+
+  return run

@@ -70,3 +70,47 @@ def test_shard_rows_errors(mesh):
   fn = psharding.shard_rows(pk.rms_norm_pallas, mesh, ROWS, interpret=True)
   with pytest.raises(ValueError, match="row_spec has 3 entries"):
     fn(jnp.ones((4, 32)))
+
+
+@pytest.mark.parametrize("interpret", c.LOWERINGS)
+@pytest.mark.parametrize("kind", ["sink", "linear"])
+def test_sharded_attention_matches_reference(mesh, interpret, kind, key):
+  from jaxnorm import attention as ref
+  from pallas_kernels import attention as pa
+  from pallas_kernels import linear_attention as pla
+  ks = jax.random.split(key, 4)
+  q = jax.random.normal(ks[0], (2, 24, 4, 16))
+  k = jax.random.normal(ks[1], (2, 24, 2, 16))
+  v = jax.random.normal(ks[2], (2, 24, 2, 16))
+  mask = jax.random.bernoulli(ks[3], 0.8, (2, 1, 24, 24))
+  sinks = jnp.array([0.1, -0.5, 1.0, 0.0])
+  if kind == "sink":
+    fn = psharding.shard_heads(pa.sink_attention_pallas, mesh,
+                               is_causal=True, interpret=interpret)
+    kern = lambda q, k, v, s: fn(q, k, v, mask=mask, sinks=s)
+    oracle = lambda q, k, v, s: ref.sink_attention(
+        q, k, v, mask=mask, sinks=s, is_causal=True)
+    args = (q, k, v, sinks)
+  else:
+    fn = psharding.shard_heads(pla.causal_linear_attention_pallas, mesh,
+                               chunk_size=8, interpret=interpret)
+    kern = lambda q, k, v: fn(q, k, v)
+    oracle = lambda q, k, v: ref.causal_linear_attention(q, k, v)
+    args = (q, k, v)
+  out = jax.jit(kern)(*args)
+  assert out.sharding.is_equivalent_to(
+      jax.NamedSharding(mesh, P("data", None, "tensor", None)), 4)
+  helpers.assert_close(out, oracle(*args), atol=2e-5, rtol=1e-5)
+  (_, grads) = _loss_and_grads(kern, args)
+  (_, grads_ref) = _loss_and_grads(oracle, args)
+  helpers.assert_close(grads, grads_ref, atol=1e-4, rtol=1e-5)
+
+
+def test_shard_heads_errors(mesh):
+  from pallas_kernels import attention as pa
+  with pytest.raises(ValueError, match="axis 'model' is not in"):
+    psharding.shard_heads(pa.sink_attention_pallas, mesh, head_axis="model")
+  fn = psharding.shard_heads(pa.sink_attention_pallas, mesh, interpret=True)
+  x = jnp.ones((2, 8, 3, 16))
+  with pytest.raises(ValueError, match="3 key heads must be divisible"):
+    fn(x, x, x)
