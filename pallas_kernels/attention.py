@@ -611,3 +611,117 @@ def sink_attention_pallas(
   return _attention("sink_attention_pallas", query, key, value, bias, mask,
                     sinks, True, scale, is_causal, block_q, block_k,
                     interpret)
+
+
+def affine_scaled_attention_pallas(
+    query: Float[Array, "B T N H"],
+    key: Float[Array, "B S K H"],
+    value: Float[Array, "B S K Hv"],
+    bias: Float[Array, "B N T S"] | None = None,
+    mask: Bool[Array, "B N T S"] | None = None,
+    *,
+    alpha: Float[Array, "B T N"],
+    alpha_ma: Float[Array, "..."],
+    scale: float | None = None,
+    is_causal: bool = False,
+    training: bool = False,
+    rho: float = 0.9,
+    block_q: int | None = None,
+    block_k: int | None = None,
+    interpret: Any = False,
+) -> tuple[Float[Array, "B T N Hv"], Float[Array, "..."]]:
+  r"""Affine-scaled attention with the softmax part as the flash kernel.
+
+  Same maths, conventions and running-estimate update as
+  `jaxnorm.attention.affine_scaled_attention`:
+
+  .. math::
+     \mathrm{out}_i = \alpha_i\,(P v)_i + \beta_i \sum_{j \in A_i} v_j,
+     \quad \beta_i = (\bar\alpha - \alpha_i) / N_i
+
+  :math:`P v` (the exponentials, the :math:`O(T S)` part) runs in the flash
+  kernel (`dot_product_attention_pallas`); the masked value sums
+  :math:`\sum_{j \in A_i} v_j` and counts :math:`N_i` are a jnp reduction:
+  ``sum`` over keys without a mask, a ``cumsum`` under ``is_causal`` alone,
+  and a 0/1 matmul with the user's ``(B|1, N|1, T, S)`` mask otherwise.
+  Rows with no allowed key output 0. Gradients flow through the kernel's
+  VJP and jnp autodiff.
+
+  Args:
+    query: ``(B, T, N, H)``.
+    key: ``(B, S, K, H)``.
+    value: ``(B, S, K, Hv)``.
+    bias: must be ``None``.
+    mask: boolean mask broadcastable to ``(B, N, T, S)``.
+    alpha: the scale ``(B, T, N)``.
+    alpha_ma: running estimate, ``(N,)`` or ``()``.
+    scale: logit scale, default ``1/sqrt(H)``.
+    is_causal: apply a lower-triangular mask.
+    training: update the running estimate (True) or use it (False).
+    rho: EMA decay.
+    block_q: query block (default: `attention_block_heuristic`).
+    block_k: key block (default: `attention_block_heuristic`).
+    interpret: see `dot_product_attention_pallas`.
+
+  Returns:
+    ``(out, new_alpha_ma)`` as in the reference.
+
+  Raises:
+    TypeError: for non-floating inputs or a non-boolean mask.
+    ValueError: for mismatched shapes, ``alpha``/``alpha_ma`` or ``rho``.
+    NotImplementedError: for a case the kernel does not cover.
+
+  References:
+    Bae et al., *Affine-Scaled Attention: Towards Flexible and Stable
+    Transformer Attention*, arXiv:2602.23057 (2026).
+  """
+  who = "affine_scaled_attention_pallas"
+  query, key, value = map(jnp.asarray, (query, key, value))
+  if query.ndim != 4:
+    raise ValueError(f"{who}: query must be batched (B, T, N, H), got "
+                     f"{query.shape=}")
+  soft = _attention(who, query, key, value, bias, mask, None, False, scale,
+                    is_causal, block_q, block_k, interpret)
+  b, t, n, _ = query.shape
+  s, kh = key.shape[1], key.shape[2]
+  _checks.check_floating(who, "alpha", alpha)
+  _checks.check_shape(who, "alpha", alpha, (b, t, n), "(batch, q_len, heads)")
+  alpha_ma = jnp.asarray(alpha_ma)
+  if alpha_ma.shape not in ((n,), ()):
+    raise ValueError(f"{who}: alpha_ma must have shape ({n},) or (), got "
+                     f"{alpha_ma.shape=}")
+  if not 0.0 <= rho <= 1.0:
+    raise ValueError(f"{who}: rho must be in [0, 1], got {rho=}")
+  f32 = jnp.float32
+  v = jnp.repeat(value.astype(f32), n // kh, axis=2)  # (B, S, N, Hv)
+  if mask is None and not is_causal:
+    count = jnp.full((1, 1, 1, 1), float(s), f32)
+    vsum = jnp.sum(v, axis=1, keepdims=True)
+  elif mask is None:
+    idx = jnp.minimum(jnp.arange(t), s - 1)
+    count = jnp.minimum(jnp.arange(t) + 1, s).astype(f32).reshape(1, t, 1, 1)
+    vsum = jnp.cumsum(v, axis=1)[:, idx]
+  else:
+    allowed = jnp.asarray(mask)
+    if is_causal:
+      tri = jnp.tril(jnp.ones((t, s), jnp.bool_)).reshape(1, 1, t, s)
+      allowed = jnp.logical_and(allowed, tri)
+    w = allowed.astype(f32)
+    count = jnp.transpose(jnp.sum(w, axis=-1), (0, 2, 1))[..., None]
+    vsum = jnp.einsum("bnts,bsnh->btnh",
+                      jnp.broadcast_to(w, (b, n, t, s)), v)
+  a = alpha.astype(f32)[..., None]  # (B, T, N, 1)
+  valid = jnp.broadcast_to(count > 0, a.shape)
+  if training:
+    axes = (0, 1, 3) if alpha_ma.ndim == 1 else (0, 1, 2, 3)
+    n_valid = jnp.maximum(jnp.sum(valid.astype(f32), axis=axes), 1.0)
+    batch_mean = jnp.sum(jnp.where(valid, a, 0.0), axis=axes) / n_valid
+    new_ma = jax.lax.stop_gradient(
+        rho * alpha_ma.astype(f32) + (1.0 - rho) * batch_mean)
+  else:
+    new_ma = alpha_ma.astype(f32)
+  ma = new_ma.reshape((1, 1, n, 1) if new_ma.ndim else (1, 1, 1, 1))
+  beta = (ma - a) / jnp.maximum(count, 1.0)
+  out = a * soft.astype(f32) + beta * vsum
+  out = jnp.where(valid, out, 0.0).astype(query.dtype)
+  return out, new_ma.astype(alpha_ma.dtype)

@@ -163,3 +163,46 @@ def test_lowers_for_compiled_backends(monkeypatch, platform):
                        disabled_checks=checks)(q, kv, kv, sk).mlir_module()
   target = "xla.gpu.triton" if platform == "cuda" else "tpu_custom_call"
   assert text.count(target) >= 3  # forward, dq, dk/dv
+
+
+@pytest.mark.parametrize("interpret,variant", [
+    pytest.param(TRITON, "mask-causal-train", id="triton-mask-causal-train"),
+    pytest.param(TRITON, "none-eval", id="triton-nomask-eval"),
+    pytest.param(MOSAIC, "causal-train-layer", id="mosaic-causal-train"),
+])
+def test_affine_scaled_matches_reference(interpret, variant, key):
+  q, k, v = _qkv(key, 2, 24, 24, 2, 1, 16, jnp.float32)
+  mask = _mask(jax.random.fold_in(key, 1), 2, 24, 24)
+  alpha = jax.random.uniform(jax.random.fold_in(key, 2), (2, 24, 2)) + 0.5
+  kw = {"mask-causal-train": dict(mask=mask, is_causal=True, training=True),
+        "none-eval": dict(training=False),
+        "causal-train-layer": dict(is_causal=True, training=True)}[variant]
+  ma = jnp.array(0.8) if variant == "causal-train-layer" else jnp.array(
+      [0.9, 1.1])
+  kernel = jax.jit(lambda q, k, v, a: pa.affine_scaled_attention_pallas(
+      q, k, v, alpha=a, alpha_ma=ma, interpret=interpret, **kw))
+  oracle = lambda q, k, v, a: ref.affine_scaled_attention(
+      q, k, v, alpha=a, alpha_ma=ma, **kw)
+  (out, new_ma), vjp = jax.vjp(kernel, q, k, v, alpha)
+  (out_ref, new_ma_ref), vjp_ref = jax.vjp(oracle, q, k, v, alpha)
+  helpers.assert_close((out, new_ma), (out_ref, new_ma_ref), atol=2e-5,
+                       rtol=1e-5)
+  ct = (jax.random.normal(key, out.shape), jnp.zeros_like(new_ma))
+  helpers.assert_close(vjp(ct), vjp_ref(ct), atol=5e-5, rtol=1e-5)
+
+
+def test_affine_scaled_errors(key):
+  q, k, v = _qkv(key, 1, 8, 8, 2, 1, 16, jnp.float32)
+  f = pa.affine_scaled_attention_pallas
+  a = jnp.ones((1, 8, 2))
+  with pytest.raises(ValueError, match="query must be batched"):
+    f(q[0], k[0], v[0], alpha=a, alpha_ma=jnp.ones(()), interpret=True)
+  with pytest.raises(ValueError, match=r"alpha must have shape \(1, 8, 2\)"):
+    f(q, k, v, alpha=a[:, :4], alpha_ma=jnp.ones(()), interpret=True)
+  with pytest.raises(ValueError, match="alpha_ma must have shape"):
+    f(q, k, v, alpha=a, alpha_ma=jnp.ones((3,)), interpret=True)
+  with pytest.raises(ValueError, match="rho must be in"):
+    f(q, k, v, alpha=a, alpha_ma=jnp.ones(()), rho=2.0, interpret=True)
+  with pytest.raises(NotImplementedError, match="no additive bias"):
+    f(q, k, v, jnp.zeros((1, 2, 8, 8)), alpha=a, alpha_ma=jnp.ones(()),
+      interpret=True)
