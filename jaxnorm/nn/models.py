@@ -438,12 +438,17 @@ class CNN(nnx.Module):
                                          **norm_kwargs)
     self.head = Dense(c.width, c.num_classes, names=("channels", None),
                       dtype=dtype, rngs=rngs)
+    fn, gated = ACTIVATIONS[c.activation]
+    # Pre-activation ResNet head: norm -> activation -> global pooling. The
+    # activation matters: per-channel spatial statistics (instance-like
+    # norms) make the pooled normalized map exactly zero without it.
+    self.final_act = jax.nn.relu if gated or isinstance(fn, type) else fn
 
   def __call__(self, images: jax.Array, *,
                rngs: jax.Array | None = None) -> jax.Array:
     """Class logits for NHWC images."""
     del rngs
-    h = self.final_norm(self.net(self.stem(images)))
+    h = self.final_act(self.final_norm(self.net(self.stem(images))))
     return self.head(jnp.mean(h, axis=(1, 2)))
 
 

@@ -67,7 +67,7 @@ def test_image_models_learn(tmp_path, model, data, norm, residual,
                             activation):
   cfg = tiny(tmp_path, model=model, data=data, norm=norm, residual=residual,
              activation=activation, width=32, depth=2, batch_size=32,
-             steps=40, eval_every=40, checkpoint_every=40, log_every=10)
+             steps=80, eval_every=80, checkpoint_every=80, log_every=10)
   summary = trainer.train(cfg)
   assert summary["val_accuracy"] > 0.5, summary
 
