@@ -124,7 +124,9 @@ def sweep_main(argv: Sequence[str] | None = None) -> int:
                      for name, cfg in variants], out / "sweep.png",
                     title=f"{base.model} on {base.data}: "
                     f"{', '.join(grid) or 'base'}",
-                    baseline=first["baseline"])
+                    baseline=first["baseline"],
+                    baseline_label="unigram entropy" if first["kind"] == "lm"
+                    else "uniform guess")
   _report(rows, out / "sweep.png")
   return 0
 

@@ -109,14 +109,17 @@ def summary_table(rows: Sequence[tuple[str, dict[str, Any]]]) -> str:
 
 
 def plot_run(path: pathlib.Path, out: pathlib.Path, *, title: str,
-             baseline: float | None) -> None:
+             baseline: float | None, baseline_label: str = "baseline"
+             ) -> None:
   """Train and validation loss against step."""
-  plot_runs([(None, path)], out, title=title, baseline=baseline)
+  plot_runs([(None, path)], out, title=title, baseline=baseline,
+            baseline_label=baseline_label)
 
 
 def plot_runs(runs: Sequence[tuple[str | None, pathlib.Path]],
               out: pathlib.Path, *, title: str,
-              baseline: float | None) -> None:
+              baseline: float | None, baseline_label: str = "baseline"
+              ) -> None:
   """One train curve (solid) and validation curve (dots) per run."""
   import matplotlib
 
@@ -135,7 +138,7 @@ def plot_runs(runs: Sequence[tuple[str | None, pathlib.Path]],
     if val:
       ax.plot(*zip(*val), "o--", color=color, ms=4, label=f"{label}val")
   if baseline is not None:
-    ax.axhline(baseline, color="gray", ls=":", label="baseline")
+    ax.axhline(baseline, color="gray", ls=":", label=baseline_label)
   ax.set_xlabel("step")
   ax.set_ylabel("loss (nats)")
   ax.set_title(title)

@@ -50,6 +50,9 @@ def registries(model: str = "lm") -> dict[str, tuple[str, ...]]:
           "optimizer": tuple(sorted(optimizers.OPTIMIZERS))}
 
 
+_BASELINE_LABELS = {"lm": "unigram entropy", "classify": "uniform guess"}
+
+
 @dataclasses.dataclass
 class _Task:
   """Data and loss of one run: LM next-byte prediction or classification."""
@@ -273,6 +276,7 @@ def train(cfg: config_lib.TrainConfig, *,
       baseline=task.baseline, kind=task.kind, stopped_early=stopped_early)
   metrics_lib.plot_run(log.path, out_dir / "loss.png",
                        title=f"{cfg.model} on {cfg.data}",
-                       baseline=task.baseline)
+                       baseline=task.baseline,
+                       baseline_label=_BASELINE_LABELS[task.kind])
   metrics_lib.write_summary(out_dir / "summary.json", summary)
   return summary
