@@ -1,23 +1,25 @@
 """jaxnorm: normalization research primitives for JAX and Flax.
 
-Layers: pure functions (`jaxnorm.norms`, `jaxnorm.activations`,
-`jaxnorm.attention`, `jaxnorm.vision`, `jaxnorm.residual`), optax optimizers
+Layers: pure functions (`jaxnorm.norms`, `jaxnorm.fused_norms`,
+`jaxnorm.activations`, `jaxnorm.attention`, `jaxnorm.vision`,
+`jaxnorm.residual`, `jaxnorm.convert`), optax optimizers
 (`jaxnorm.optim`), nnx modules (`jaxnorm.nn`), sharding helpers
 (`jaxnorm.sharding`) and the experiment engine (`jaxnorm.training`, imported
 on demand).
 """
 
 from jaxnorm import (
-           activations,
-           attention,
-           norms,
-           optim,
-           residual,
-           sharding,
-           vision,
+    activations,
+    attention,
+    fused_norms,
+    norms,
+    optim,
+    residual,
+    sharding,
+    vision,
 )
 
 __version__ = "0.1.0"
 
-__all__ = ["activations", "attention", "norms", "optim", "residual",
-           "sharding", "vision"]
+__all__ = ["activations", "attention", "fused_norms", "norms", "optim",
+           "residual", "sharding", "vision"]

@@ -23,7 +23,7 @@ def pytest_collection_modifyitems(config, items):
   backend = jax.default_backend()
   for item in items:
     for marker in ("gpu", "tpu"):
-      if marker in item.keywords and backend != marker:
+      if item.get_closest_marker(marker) and backend != marker:
         item.add_marker(pytest.mark.skip(reason=f"needs a {marker} backend"))
 
 
