@@ -74,7 +74,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from jaxnorm import _checks, residual
+from jaxnorm import _checks, fused_norms, residual
 from jaxnorm.nn import _param
 from jaxnorm.nn import norms as nn_norms
 
@@ -432,21 +432,58 @@ def _check_blocks(who: str, blocks: Sequence[Sublayer]) -> list[Sublayer]:
   return blocks
 
 
+def _fused_norm_call(norm: nnx.Module, branch: jax.Array, stream: jax.Array,
+                     implementation: Any) -> tuple[jax.Array, jax.Array]:
+  """``(stream + branch, norm(stream + branch))`` through `fused_norms`."""
+  scale = None if norm.scale is None else norm.scale[...]
+  if isinstance(norm, nn_norms.RMSNorm):
+    h, y = fused_norms.add_rms_norm(
+        branch, stream, scale, eps=norm.eps, eps_mode=norm.eps_mode,
+        scale_offset=norm.scale_offset, implementation=implementation)
+  else:
+    bias = None if norm.bias is None else norm.bias[...]
+    h, y = fused_norms.add_layer_norm(
+        branch, stream, scale, bias, eps=norm.eps,
+        scale_offset=norm.scale_offset, implementation=implementation)
+  return h, (y if norm.dtype is None else y.astype(norm.dtype))
+
+
 class ResidualStack(nnx.Module):
   """Single-stream network: ``x = steps[k](x, blocks[k])`` for every k.
 
   ``steps`` are residual-step modules (`PreNormResidual`, ...), one per
   sublayer.
+
+  ``fused_implementation`` (``"xla"`` or ``"pallas"``; pre-norm RMSNorm or
+  LayerNorm steps without LayerNorm Scaling only) runs each residual add
+  together with the next step's norm, ``(h, y) = add_norm(f(y_prev), h)``,
+  through `jaxnorm.fused_norms` (one kernel pass with ``"pallas"``). The
+  result equals the unfused stack.
   """
 
   def __init__(self, blocks: Sequence[Sublayer], steps: Sequence[nnx.Module],
-               *, num_features: int):
+               *, num_features: int,
+               fused_implementation: Literal["xla", "pallas"] | None = None):
     who = "ResidualStack"
     blocks = _check_blocks(who, blocks)
     if len(steps) != len(blocks):
       raise ValueError(f"{who}: need one step per block, got "
                        f"{len(steps)} steps for {len(blocks)} blocks")
+    if fused_implementation is not None:
+      _checks.check_choice(who, "fused_implementation", fused_implementation,
+                           ("xla", "pallas"))
+      for k, step in enumerate(steps):
+        if not (isinstance(step, PreNormResidual)
+                and step.layer_index is None
+                and isinstance(step.norm, (nn_norms.RMSNorm,
+                                           nn_norms.LayerNorm))):
+          raise NotImplementedError(
+              f"{who}: fused_implementation needs pre-norm steps with an "
+              f"RMSNorm or LayerNorm and no LayerNorm Scaling; steps[{k}] is "
+              f"{type(step).__name__} with norm "
+              f"{type(getattr(step, 'norm', None)).__name__}")
     self.num_features = num_features
+    self.fused_implementation = fused_implementation
     self.blocks, self.steps = nnx.List(blocks), nnx.List(steps)
 
   def __call__(self, x: jax.Array, *, return_hidden: bool = False
@@ -458,6 +495,19 @@ class ResidualStack(nnx.Module):
     """
     _check_input("ResidualStack", x, self.num_features)
     hidden = []
+    if self.fused_implementation is not None:
+      branch = None
+      for block, step in zip(self.blocks, self.steps):
+        if branch is None:
+          y = step.norm(x)
+        else:
+          x, y = _fused_norm_call(step.norm, branch, x,
+                                  self.fused_implementation)
+          hidden.append(x)
+        branch = block(y)
+      x = (x + branch).astype(x.dtype)
+      hidden.append(x)
+      return (x, jnp.stack(hidden)) if return_hidden else x
     for block, step in zip(self.blocks, self.steps):
       x = step(x, block)
       hidden.append(x)
@@ -580,8 +630,14 @@ def _build_single(name: str, blocks: list, num_features: int,
   per_layer = kwargs.pop("sublayers_per_layer", 1)
   _checks.check_positive_int("make_residual", "sublayers_per_layer",
                              per_layer)
+  fused = kwargs.pop("fused_implementation", None)
+  if fused is not None and name != "prenorm":
+    raise ValueError(f"make_residual: fused_implementation applies to "
+                     f"'prenorm' only, got {name!r}")
   if name == "prenorm":
     steps = [PreNormResidual(d, rngs=rngs, **kwargs) for _ in blocks]
+    return ResidualStack(blocks, steps, num_features=d,
+                         fused_implementation=fused)
   elif name == "lns":
     steps = [PreNormResidual(d, layer_index=k // per_layer, rngs=rngs,
                              **kwargs) for k in range(len(blocks))]
