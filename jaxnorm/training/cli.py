@@ -5,8 +5,10 @@
 
 Both validate every name, size and the mesh before building anything, print
 a summary table and write a loss plot. Multi-host runs call
-`jax.distributed.initialize` when the launcher sets the usual coordinator
-environment (``JAX_COORDINATOR_ADDRESS``, or a cluster JAX auto-detects).
+`jax.distributed.initialize` when the launcher sets
+``JAX_COORDINATOR_ADDRESS``, ``JAX_NUM_PROCESSES`` and ``JAX_PROCESS_ID`` (or
+runs on a cluster JAX detects itself); the mesh then spans every process's
+devices and process 0 writes the metrics, plot and summary.
 """
 
 from __future__ import annotations
@@ -26,8 +28,19 @@ from jaxnorm.training import metrics, trainer
 
 
 def _maybe_initialize_distributed() -> None:
-  if os.environ.get("JAX_COORDINATOR_ADDRESS") or os.environ.get(
-      "SLURM_NTASKS", "1") != "1" or os.environ.get("TPU_WORKER_HOSTNAMES"):
+  """Joins a multi-process run when the launcher's environment says so.
+
+  ``JAX_COORDINATOR_ADDRESS`` with ``JAX_NUM_PROCESSES`` and
+  ``JAX_PROCESS_ID`` (any launcher), or a cluster JAX detects by itself
+  (SLURM, Cloud TPU pods).
+  """
+  env = os.environ
+  if env.get("JAX_COORDINATOR_ADDRESS"):
+    count, index = env.get("JAX_NUM_PROCESSES"), env.get("JAX_PROCESS_ID")
+    jax.distributed.initialize(
+        num_processes=None if count is None else int(count),
+        process_id=None if index is None else int(index))
+  elif env.get("SLURM_NTASKS", "1") != "1" or env.get("TPU_WORKER_HOSTNAMES"):
     jax.distributed.initialize()
 
 
@@ -52,6 +65,8 @@ def train_main(argv: Sequence[str] | None = None) -> int:
     print(f"jaxnorm-train: error: {e}", file=sys.stderr)
     return 2
   out = pathlib.Path(cfg.out_dir)
+  if jax.process_index() != 0:
+    return 0
   _report([(f"{cfg.model}/{cfg.norm}/{cfg.residual}/{cfg.optimizer}",
             summary)], out / "loss.png")
   if summary["stopped_early"]:

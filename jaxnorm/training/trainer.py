@@ -135,6 +135,23 @@ class _Stop:
     signal.signal(signal.SIGTERM, self._previous)
 
 
+def _to_global(batch: Any, sharding: NamedSharding) -> Any:
+  """Places a host batch on the mesh, each process contributing its rows.
+
+  Every process iterates the same seeded pipeline (so iterator states, and
+  checkpoints, agree) and keeps the contiguous slice of rows that its devices
+  hold; with one process this is a plain `jax.device_put`.
+  """
+  count, index = jax.process_count(), jax.process_index()
+
+  def place(a):
+    rows = a.shape[0] // count
+    local = a[index * rows:(index + 1) * rows]
+    return jax.make_array_from_process_local_data(sharding, local, a.shape)
+
+  return jax.tree.map(place, batch)
+
+
 def _abstract(tree: Any) -> Any:
   return jax.tree.map(
       lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding)
@@ -219,7 +236,12 @@ def train(cfg: config_lib.TrainConfig, *,
             data=grain.checkpoint.CheckpointRestore(iterator)))
     state = restored["state"]
     start = int(state["step"])
-  log = metrics_lib.MetricsLog(out_dir / "metrics.jsonl", truncate_after=start)
+  primary = jax.process_index() == 0
+  # Every process computes the same metrics; process 0 owns the run files.
+  log = metrics_lib.MetricsLog(
+      out_dir / ("metrics.jsonl" if primary
+                 else f"metrics.process{jax.process_index()}.jsonl"),
+      truncate_after=start)
 
   def save(step: int) -> None:
     if manager.latest_step() != step:
@@ -230,7 +252,7 @@ def train(cfg: config_lib.TrainConfig, *,
   def evaluate(step: int) -> dict[str, float]:
     totals: dict[str, float] = {}
     for batch in task.eval_batches:
-      out = eval_step(state, jax.device_put(batch, batch_sharding))
+      out = eval_step(state, _to_global(batch, batch_sharding))
       for k, v in out.items():
         totals[k] = totals.get(k, 0.0) + float(v)
     record = {f"val_{k}": v / len(task.eval_batches)
@@ -238,13 +260,14 @@ def train(cfg: config_lib.TrainConfig, *,
     log.write({"step": step, **record})
     return record
 
-  bar = metrics_lib.Progress(cfg.steps, initial=start, enabled=cfg.progress)
+  bar = metrics_lib.Progress(cfg.steps, initial=start,
+                             enabled=cfg.progress and primary)
   window: list[dict[str, jax.Array]] = []
   tokens_since, time_since = 0, time.perf_counter()
   stopped_early = False
   with _Stop() as stop, jax.set_mesh(mesh), nnx.logical_axis_rules(rules):
     for step in range(start + 1, cfg.steps + 1):
-      batch = jax.device_put(next(iterator), batch_sharding)
+      batch = _to_global(next(iterator), batch_sharding)
       state, metrics = train_step(state, batch)
       window.append(metrics)
       tokens_since += task.tokens_per_batch
@@ -274,9 +297,10 @@ def train(cfg: config_lib.TrainConfig, *,
   summary = metrics_lib.summarize(
       log.path, config=dataclasses.asdict(cfg), num_params=num_params,
       baseline=task.baseline, kind=task.kind, stopped_early=stopped_early)
-  metrics_lib.plot_run(log.path, out_dir / "loss.png",
-                       title=f"{cfg.model} on {cfg.data}",
-                       baseline=task.baseline,
-                       baseline_label=_BASELINE_LABELS[task.kind])
-  metrics_lib.write_summary(out_dir / "summary.json", summary)
+  if primary:
+    metrics_lib.plot_run(log.path, out_dir / "loss.png",
+                         title=f"{cfg.model} on {cfg.data}",
+                         baseline=task.baseline,
+                         baseline_label=_BASELINE_LABELS[task.kind])
+    metrics_lib.write_summary(out_dir / "summary.json", summary)
   return summary

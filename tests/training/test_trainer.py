@@ -114,6 +114,37 @@ def test_resume_after_signal_is_exact(tmp_path, sig):
   assert losses(part.out_dir) == losses(cfg.out_dir)
 
 
+def test_two_processes_equal_one(tmp_path):
+  portpicker = pytest.importorskip("portpicker")
+  cfg = tiny(tmp_path, out_dir=str(tmp_path / "single"), steps=6,
+             eval_every=6, checkpoint_every=6, log_every=1, mesh=(4, 1, 1))
+  args, env = _cli(cfg)
+  env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+  subprocess.run(args, env=env, check=True, capture_output=True, cwd=REPO)
+  multi = dataclasses.replace(cfg, out_dir=str(tmp_path / "multi"))
+  args, env = _cli(multi)
+  address = f"127.0.0.1:{portpicker.pick_unused_port()}"
+  procs = [subprocess.Popen(args, cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, env=dict(
+                                env, JAX_COORDINATOR_ADDRESS=address,
+                                JAX_NUM_PROCESSES="2", JAX_PROCESS_ID=str(i),
+                                XLA_FLAGS="--xla_force_host_platform_device_"
+                                "count=2")) for i in range(2)]
+  outputs = [p.communicate(timeout=600)[0].decode() for p in procs]
+  assert [p.returncode for p in procs] == [0, 0], outputs
+  assert "| lm/rmsnorm/prenorm/adamw |" in outputs[0]
+  assert "| lm/" not in outputs[1]
+  train1, val1 = losses(cfg.out_dir)
+  train2, val2 = losses(multi.out_dir)
+  np.testing.assert_allclose([train2[k] for k in sorted(train2)],
+                             [train1[k] for k in sorted(train1)], rtol=2e-5)
+  np.testing.assert_allclose(val2[6], val1[6], rtol=2e-5)
+  other = metrics.read_log(pathlib.Path(multi.out_dir) /
+                           "metrics.process1.jsonl")
+  assert [r["loss"] for r in other if "loss" in r] == [
+      train2[k] for k in sorted(train2)]
+
+
 def test_one_device_equals_eight(tmp_path):
   one = tiny(tmp_path, out_dir=str(tmp_path / "one"), steps=10,
              eval_every=10, checkpoint_every=10, log_every=1, num_heads=4,
