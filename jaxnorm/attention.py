@@ -463,6 +463,49 @@ def linear_clipping(x: Float[Array, "..."]) -> Float[Array, "..."]:
   return y.astype(x.dtype)
 
 
+def affine_scale_running_estimate(
+  alpha: Float[Array, "..."],
+  valid: Bool[Array, "..."],
+  alpha_ma: Float[Array, "..."],
+  *,
+  head_axis: int,
+  training: bool,
+  rho: float,
+) -> Float[Array, "..."]:
+  r"""The running estimate :math:`\bar\alpha` of Affine-Scaled Attention.
+
+  Training: :math:`\bar\alpha \leftarrow \rho\,\bar\alpha + (1 - \rho)
+  \,\mathrm{mean}(\alpha)`, the mean over the query rows that have at least
+  one allowed key (``valid``), per head when ``alpha_ma`` has shape ``(N,)``
+  and over everything when it is a scalar; no gradient flows into the
+  estimate. Inference returns ``alpha_ma`` unchanged. Shared by
+  `affine_scaled_attention` and its Pallas kernel so both use one update.
+
+  Args:
+    alpha: per-row scales, a 4-d array with the heads on ``head_axis``, in
+      the compute dtype.
+    valid: rows with an allowed key, same shape as ``alpha``.
+    alpha_ma: ``(N,)`` or ``()``.
+    head_axis: the axis of ``alpha`` holding the ``N`` heads.
+    training: update (True) or keep (False) the estimate.
+    rho: EMA decay in ``[0, 1]``.
+
+  Returns:
+    The estimate in ``alpha``'s dtype (cast it back to ``alpha_ma.dtype``).
+  """
+  if not training:
+    return alpha_ma.astype(alpha.dtype)
+  axes = (
+    tuple(i for i in range(alpha.ndim) if i != head_axis)
+    if alpha_ma.ndim == 1
+    else tuple(range(alpha.ndim))
+  )
+  n_valid = jnp.maximum(jnp.sum(valid.astype(alpha.dtype), axis=axes), 1.0)
+  batch_mean = jnp.sum(jnp.where(valid, alpha, 0.0), axis=axes) / n_valid
+  new_ma = rho * alpha_ma.astype(alpha.dtype) + (1.0 - rho) * batch_mean
+  return jax.lax.stop_gradient(new_ma)
+
+
 def affine_scaled_attention(
   query: Float[Array, "B T N H"],
   key: Float[Array, "B S K H"],
@@ -557,15 +600,9 @@ def affine_scaled_attention(
   a = jnp.transpose(alpha.astype(dtype), (0, 2, 1))[..., None]  # B N T 1
   count = _row_count(d, allowed, dtype)  # (B|1, N|1, T|1, 1)
   valid = jnp.broadcast_to(count > 0, a.shape)
-  if training:
-    wsum = jnp.where(valid, a, 0.0)
-    axes = (0, 2, 3) if alpha_ma.ndim == 1 else (0, 1, 2, 3)
-    n_valid = jnp.maximum(jnp.sum(valid.astype(dtype), axis=axes), 1.0)
-    batch_mean = jnp.sum(wsum, axis=axes) / n_valid
-    new_ma = rho * alpha_ma.astype(dtype) + (1.0 - rho) * batch_mean
-    new_ma = jax.lax.stop_gradient(new_ma)
-  else:
-    new_ma = alpha_ma.astype(dtype)
+  new_ma = affine_scale_running_estimate(
+    a, valid, alpha_ma, head_axis=1, training=training, rho=rho
+  )
   ma = new_ma.reshape((1, d.heads, 1, 1) if new_ma.ndim else (1, 1, 1, 1))
   beta = (ma - a) / jnp.maximum(count, 1.0)
   w = a * p + beta

@@ -44,6 +44,7 @@ from jax.experimental.pallas import triton as plgpu
 from jaxtyping import Array, Bool, Float
 
 from jaxnorm import _checks
+from jaxnorm import attention as attention_ref
 from pallas_kernels import _rows
 
 # As jaxnorm.attention / jax.nn: finite, so fully masked rows stay finite.
@@ -712,14 +713,8 @@ def affine_scaled_attention_pallas(
                       jnp.broadcast_to(w, (b, n, t, s)), v)
   a = alpha.astype(f32)[..., None]  # (B, T, N, 1)
   valid = jnp.broadcast_to(count > 0, a.shape)
-  if training:
-    axes = (0, 1, 3) if alpha_ma.ndim == 1 else (0, 1, 2, 3)
-    n_valid = jnp.maximum(jnp.sum(valid.astype(f32), axis=axes), 1.0)
-    batch_mean = jnp.sum(jnp.where(valid, a, 0.0), axis=axes) / n_valid
-    new_ma = jax.lax.stop_gradient(
-        rho * alpha_ma.astype(f32) + (1.0 - rho) * batch_mean)
-  else:
-    new_ma = alpha_ma.astype(f32)
+  new_ma = attention_ref.affine_scale_running_estimate(
+      a, valid, alpha_ma, head_axis=2, training=training, rho=rho)
   ma = new_ma.reshape((1, 1, n, 1) if new_ma.ndim else (1, 1, 1, 1))
   beta = (ma - a) / jnp.maximum(count, 1.0)
   out = a * soft.astype(f32) + beta * vsum
