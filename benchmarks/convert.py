@@ -38,8 +38,9 @@ def _steps(model: nnx.Module):
   def loss_fn(p, batch):
     m = nnx.merge(graphdef, p, rest, copy=True)
     logits = m(batch[:, :-1])
-    return jnp.mean(optax.softmax_cross_entropy_with_integer_labels(
-        logits, batch[:, 1:]))
+    return jnp.mean(
+      optax.softmax_cross_entropy_with_integer_labels(logits, batch[:, 1:])
+    )
 
   @jax.jit
   def forward(p, batch):
@@ -79,22 +80,33 @@ def main() -> None:
   parser.add_argument("--batch", type=int, default=32)
   parser.add_argument("--iters", type=int, default=30)
   args = parser.parse_args()
-  cfg = models.LMConfig(vocab_size=256, width=args.width, depth=args.depth,
-                        num_heads=args.num_heads, max_len=args.seq_len,
-                        norm="layernorm", tie_embeddings=False, use_bias=True)
+  cfg = models.LMConfig(
+    vocab_size=256,
+    width=args.width,
+    depth=args.depth,
+    num_heads=args.num_heads,
+    max_len=args.seq_len,
+    norm="layernorm",
+    tie_embeddings=False,
+    use_bias=True,
+  )
   params = convert.lm_params(models.DecoderLM(cfg, rngs=nnx.Rngs(0)))
-  ln_nobias = models.LMConfig(**{**cfg.__dict__,
-                                 "norm_kwargs": (("use_bias", False),)})
+  ln_nobias = models.LMConfig(
+    **{**cfg.__dict__, "norm_kwargs": (("use_bias", False),)}
+  )
   variants = {
-      "Pre-LN": (params, cfg),
-      "Pre-RMSNorm": convert.to_pre_rmsnorm(params, cfg),
-      "Pre-CRMSNorm": convert.to_pre_crmsnorm(params, cfg),
-      "Pre-RMSNorm (train)": convert.to_pre_rmsnorm(
-          convert.lm_params(models.DecoderLM(ln_nobias, rngs=nnx.Rngs(0))),
-          ln_nobias, reparameterize=True),
+    "Pre-LN": (params, cfg),
+    "Pre-RMSNorm": convert.to_pre_rmsnorm(params, cfg),
+    "Pre-CRMSNorm": convert.to_pre_crmsnorm(params, cfg),
+    "Pre-RMSNorm (train)": convert.to_pre_rmsnorm(
+      convert.lm_params(models.DecoderLM(ln_nobias, rngs=nnx.Rngs(0))),
+      ln_nobias,
+      reparameterize=True,
+    ),
   }
-  batch = jax.random.randint(jax.random.key(0), (args.batch,
-                                                 args.seq_len + 1), 0, 256)
+  batch = jax.random.randint(
+    jax.random.key(0), (args.batch, args.seq_len + 1), 0, 256
+  )
   fns = {k: _steps(convert.load_lm(c, p)) for k, (p, c) in variants.items()}
   times = {k: ([], []) for k in fns}
   for fwd, step in fns.values():  # Warm-up (compile).
@@ -105,15 +117,19 @@ def main() -> None:
       times[k][1].append(_time(step, batch))
   base_f = statistics.median(times["Pre-LN"][0])
   base_t = statistics.median(times["Pre-LN"][1])
-  print(f"{jax.devices()[0].device_kind} ({platform.machine()}), d="
-        f"{args.width}, depth {args.depth}, batch {args.batch} x "
-        f"{args.seq_len}, median of {args.iters}")
+  print(
+    f"{jax.devices()[0].device_kind} ({platform.machine()}), d="
+    f"{args.width}, depth {args.depth}, batch {args.batch} x "
+    f"{args.seq_len}, median of {args.iters}"
+  )
   print("| variant | forward ms | ratio | train step ms | ratio |")
   print("|---|---|---|---|---|")
   for k, (f, t) in times.items():
     mf, mt = statistics.median(f), statistics.median(t)
-    print(f"| {k} | {1e3 * mf:.2f} | {mf / base_f:.3f} | {1e3 * mt:.2f} | "
-          f"{mt / base_t:.3f} |")
+    print(
+      f"| {k} | {1e3 * mf:.2f} | {mf / base_f:.3f} | {1e3 * mt:.2f} | "
+      f"{mt / base_t:.3f} |"
+    )
 
 
 if __name__ == "__main__":

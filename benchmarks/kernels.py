@@ -64,8 +64,7 @@ def _try_tokamax() -> Any:
   return tokamax
 
 
-def _timed(fn: Callable[[Any], Any], arg_sets: list[Any], calls: int
-           ) -> float:
+def _timed(fn: Callable[[Any], Any], arg_sets: list[Any], calls: int) -> float:
   """Seconds per call: ``calls`` calls rotating through ``arg_sets``."""
   start = time.perf_counter()
   out = None
@@ -75,8 +74,9 @@ def _timed(fn: Callable[[Any], Any], arg_sets: list[Any], calls: int
   return (time.perf_counter() - start) / calls
 
 
-def _measure(cases: dict[str, tuple[Callable, list[Any]]], rounds: int,
-             calls: int) -> dict[str, list[float]]:
+def _measure(
+  cases: dict[str, tuple[Callable, list[Any]]], rounds: int, calls: int
+) -> dict[str, list[float]]:
   for fn, args in cases.values():  # compile and warm up
     jax.block_until_ready(fn(*args[0]))
     _timed(fn, args, calls)
@@ -89,15 +89,23 @@ def _measure(cases: dict[str, tuple[Callable, list[Any]]], rounds: int,
 
 def _fwd_bwd(f: Callable[..., Any]) -> Callable[..., Any]:
   """One jitted call returning outputs and all gradients for cotangents."""
+
   def run(*args):
     inputs, cts = args[:-1], args[-1]
     out, vjp = jax.vjp(f, *inputs)
     return out, vjp(cts)
+
   return jax.jit(run)
 
 
-def _norm_cases(rows: int, cols: int, dtype: Any, tokamax: Any, backend: str,
-                interpret: Any = False) -> tuple[dict, dict]:
+def _norm_cases(
+  rows: int,
+  cols: int,
+  dtype: Any,
+  tokamax: Any,
+  backend: str,
+  interpret: Any = False,
+) -> tuple[dict, dict]:
   """The timed callables and their byte counts for one shape and dtype."""
   keys = jax.random.split(jax.random.key(0), 3 * _ROTATE)
   itemsize = jnp.dtype(dtype).itemsize
@@ -112,27 +120,30 @@ def _norm_cases(rows: int, cols: int, dtype: Any, tokamax: Any, backend: str,
   scale = jnp.ones((cols,), jnp.float32) * 1.5
   bias = jnp.full((cols,), 0.25, jnp.float32)
   impls: dict[str, dict[str, Callable]] = {
-      "pallas": {
-          "rms": lambda x, s: pk.rms_norm_pallas(x, s, interpret=interpret),
-          "ln": lambda x, s, b: pk.layer_norm_pallas(x, s, b,
-                                                     interpret=interpret),
-          "add_rms": lambda x, r, s: pk.add_rms_norm_pallas(
-              x, r, s, interpret=interpret),
-      },
-      "xla": {
-          "rms": lambda x, s: norms.rms_norm(x, s),
-          "ln": lambda x, s, b: norms.layer_norm(x, s, b),
-          "add_rms": lambda x, r, s: fused_norms.add_rms_norm(
-              x, r, s, implementation="xla"),
-      },
+    "pallas": {
+      "rms": lambda x, s: pk.rms_norm_pallas(x, s, interpret=interpret),
+      "ln": lambda x, s, b: pk.layer_norm_pallas(x, s, b, interpret=interpret),
+      "add_rms": lambda x, r, s: pk.add_rms_norm_pallas(
+        x, r, s, interpret=interpret
+      ),
+    },
+    "xla": {
+      "rms": lambda x, s: norms.rms_norm(x, s),
+      "ln": lambda x, s, b: norms.layer_norm(x, s, b),
+      "add_rms": lambda x, r, s: fused_norms.add_rms_norm(
+        x, r, s, implementation="xla"
+      ),
+    },
   }
   if tokamax is not None:
-    for impl in (("xla", "triton") if backend == "gpu" else ("xla",)):
+    for impl in ("xla", "triton") if backend == "gpu" else ("xla",):
       impls[f"tokamax-{impl}"] = {
-          "rms": lambda x, s, impl=impl: tokamax.layer_norm(
-              x, s, None, subtract_mean=False, implementation=impl),
-          "ln": lambda x, s, b, impl=impl: tokamax.layer_norm(
-              x, s, b, implementation=impl),
+        "rms": lambda x, s, impl=impl: tokamax.layer_norm(
+          x, s, None, subtract_mean=False, implementation=impl
+        ),
+        "ln": lambda x, s, b, impl=impl: tokamax.layer_norm(
+          x, s, b, implementation=impl
+        ),
       }
   cases, nbytes = {}, {}
   for impl, fns in impls.items():
@@ -165,24 +176,30 @@ def _check(cases: dict[str, tuple[Callable, list[Any]]]) -> dict[str, float]:
       continue
     ref_fn, _ = cases[f"{op} {kind} xla"]
     got, want = fn(*args[0]), ref_fn(*args[0])
-    diffs = [float(jnp.max(jnp.abs(a.astype(jnp.float32)
-                                   - b.astype(jnp.float32))))
-             for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want))]
+    diffs = [
+      float(jnp.max(jnp.abs(a.astype(jnp.float32) - b.astype(jnp.float32))))
+      for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want))
+    ]
     errs[name] = max(diffs) if diffs else 0.0
   return errs
 
 
 def _copy_bandwidth(rounds: int, calls: int, size: int = 1 << 28) -> float:
-  x = [jax.random.normal(jax.random.key(i), (size,), jnp.float32)
-       for i in range(2)]  # 2 x 1 GiB by default
+  x = [
+    jax.random.normal(jax.random.key(i), (size,), jnp.float32) for i in range(2)
+  ]  # 2 x 1 GiB by default
   f = jax.jit(lambda a: a + 1.0)
   t = _measure({"copy": (f, [(a,) for a in x])}, rounds, calls)["copy"]
   return 2 * x[0].nbytes / statistics.median(t)
 
 
-def _attention(backend: str, rounds: int, calls: int,
-               dims: tuple[int, int, int, int] = (4, 4096, 16, 128),
-               interpret: Any = False) -> list[dict]:
+def _attention(
+  backend: str,
+  rounds: int,
+  calls: int,
+  dims: tuple[int, int, int, int] = (4, 4096, 16, 128),
+  interpret: Any = False,
+) -> list[dict]:
   """Flash kernel vs jax.nn.dot_product_attention, fwd and fwd+bwd.
 
   FLOPs: 4 B N T^2 H forward (halved when causal), backward counted as 2.5x
@@ -190,19 +207,21 @@ def _attention(backend: str, rounds: int, calls: int,
   """
   b, t, h, d = dims
   ks = jax.random.split(jax.random.key(1), 4)
-  q, k, v, do = (jax.random.normal(kk, (b, t, h, d), jnp.bfloat16)
-                 for kk in ks)
+  q, k, v, do = (jax.random.normal(kk, (b, t, h, d), jnp.bfloat16) for kk in ks)
   impls = ("xla", "cudnn") if backend == "gpu" else ("xla",)
   fns: dict[str, Callable] = {}
   for causal in (False, True):
     for impl in impls:
       fns[f"{impl} causal={causal}"] = (
-          lambda q, k, v, impl=impl, causal=causal:
-          jax.nn.dot_product_attention(q, k, v, is_causal=causal,
-                                       implementation=impl))
-    fns[f"pallas causal={causal}"] = (
-        lambda q, k, v, causal=causal: pa.dot_product_attention_pallas(
-            q, k, v, is_causal=causal, interpret=interpret))
+        lambda q, k, v, impl=impl, causal=causal: jax.nn.dot_product_attention(
+          q, k, v, is_causal=causal, implementation=impl
+        )
+      )
+    fns[f"pallas causal={causal}"] = lambda q, k, v, causal=causal: (
+      pa.dot_product_attention_pallas(
+        q, k, v, is_causal=causal, interpret=interpret
+      )
+    )
   cases = {}
   for name, f in fns.items():
     cases[f"{name} fwd"] = (jax.jit(f), [(q, k, v)])
@@ -214,16 +233,25 @@ def _attention(backend: str, rounds: int, calls: int,
     flops *= 3.5 if name.endswith("fwd+bwd") else 1.0
     med = statistics.median(ts)
     best = "cudnn" if backend == "gpu" else "xla"
-    base = statistics.median(times[name.replace(name.split(" ")[0], best,
-                                                1)])
-    rows.append({"case": name, "ms": med * 1e3,
-                 "tflops": flops / med / 1e12, f"vs_{best}": base / med})
+    base = statistics.median(times[name.replace(name.split(" ")[0], best, 1)])
+    rows.append(
+      {
+        "case": name,
+        "ms": med * 1e3,
+        "tflops": flops / med / 1e12,
+        f"vs_{best}": base / med,
+      }
+    )
   return rows
 
 
-def run_accelerator(backend: str, rounds: int, calls: int,
-                    shapes: tuple[tuple[int, int], ...] | None = None,
-                    dry_run: bool = False) -> dict:
+def run_accelerator(
+  backend: str,
+  rounds: int,
+  calls: int,
+  shapes: tuple[tuple[int, int], ...] | None = None,
+  dry_run: bool = False,
+) -> dict:
   """The accelerator table; ``dry_run`` exercises it on CPU (interpreter)."""
   tokamax = _try_tokamax()
   peak = _copy_bandwidth(rounds, calls, 1 << 16 if dry_run else 1 << 28)
@@ -235,8 +263,9 @@ def run_accelerator(backend: str, rounds: int, calls: int,
     shapes = GPU_SHAPES if backend == "gpu" else TPU_SHAPES
   for rows, cols in shapes:
     for dtype in (jnp.bfloat16, jnp.float32):
-      cases, nbytes = _norm_cases(rows, cols, dtype, tokamax, backend,
-                                  interpret=dry_run)
+      cases, nbytes = _norm_cases(
+        rows, cols, dtype, tokamax, backend, interpret=dry_run
+      )
       errs = _check(cases)
       times = _measure(cases, rounds, calls)
       for name, ts in times.items():
@@ -244,42 +273,68 @@ def run_accelerator(backend: str, rounds: int, calls: int,
         med = statistics.median(ts)
         xla = statistics.median(times[f"{op} {kind} xla"])
         gbps = nbytes[name] / med / 1e9
-        row = {"shape": [rows, cols], "dtype": jnp.dtype(dtype).name,
-               "op": op, "pass": kind, "impl": impl, "us": med * 1e6,
-               "min_us": min(ts) * 1e6, "gbps": gbps,
-               "pct_peak": 100 * gbps * 1e9 / peak,
-               "speedup_vs_xla": xla / med, "max_err": errs.get(name, 0.0)}
+        row = {
+          "shape": [rows, cols],
+          "dtype": jnp.dtype(dtype).name,
+          "op": op,
+          "pass": kind,
+          "impl": impl,
+          "us": med * 1e6,
+          "min_us": min(ts) * 1e6,
+          "gbps": gbps,
+          "pct_peak": 100 * gbps * 1e9 / peak,
+          "speedup_vs_xla": xla / med,
+          "max_err": errs.get(name, 0.0),
+        }
         results["norms"].append(row)
-        print(f"{rows}x{cols} {row['dtype']:8s} {op:7s} {kind:7s} "
-              f"{impl:14s} {med * 1e6:9.1f} us {gbps:7.0f} GB/s "
-              f"{row['pct_peak']:5.1f}% peak  x{row['speedup_vs_xla']:.2f} "
-              f"vs xla  err {row['max_err']:.1e}")
+        print(
+          f"{rows}x{cols} {row['dtype']:8s} {op:7s} {kind:7s} "
+          f"{impl:14s} {med * 1e6:9.1f} us {gbps:7.0f} GB/s "
+          f"{row['pct_peak']:5.1f}% peak  x{row['speedup_vs_xla']:.2f} "
+          f"vs xla  err {row['max_err']:.1e}"
+        )
   results["attention"] = _attention(
-      "cpu" if dry_run else backend, rounds, calls,
-      (1, 128, 2, 32) if dry_run else (4, 4096, 16, 128), interpret=dry_run)
+    "cpu" if dry_run else backend,
+    rounds,
+    calls,
+    (1, 128, 2, 32) if dry_run else (4, 4096, 16, 128),
+    interpret=dry_run,
+  )
   for row in results["attention"]:
     ratio = {k: v for k, v in row.items() if k.startswith("vs_")}
-    print(f"attention {row['case']:30s} {row['ms']:8.2f} ms "
-          f"{row['tflops']:6.1f} TFLOP/s  " + " ".join(
-              f"x{v:.2f} {k}" for k, v in ratio.items()))
+    print(
+      f"attention {row['case']:30s} {row['ms']:8.2f} ms "
+      f"{row['tflops']:6.1f} TFLOP/s  "
+      + " ".join(f"x{v:.2f} {k}" for k, v in ratio.items())
+    )
   return results
 
 
 def run_cpu_smoke(rounds: int) -> dict:
-  print("No accelerator present (backend=cpu): GB/s, peak and tokamax "
-        "comparisons need a GPU or TPU. Timing the interpreted kernels only "
-        "as a smoke check; interpreter time is not kernel speed.\n")
+  print(
+    "No accelerator present (backend=cpu): GB/s, peak and tokamax "
+    "comparisons need a GPU or TPU. Timing the interpreted kernels only "
+    "as a smoke check; interpreter time is not kernel speed.\n"
+  )
   rows, cols = CPU_SHAPE
   x = jax.random.normal(jax.random.key(0), (rows, cols), jnp.float32)
   dy = jax.random.normal(jax.random.key(1), (rows, cols), jnp.float32)
   s = jnp.full((cols,), 1.5, jnp.float32)
   cases = {
-      "rms fwd+bwd xla": (_fwd_bwd(lambda x, s: norms.rms_norm(x, s)),
-                          [(x, s, dy)]),
-      "rms fwd+bwd interpret-gpu": (_fwd_bwd(lambda x, s: pk.rms_norm_pallas(
-          x, s, interpret=True)), [(x, s, dy)]),
-      "rms fwd+bwd interpret-tpu": (_fwd_bwd(lambda x, s: pk.rms_norm_pallas(
-          x, s, interpret=pltpu.InterpretParams())), [(x, s, dy)]),
+    "rms fwd+bwd xla": (
+      _fwd_bwd(lambda x, s: norms.rms_norm(x, s)),
+      [(x, s, dy)],
+    ),
+    "rms fwd+bwd interpret-gpu": (
+      _fwd_bwd(lambda x, s: pk.rms_norm_pallas(x, s, interpret=True)),
+      [(x, s, dy)],
+    ),
+    "rms fwd+bwd interpret-tpu": (
+      _fwd_bwd(
+        lambda x, s: pk.rms_norm_pallas(x, s, interpret=pltpu.InterpretParams())
+      ),
+      [(x, s, dy)],
+    ),
   }
   errs = _check(cases)
   times = _measure(cases, rounds, 1)
@@ -287,35 +342,61 @@ def run_cpu_smoke(rounds: int) -> dict:
   out = []
   for name, ts in times.items():
     med = statistics.median(ts)
-    out.append({"case": name, "shape": [rows, cols], "ms": med * 1e3,
-                "vs_xla": med / ref, "max_err": errs.get(name, 0.0)})
-    print(f"{name:28s} {rows}x{cols} f32 {med * 1e3:9.2f} ms  "
-          f"{med / ref:7.1f}x the jnp time  max err "
-          f"{errs.get(name, 0.0):.1e}")
+    out.append(
+      {
+        "case": name,
+        "shape": [rows, cols],
+        "ms": med * 1e3,
+        "vs_xla": med / ref,
+        "max_err": errs.get(name, 0.0),
+      }
+    )
+    print(
+      f"{name:28s} {rows}x{cols} f32 {med * 1e3:9.2f} ms  "
+      f"{med / ref:7.1f}x the jnp time  max err "
+      f"{errs.get(name, 0.0):.1e}"
+    )
   return {"cpu_smoke": out}
 
 
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--rounds", type=int, default=None)
-  parser.add_argument("--calls", type=int, default=10,
-                      help="calls per timed sample on an accelerator")
+  parser.add_argument(
+    "--calls",
+    type=int,
+    default=10,
+    help="calls per timed sample on an accelerator",
+  )
   parser.add_argument("--json", default=None, help="write results here")
-  parser.add_argument("--shapes", default=None,
-                      help="comma-separated ROWSxCOLS, e.g. 16384x4096")
-  parser.add_argument("--dry-run", action="store_true",
-                      help="run the accelerator table on CPU with interpreted "
-                      "kernels and tiny shapes (checks the script, not speed)")
+  parser.add_argument(
+    "--shapes", default=None, help="comma-separated ROWSxCOLS, e.g. 16384x4096"
+  )
+  parser.add_argument(
+    "--dry-run",
+    action="store_true",
+    help="run the accelerator table on CPU with interpreted "
+    "kernels and tiny shapes (checks the script, not speed)",
+  )
   args = parser.parse_args()
   backend = jax.default_backend()
   backend = "gpu" if backend in ("cuda", "rocm") else backend
   devices = jax.devices()
-  header = {"date": datetime.datetime.now(datetime.UTC).isoformat(
-      timespec="seconds"), "jax": jax.__version__, "backend": backend,
-      "device": devices[0].device_kind, "host": platform.machine()}
+  header = {
+    "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+    "jax": jax.__version__,
+    "backend": backend,
+    "device": devices[0].device_kind,
+    "host": platform.machine(),
+  }
   print(" ".join(f"{k}={v}" for k, v in header.items()))
-  shapes = None if args.shapes is None else tuple(
-      tuple(int(v) for v in s.split("x")) for s in args.shapes.split(","))
+  shapes = (
+    None
+    if args.shapes is None
+    else tuple(
+      tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")
+    )
+  )
   if args.dry_run:
     print("dry run: interpreted kernels on CPU; the numbers are not speeds")
     results = run_accelerator("gpu", 2, 1, shapes or ((64, 96),), True)

@@ -34,8 +34,10 @@ import statistics
 import sys
 import time
 
-_TUNABLES = ("glibc.malloc.arena_max=1:glibc.malloc.mmap_max=0:"
-             "glibc.malloc.trim_threshold=68719476736")
+_TUNABLES = (
+  "glibc.malloc.arena_max=1:glibc.malloc.mmap_max=0:"
+  "glibc.malloc.trim_threshold=68719476736"
+)
 
 if os.environ.get("GLIBC_TUNABLES") != _TUNABLES:
   os.environ["GLIBC_TUNABLES"] = _TUNABLES
@@ -83,22 +85,30 @@ def build_cases(rows, cols):
 
   rms_p = {"scale": scale}
   ln_p = {"scale": scale, "bias": bias}
-  flax_rms, flax_rms_p = _flax_fn(nnx.RMSNorm(cols, epsilon=1e-6,
-                                              rngs=nnx.Rngs(0)))
-  flax_ln, flax_ln_p = _flax_fn(nnx.LayerNorm(cols, epsilon=1e-6,
-                                              rngs=nnx.Rngs(0)))
+  flax_rms, flax_rms_p = _flax_fn(
+    nnx.RMSNorm(cols, epsilon=1e-6, rngs=nnx.Rngs(0))
+  )
+  flax_ln, flax_ln_p = _flax_fn(
+    nnx.LayerNorm(cols, epsilon=1e-6, rngs=nnx.Rngs(0))
+  )
   return {
-      "stream x+1": (jax.jit(lambda x: x + 1.0), (x,), 2),
-      "rms_norm fwd": (jax.jit(rms), (x, rms_p), 2),
-      "flax RMSNorm fwd": (jax.jit(flax_rms), (x, flax_rms_p), 2),
-      "layer_norm fwd": (jax.jit(ln), (x, ln_p), 2),
-      "flax LayerNorm fwd": (jax.jit(flax_ln), (x, flax_ln_p), 2),
-      "rms_norm fwd+bwd": (jax.jit(_fwd_bwd(rms)), (x, rms_p, dy), 4),
-      "flax RMSNorm fwd+bwd": (jax.jit(_fwd_bwd(flax_rms)),
-                               (x, flax_rms_p, dy), 4),
-      "layer_norm fwd+bwd": (jax.jit(_fwd_bwd(ln)), (x, ln_p, dy), 4),
-      "flax LayerNorm fwd+bwd": (jax.jit(_fwd_bwd(flax_ln)),
-                                 (x, flax_ln_p, dy), 4),
+    "stream x+1": (jax.jit(lambda x: x + 1.0), (x,), 2),
+    "rms_norm fwd": (jax.jit(rms), (x, rms_p), 2),
+    "flax RMSNorm fwd": (jax.jit(flax_rms), (x, flax_rms_p), 2),
+    "layer_norm fwd": (jax.jit(ln), (x, ln_p), 2),
+    "flax LayerNorm fwd": (jax.jit(flax_ln), (x, flax_ln_p), 2),
+    "rms_norm fwd+bwd": (jax.jit(_fwd_bwd(rms)), (x, rms_p, dy), 4),
+    "flax RMSNorm fwd+bwd": (
+      jax.jit(_fwd_bwd(flax_rms)),
+      (x, flax_rms_p, dy),
+      4,
+    ),
+    "layer_norm fwd+bwd": (jax.jit(_fwd_bwd(ln)), (x, ln_p, dy), 4),
+    "flax LayerNorm fwd+bwd": (
+      jax.jit(_fwd_bwd(flax_ln)),
+      (x, flax_ln_p, dy),
+      4,
+    ),
   }
 
 
@@ -122,8 +132,14 @@ def measure(cases, rounds, warmup):
       t, f = _time_call(fn, args)
       times[name].append(t)
       faults[name].append(f)
-  return {name: (statistics.median(times[name]), min(times[name]),
-                 statistics.median(faults[name])) for name in cases}
+  return {
+    name: (
+      statistics.median(times[name]),
+      min(times[name]),
+      statistics.median(faults[name]),
+    )
+    for name in cases
+  }
 
 
 def main():
@@ -137,27 +153,34 @@ def main():
   cases = build_cases(args.rows, args.cols)
   results = measure(cases, args.rounds, args.warmup)
   array_bytes = args.rows * args.cols * 4
-  gbs = {name: cases[name][2] * array_bytes / results[name][0] / 1e9
-         for name in cases}
+  gbs = {
+    name: cases[name][2] * array_bytes / results[name][0] / 1e9
+    for name in cases
+  }
   stream = gbs["stream x+1"]
 
-  print(f"jax {jax.__version__} on {jax.default_backend()} "
-        f"({platform.processor() or platform.machine()}, "
-        f"{os.cpu_count()} cpus), load {os.getloadavg()[0]:.2f}, "
-        f"f32[{args.rows},{args.cols}], {args.rounds} rounds, median")
-  print("| case | median ms | min ms | GB/s | / stream | vs flax "
-        "(speedup) | faults/call |")
+  print(
+    f"jax {jax.__version__} on {jax.default_backend()} "
+    f"({platform.processor() or platform.machine()}, "
+    f"{os.cpu_count()} cpus), load {os.getloadavg()[0]:.2f}, "
+    f"f32[{args.rows},{args.cols}], {args.rounds} rounds, median"
+  )
+  print(
+    "| case | median ms | min ms | GB/s | / stream | vs flax "
+    "(speedup) | faults/call |"
+  )
   print("|---|---|---|---|---|---|---|")
   for name, (median, best, fault) in results.items():
     flax_name = None
     if not name.startswith(("flax", "stream")):
       kind = "RMSNorm" if name.startswith("rms") else "LayerNorm"
       flax_name = f"flax {kind} {name.split(' ', 1)[1]}"
-    speedup = (f"{results[flax_name][0] / median:.2f}x" if flax_name
-               else "")
-    print(f"| {name} | {median * 1e3:.1f} | {best * 1e3:.1f} | "
-          f"{gbs[name]:.1f} | {gbs[name] / stream:.2f} | {speedup} | "
-          f"{fault:.0f} |")
+    speedup = f"{results[flax_name][0] / median:.2f}x" if flax_name else ""
+    print(
+      f"| {name} | {median * 1e3:.1f} | {best * 1e3:.1f} | "
+      f"{gbs[name]:.1f} | {gbs[name] / stream:.2f} | {speedup} | "
+      f"{fault:.0f} |"
+    )
 
 
 if __name__ == "__main__":

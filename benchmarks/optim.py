@@ -31,13 +31,16 @@ import statistics
 import sys
 import time
 
-TUNABLES = ("glibc.malloc.arena_max=1:glibc.malloc.mmap_max=0:"
-            "glibc.malloc.trim_threshold=68719476736")
+TUNABLES = (
+  "glibc.malloc.arena_max=1:glibc.malloc.mmap_max=0:"
+  "glibc.malloc.trim_threshold=68719476736"
+)
 
 if __name__ == "__main__" and os.environ.get("GLIBC_TUNABLES") != TUNABLES:
   os.environ["GLIBC_TUNABLES"] = TUNABLES
-  os.execv(sys.executable, [sys.executable, "-m", "benchmarks.optim",
-                            *sys.argv[1:]])
+  os.execv(
+    sys.executable, [sys.executable, "-m", "benchmarks.optim", *sys.argv[1:]]
+  )
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
@@ -51,34 +54,41 @@ def lm_params(layers: int, d: int, vocab: int, key: jax.Array) -> dict:
   keys = iter(jax.random.split(key, 6 * layers + 1))
 
   def dense(din, dout):
-    return jax.random.normal(next(keys), (din, dout), jnp.float32) * (
-        din ** -0.5)
+    return jax.random.normal(next(keys), (din, dout), jnp.float32) * (din**-0.5)
 
-  tree = {"embed": jax.random.normal(next(keys), (vocab, d), jnp.float32)
-          * 0.02, "final_norm": jnp.ones((d,), jnp.float32)}
+  tree = {
+    "embed": jax.random.normal(next(keys), (vocab, d), jnp.float32) * 0.02,
+    "final_norm": jnp.ones((d,), jnp.float32),
+  }
   for i in range(layers):
     tree[f"layer_{i:02d}"] = {
-        "attn": {n: dense(d, d) for n in ("q", "k", "v", "o")},
-        "mlp": {"up": dense(d, 4 * d), "down": dense(4 * d, d)},
-        "norm1": jnp.ones((d,), jnp.float32),
-        "norm2": jnp.ones((d,), jnp.float32),
+      "attn": {n: dense(d, d) for n in ("q", "k", "v", "o")},
+      "mlp": {"up": dense(d, 4 * d), "down": dense(4 * d, d)},
+      "norm1": jnp.ones((d,), jnp.float32),
+      "norm2": jnp.ones((d,), jnp.float32),
     }
   return tree
 
 
 def hidden_axes(params):
   """MatrixAxes for hidden kernels, None for the embedding and vectors."""
+
   def rule(path, p):
     name = jax.tree_util.keystr(path)
     return optim.MatrixAxes() if p.ndim == 2 and "embed" not in name else None
+
   return jax.tree_util.tree_map_with_path(rule, params)
 
 
 def muon_dims(params):
   def rule(path, p):
     name = jax.tree_util.keystr(path)
-    return (optax.contrib.MuonDimensionNumbers()
-            if p.ndim == 2 and "embed" not in name else None)
+    return (
+      optax.contrib.MuonDimensionNumbers()
+      if p.ndim == 2 and "embed" not in name
+      else None
+    )
+
   return jax.tree_util.tree_map_with_path(rule, params)
 
 
@@ -99,8 +109,9 @@ class Case:
 
     self.fn = jax.jit(step, donate_argnums=(0, 1))
     self.params = jax.tree.map(lambda x: x.copy(), params)
-    self.state = tx.init(self.params) if state is None else state(
-        tx.init(self.params))
+    self.state = (
+      tx.init(self.params) if state is None else state(tx.init(self.params))
+    )
     self.reset_state = state
     self.times, self.faults, self.first = [], 0, None
 
@@ -108,7 +119,8 @@ class Case:
     """One step; records time and faults when ``timed``."""
     f0, t0 = minflt(), time.perf_counter()
     self.params, self.state = jax.block_until_ready(
-        self.fn(self.params, self.state, self.grads))
+      self.fn(self.params, self.state, self.grads)
+    )
     dt = time.perf_counter() - t0
     if self.reset_state is not None:
       self.state = self.reset_state(self.state)
@@ -136,8 +148,10 @@ def main() -> None:
   args = ap.parse_args()
 
   params = lm_params(args.layers, args.d_model, args.vocab, jax.random.key(0))
-  grads = jax.tree.map(lambda p: 1e-2 * jax.random.normal(
-      jax.random.key(1), p.shape, p.dtype), params)
+  grads = jax.tree.map(
+    lambda p: 1e-2 * jax.random.normal(jax.random.key(1), p.shape, p.dtype),
+    params,
+  )
   n_params = sum(p.size for p in jax.tree.leaves(params))
   lr = 1e-3
   gap = 2000  # Conda's default update_proj_gap
@@ -145,34 +159,57 @@ def main() -> None:
   def at_refresh(state):
     # Conda state with count = 0 mod gap: every timed call refreshes.
     return jax.tree.map(
-        lambda x: jnp.zeros_like(x) if (
-            x.ndim == 0 and x.dtype == jnp.int32) else x, state)
+      lambda x: (
+        jnp.zeros_like(x) if (x.ndim == 0 and x.dtype == jnp.int32) else x
+      ),
+      state,
+    )
 
   cases = [
-      Case("optax.adamw", optax.adamw(lr, weight_decay=0.01), params, grads),
-      Case("optax.contrib.muon", optax.contrib.muon(
-          lr, muon_weight_dimension_numbers=muon_dims), params, grads),
-      Case("jaxnorm adamp", optim.adamp(lr, weight_decay=0.01), params,
-           grads),
-      Case("jaxnorm sgdp", optim.sgdp(lr, momentum=0.9, weight_decay=0.01),
-           params, grads),
-      Case("jaxnorm conda (steady step)", optim.conda(
-          lr, weight_decay=0.01, update_proj_gap=gap, axes=hidden_axes),
-           params, grads),
-      Case("jaxnorm rmnp", optim.rmnp(lr, weight_decay=0.01,
-                                      axes=hidden_axes), params, grads),
+    Case("optax.adamw", optax.adamw(lr, weight_decay=0.01), params, grads),
+    Case(
+      "optax.contrib.muon",
+      optax.contrib.muon(lr, muon_weight_dimension_numbers=muon_dims),
+      params,
+      grads,
+    ),
+    Case("jaxnorm adamp", optim.adamp(lr, weight_decay=0.01), params, grads),
+    Case(
+      "jaxnorm sgdp",
+      optim.sgdp(lr, momentum=0.9, weight_decay=0.01),
+      params,
+      grads,
+    ),
+    Case(
+      "jaxnorm conda (steady step)",
+      optim.conda(lr, weight_decay=0.01, update_proj_gap=gap, axes=hidden_axes),
+      params,
+      grads,
+    ),
+    Case(
+      "jaxnorm rmnp",
+      optim.rmnp(lr, weight_decay=0.01, axes=hidden_axes),
+      params,
+      grads,
+    ),
   ]
   # The SVD refresh (72 matrices, XLA:CPU LAPACK) costs seconds per call, so
   # it is timed after the interleaved rounds, --refresh-rounds times.
-  refresh_case = Case("jaxnorm conda (refresh step)", optim.conda(
-      lr, weight_decay=0.01, update_proj_gap=gap, axes=hidden_axes),
-      params, grads, state=at_refresh)
+  refresh_case = Case(
+    "jaxnorm conda (refresh step)",
+    optim.conda(lr, weight_decay=0.01, update_proj_gap=gap, axes=hidden_axes),
+    params,
+    grads,
+    state=at_refresh,
+  )
   # The steady Conda case refreshes on its first (warm-up) call only.
-  print(f"jax {jax.__version__} {jax.default_backend()} "
-        f"{jax.devices()[0].device_kind}; python {platform.python_version()}; "
-        f"load {os.getloadavg()}; params {n_params / 1e6:.1f}M; "
-        f"GLIBC_TUNABLES={'set' if os.environ.get('GLIBC_TUNABLES') else '-'}",
-        flush=True)
+  print(
+    f"jax {jax.__version__} {jax.default_backend()} "
+    f"{jax.devices()[0].device_kind}; python {platform.python_version()}; "
+    f"load {os.getloadavg()}; params {n_params / 1e6:.1f}M; "
+    f"GLIBC_TUNABLES={'set' if os.environ.get('GLIBC_TUNABLES') else '-'}",
+    flush=True,
+  )
   for c in cases:
     for _ in range(args.warmup):
       c.call(False)
@@ -192,27 +229,55 @@ def main() -> None:
   amortised = steady + (refresh - steady) / gap
   rows = []
   for c in cases:
-    rows.append(dict(name=c.name, median_ms=c.median * 1e3,
-                     min_ms=min(c.times) * 1e3, first_ms=c.first * 1e3,
-                     faults_per_call=c.faults / len(c.times),
-                     vs_adamw=c.median / adamw, vs_muon=c.median / muon))
-  rows.append(dict(name=f"jaxnorm conda (amortised, gap {gap})",
-                   median_ms=amortised * 1e3, min_ms=float("nan"),
-                   first_ms=float("nan"), faults_per_call=float("nan"),
-                   vs_adamw=amortised / adamw, vs_muon=amortised / muon))
-  print(f"\n{args.rounds} interleaved rounds after {args.warmup} warm-up "
-        f"calls; {args.layers} layers, d={args.d_model}, vocab={args.vocab}\n")
-  print("| optimizer | median ms | min ms | first call ms | faults/call "
-        "| / adamw | / muon |")
+    rows.append(
+      dict(
+        name=c.name,
+        median_ms=c.median * 1e3,
+        min_ms=min(c.times) * 1e3,
+        first_ms=c.first * 1e3,
+        faults_per_call=c.faults / len(c.times),
+        vs_adamw=c.median / adamw,
+        vs_muon=c.median / muon,
+      )
+    )
+  rows.append(
+    dict(
+      name=f"jaxnorm conda (amortised, gap {gap})",
+      median_ms=amortised * 1e3,
+      min_ms=float("nan"),
+      first_ms=float("nan"),
+      faults_per_call=float("nan"),
+      vs_adamw=amortised / adamw,
+      vs_muon=amortised / muon,
+    )
+  )
+  print(
+    f"\n{args.rounds} interleaved rounds after {args.warmup} warm-up "
+    f"calls; {args.layers} layers, d={args.d_model}, vocab={args.vocab}\n"
+  )
+  print(
+    "| optimizer | median ms | min ms | first call ms | faults/call "
+    "| / adamw | / muon |"
+  )
   print("|---|---|---|---|---|---|---|")
   for r in rows:
-    print(f"| {r['name']} | {r['median_ms']:.1f} | {r['min_ms']:.1f} | "
-          f"{r['first_ms']:.0f} | {r['faults_per_call']:.0f} | "
-          f"{r['vs_adamw']:.2f} | {r['vs_muon']:.3f} |")
+    print(
+      f"| {r['name']} | {r['median_ms']:.1f} | {r['min_ms']:.1f} | "
+      f"{r['first_ms']:.0f} | {r['faults_per_call']:.0f} | "
+      f"{r['vs_adamw']:.2f} | {r['vs_muon']:.3f} |"
+    )
   if args.json:
     with open(args.json, "w") as f:
-      json.dump(dict(jax=jax.__version__, backend=jax.default_backend(),
-                     args=vars(args), rows=rows), f, indent=1)
+      json.dump(
+        dict(
+          jax=jax.__version__,
+          backend=jax.default_backend(),
+          args=vars(args),
+          rows=rows,
+        ),
+        f,
+        indent=1,
+      )
 
 
 if __name__ == "__main__":

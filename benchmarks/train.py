@@ -20,8 +20,10 @@ import statistics
 import sys
 import time
 
-_TUNABLES = ("glibc.malloc.arena_max=1:glibc.malloc.mmap_max=0:"
-             "glibc.malloc.trim_threshold=68719476736")
+_TUNABLES = (
+  "glibc.malloc.arena_max=1:glibc.malloc.mmap_max=0:"
+  "glibc.malloc.trim_threshold=68719476736"
+)
 
 if os.environ.get("GLIBC_TUNABLES") != _TUNABLES:
   os.environ["GLIBC_TUNABLES"] = _TUNABLES
@@ -51,11 +53,11 @@ class PlainBlock(nnx.Module):
     b, t, d = x.shape
     q, k, v = jnp.split(self.qkv(self.norm1(x)), 3, axis=-1)
     shape = (b, t, self.heads, d // self.heads)
-    a = jax.nn.dot_product_attention(q.reshape(shape), k.reshape(shape),
-                                     v.reshape(shape), is_causal=True)
+    a = jax.nn.dot_product_attention(
+      q.reshape(shape), k.reshape(shape), v.reshape(shape), is_causal=True
+    )
     x = x + self.out(a.reshape(b, t, d))
-    return x + self.down(jax.nn.gelu(self.up(self.norm2(x)),
-                                     approximate=False))
+    return x + self.down(jax.nn.gelu(self.up(self.norm2(x)), approximate=False))
 
 
 class PlainLM(nnx.Module):
@@ -63,13 +65,12 @@ class PlainLM(nnx.Module):
 
   def __init__(self, vocab, d, depth, heads, max_len, rngs):
     self.embed = nnx.Embed(vocab, d, rngs=rngs)
-    self.pos = nnx.Param(0.02 * jax.random.normal(rngs.params(),
-                                                  (max_len, d)))
+    self.pos = nnx.Param(0.02 * jax.random.normal(rngs.params(), (max_len, d)))
     self.blocks = nnx.List([PlainBlock(d, heads, rngs) for _ in range(depth)])
     self.norm = nnx.RMSNorm(d, epsilon=1e-6, rngs=rngs)
 
   def __call__(self, tokens):
-    x = self.embed(tokens) + self.pos[...][None, :tokens.shape[1]]
+    x = self.embed(tokens) + self.pos[...][None, : tokens.shape[1]]
     for block in self.blocks:
       x = block(x)
     return self.embed.attend(self.norm(x))
@@ -82,7 +83,8 @@ def make_step(model, tx):
     def loss_fn(params):
       logits = nnx.merge(graphdef, params, rest, copy=True)(batch[:, :-1])
       return optax.softmax_cross_entropy_with_integer_labels(
-          logits.astype(jnp.float32), batch[:, 1:]).mean()
+        logits.astype(jnp.float32), batch[:, 1:]
+      ).mean()
 
     loss, grads = jax.value_and_grad(loss_fn)(params)
     updates, opt_state = tx.update(grads, opt_state, params)
@@ -103,14 +105,25 @@ def main():
   args = parser.parse_args()
 
   tx = optax.adamw(1e-3, weight_decay=0.1)
-  ours = models.DecoderLM(models.LMConfig(
-      width=args.width, depth=args.depth, num_heads=args.heads,
-      max_len=args.seq_len, norm="rmsnorm", attention="softmax",
-      residual="prenorm", activation="gelu"), rngs=nnx.Rngs(0))
-  plain = PlainLM(256, args.width, args.depth, args.heads, args.seq_len,
-                  nnx.Rngs(0))
-  batch = jax.random.randint(jax.random.key(1),
-                             (args.batch, args.seq_len + 1), 0, 256)
+  ours = models.DecoderLM(
+    models.LMConfig(
+      width=args.width,
+      depth=args.depth,
+      num_heads=args.heads,
+      max_len=args.seq_len,
+      norm="rmsnorm",
+      attention="softmax",
+      residual="prenorm",
+      activation="gelu",
+    ),
+    rngs=nnx.Rngs(0),
+  )
+  plain = PlainLM(
+    256, args.width, args.depth, args.heads, args.seq_len, nnx.Rngs(0)
+  )
+  batch = jax.random.randint(
+    jax.random.key(1), (args.batch, args.seq_len + 1), 0, 256
+  )
   runs = {}
   for name, model in (("jaxnorm LM", ours), ("plain flax.nnx", plain)):
     step, params, opt_state = make_step(model, tx)
@@ -129,18 +142,22 @@ def main():
       run[4].append((time.perf_counter() - start) / args.steps_per_round)
 
   tokens = args.batch * args.seq_len
-  print(f"jax {jax.__version__} on {jax.default_backend()}, "
-        f"{os.cpu_count()} cpus, load {os.getloadavg()[0]:.2f}; "
-        f"d={args.width} L={args.depth} H={args.heads} T={args.seq_len} "
-        f"B={args.batch}; median of {args.rounds} rounds x "
-        f"{args.steps_per_round} steps")
+  print(
+    f"jax {jax.__version__} on {jax.default_backend()}, "
+    f"{os.cpu_count()} cpus, load {os.getloadavg()[0]:.2f}; "
+    f"d={args.width} L={args.depth} H={args.heads} T={args.seq_len} "
+    f"B={args.batch}; median of {args.rounds} rounds x "
+    f"{args.steps_per_round} steps"
+  )
   print("| model | params | step ms | tokens/s | / plain |")
   print("|---|---|---|---|---|")
   plain_t = statistics.median(runs["plain flax.nnx"][4])
   for name, run in runs.items():
     t = statistics.median(run[4])
-    print(f"| {name} | {run[3]:,} | {t * 1e3:.1f} | {tokens / t:,.0f} | "
-          f"{plain_t / t:.2f} |")
+    print(
+      f"| {name} | {run[3]:,} | {t * 1e3:.1f} | {tokens / t:,.0f} | "
+      f"{plain_t / t:.2f} |"
+    )
 
 
 if __name__ == "__main__":

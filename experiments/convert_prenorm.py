@@ -36,34 +36,44 @@ def main(argv: list[str] | None = None) -> dict:
   cfg = parent.config
   params = convert.lm_params(parent)
   batches = _lm.val_batches(args)
-  variants = {"Pre-LN": (params, cfg),
-              "Pre-RMSNorm": convert.to_pre_rmsnorm(params, cfg),
-              "Pre-CRMSNorm": convert.to_pre_crmsnorm(params, cfg)}
+  variants = {
+    "Pre-LN": (params, cfg),
+    "Pre-RMSNorm": convert.to_pre_rmsnorm(params, cfg),
+    "Pre-CRMSNorm": convert.to_pre_crmsnorm(params, cfg),
+  }
   rows, ref = {}, None
   for name, (p, c) in variants.items():
     loss, logits = _lm.evaluate(convert.load_lm(c, p), batches)
     logits = np.concatenate(logits)
     ref = logits if ref is None else ref
-    rows[name] = {"val_loss": loss,
-                  "max_abs_logit_diff": float(np.max(np.abs(logits - ref))),
-                  "width": c.width, "norm": c.norm,
-                  "params": int(sum(np.size(x) for x in
-                                    jax.tree.leaves(p)))}
-  result = {"config": {k: getattr(args, k) for k in vars(args)},
-            "max_abs_logit": float(np.max(np.abs(ref))),
-            "variants": rows, "seconds": time.time() - start,
-            "machine": f"{platform.machine()} {jax.devices()[0].platform}"}
+    rows[name] = {
+      "val_loss": loss,
+      "max_abs_logit_diff": float(np.max(np.abs(logits - ref))),
+      "width": c.width,
+      "norm": c.norm,
+      "params": int(sum(np.size(x) for x in jax.tree.leaves(p))),
+    }
+  result = {
+    "config": {k: getattr(args, k) for k in vars(args)},
+    "max_abs_logit": float(np.max(np.abs(ref))),
+    "variants": rows,
+    "seconds": time.time() - start,
+    "machine": f"{platform.machine()} {jax.devices()[0].platform}",
+  }
   (out / "convert_prenorm.json").write_text(json.dumps(result, indent=2))
-  lines = ["| model | norm | width | val loss | max abs logit diff |",
-           "|---|---|---|---|---|"]
+  lines = [
+    "| model | norm | width | val loss | max abs logit diff |",
+    "|---|---|---|---|---|",
+  ]
   for name, r in rows.items():
-    lines.append(f"| {name} | {r['norm']} | {r['width']} | "
-                 f"{r['val_loss']:.4f} | {r['max_abs_logit_diff']:.2e} |")
+    lines.append(
+      f"| {name} | {r['norm']} | {r['width']} | "
+      f"{r['val_loss']:.4f} | {r['max_abs_logit_diff']:.2e} |"
+    )
   table = "\n".join(lines)
   (out / "convert_prenorm.md").write_text(table + "\n")
   print(table)
-  print(f"max |logit| {result['max_abs_logit']:.2f}; "
-        f"{result['seconds']:.0f} s")
+  print(f"max |logit| {result['max_abs_logit']:.2f}; {result['seconds']:.0f} s")
   return result
 
 

@@ -9,17 +9,25 @@ on demand).
 """
 
 from jaxnorm import (
-    activations,
-    attention,
-    fused_norms,
-    norms,
-    optim,
-    residual,
-    sharding,
-    vision,
+  activations,
+  attention,
+  fused_norms,
+  norms,
+  optim,
+  residual,
+  sharding,
+  vision,
 )
 
 __version__ = "0.1.0"
 
-__all__ = ["activations", "attention", "fused_norms", "norms", "optim",
-           "residual", "sharding", "vision"]
+__all__ = [
+  "activations",
+  "attention",
+  "fused_norms",
+  "norms",
+  "optim",
+  "residual",
+  "sharding",
+  "vision",
+]

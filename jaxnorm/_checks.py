@@ -21,30 +21,37 @@ def check_floating(who: str, name: str, x: Any) -> None:
   dtype = jnp.result_type(x)
   if not jnp.issubdtype(dtype, jnp.floating):
     raise TypeError(
-        f"{who}: {name} must have a floating dtype (float16, bfloat16, "
-        f"float32 or float64), got {name}.dtype={dtype}; cast it with "
-        f"{name}.astype(jnp.float32)"
+      f"{who}: {name} must have a floating dtype (float16, bfloat16, "
+      f"float32 or float64), got {name}.dtype={dtype}; cast it with "
+      f"{name}.astype(jnp.float32)"
     )
 
 
-def check_ndim(who: str, name: str, x: Any, *, expected: int | None = None,
-               minimum: int | None = None) -> None:
+def check_ndim(
+  who: str,
+  name: str,
+  x: Any,
+  *,
+  expected: int | None = None,
+  minimum: int | None = None,
+) -> None:
   """Raises `ValueError` unless ``x.ndim`` equals or reaches the given rank."""
   ndim = np.ndim(x)
   if expected is not None and ndim != expected:
     raise ValueError(
-        f"{who}: {name} must have rank {expected}, got {name}.ndim={ndim} "
-        f"({name}.shape={np.shape(x)})"
+      f"{who}: {name} must have rank {expected}, got {name}.ndim={ndim} "
+      f"({name}.shape={np.shape(x)})"
     )
   if minimum is not None and ndim < minimum:
     raise ValueError(
-        f"{who}: {name} must have rank >= {minimum}, got {name}.ndim={ndim} "
-        f"({name}.shape={np.shape(x)})"
+      f"{who}: {name} must have rank >= {minimum}, got {name}.ndim={ndim} "
+      f"({name}.shape={np.shape(x)})"
     )
 
 
-def normalize_axes(who: str, axis: int | Sequence[int], ndim: int
-                   ) -> tuple[int, ...]:
+def normalize_axes(
+  who: str, axis: int | Sequence[int], ndim: int
+) -> tuple[int, ...]:
   """Returns ``axis`` as a sorted tuple of non-negative, distinct axes.
 
   Raises:
@@ -58,8 +65,8 @@ def normalize_axes(who: str, axis: int | Sequence[int], ndim: int
   for a in axes:
     if not isinstance(a, (int, np.integer)) or not -ndim <= a < ndim:
       raise ValueError(
-          f"{who}: axis must be integers in [-{ndim}, {ndim}) for an input "
-          f"of rank {ndim}, got {axis=}"
+        f"{who}: axis must be integers in [-{ndim}, {ndim}) for an input "
+        f"of rank {ndim}, got {axis=}"
       )
     out.append(int(a) % ndim)
   if len(set(out)) != len(out):
@@ -67,20 +74,22 @@ def normalize_axes(who: str, axis: int | Sequence[int], ndim: int
   return tuple(sorted(out))
 
 
-def check_shape(who: str, name: str, x: Any, expected: Sequence[int],
-                hint: str = "") -> None:
+def check_shape(
+  who: str, name: str, x: Any, expected: Sequence[int], hint: str = ""
+) -> None:
   """Raises `ValueError` unless ``x.shape == expected``."""
   shape = tuple(np.shape(x))
   if shape != tuple(expected):
     where = f" ({hint})" if hint else ""
     raise ValueError(
-        f"{who}: {name} must have shape {tuple(expected)}{where}, got "
-        f"{name}.shape={shape}"
+      f"{who}: {name} must have shape {tuple(expected)}{where}, got "
+      f"{name}.shape={shape}"
     )
 
 
-def check_choice(who: str, name: str, value: Any, choices: Iterable[Any]
-                 ) -> None:
+def check_choice(
+  who: str, name: str, value: Any, choices: Iterable[Any]
+) -> None:
   """Raises `ValueError` unless ``value`` is one of ``choices``."""
   choices = tuple(choices)
   if value not in choices:
@@ -90,19 +99,23 @@ def check_choice(who: str, name: str, value: Any, choices: Iterable[Any]
 
 def check_positive_int(who: str, name: str, value: Any) -> None:
   """Raises `ValueError` unless ``value`` is a positive Python integer."""
-  if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or (
-      value <= 0):
-    raise ValueError(f"{who}: {name} must be a positive integer, got "
-                     f"{name}={value!r}")
+  if (
+    isinstance(value, bool)
+    or not isinstance(value, (int, np.integer))
+    or (value <= 0)
+  ):
+    raise ValueError(
+      f"{who}: {name} must be a positive integer, got {name}={value!r}"
+    )
 
 
-def check_divisible(who: str, name: str, value: int, divisor_name: str,
-                    divisor: int) -> None:
+def check_divisible(
+  who: str, name: str, value: int, divisor_name: str, divisor: int
+) -> None:
   """Raises `ValueError` unless ``divisor`` divides ``value``."""
   if value % divisor:
     raise ValueError(
-        f"{who}: {name}={value} must be divisible by {divisor_name}="
-        f"{divisor}"
+      f"{who}: {name}={value} must be divisible by {divisor_name}={divisor}"
     )
 
 

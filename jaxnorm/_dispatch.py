@@ -25,8 +25,7 @@ _ACCELERATORS = ("gpu", "cuda", "rocm", "tpu")
 
 def check_implementation(who: str, implementation: Any) -> None:
   """Raises `ValueError` for an unknown ``implementation``."""
-  _checks.check_choice(who, "implementation", implementation,
-                       IMPLEMENTATIONS)
+  _checks.check_choice(who, "implementation", implementation, IMPLEMENTATIONS)
 
 
 def _backend() -> str:
@@ -38,9 +37,12 @@ def _kernel(name: str) -> Callable[..., Any]:
   return getattr(importlib.import_module("pallas_kernels.norms"), name)
 
 
-def kernel_or_none(who: str, implementation: Implementation | None,
-                   kernel: str,
-                   call_kernel: Callable[[Callable[..., Any]], Any]) -> Any:
+def kernel_or_none(
+  who: str,
+  implementation: Implementation | None,
+  kernel: str,
+  call_kernel: Callable[[Callable[..., Any]], Any],
+) -> Any:
   """The kernel's result, or ``None`` when the reference should run.
 
   Args:
@@ -69,17 +71,20 @@ def kernel_or_none(who: str, implementation: Implementation | None,
     try:
       return call_kernel(fn)
     except NotImplementedError as e:
-      raise NotImplementedError(
-          f"{who}(implementation='pallas'): {e}") from e
+      raise NotImplementedError(f"{who}(implementation='pallas'): {e}") from e
   try:
     return call_kernel(fn)
   except NotImplementedError:
     return None
 
 
-def dispatch(who: str, implementation: Implementation | None, kernel: str,
-             call_kernel: Callable[[Callable[..., Any]], Any],
-             call_reference: Callable[[], Any]) -> Any:
+def dispatch(
+  who: str,
+  implementation: Implementation | None,
+  kernel: str,
+  call_kernel: Callable[[Callable[..., Any]], Any],
+  call_reference: Callable[[], Any],
+) -> Any:
   """Runs the kernel named ``kernel`` or, per `kernel_or_none`, the reference.
 
   Args:

@@ -73,10 +73,18 @@ Params = dict[str, Any]
 SUPPORTED_ATTENTIONS: tuple[str, ...] = ("softmax", "off_by_one", "sink")
 _LN_KWARGS = ("eps", "use_scale", "use_bias", "scale_offset")
 _RMS_KWARGS = ("eps", "use_scale", "scale_offset")
-_LN_DEFAULTS = {"eps": 1e-6, "use_scale": True, "use_bias": True,
-                "scale_offset": 0.0}
-_RMS_DEFAULTS = {"eps": 1e-6, "use_scale": True, "scale_offset": 0.0,
-                 "eps_mode": "inside"}
+_LN_DEFAULTS = {
+  "eps": 1e-6,
+  "use_scale": True,
+  "use_bias": True,
+  "scale_offset": 0.0,
+}
+_RMS_DEFAULTS = {
+  "eps": 1e-6,
+  "use_scale": True,
+  "scale_offset": 0.0,
+  "eps_mode": "inside",
+}
 
 
 # ---------------------------------------------------------------------------
@@ -88,8 +96,9 @@ def lm_params(model: models.DecoderLM) -> Params:
   return nnx.to_pure_dict(nnx.state(model))
 
 
-def load_lm(config: models.LMConfig, params: Params, *,
-            dtype: Any = jnp.float32) -> models.DecoderLM:
+def load_lm(
+  config: models.LMConfig, params: Params, *, dtype: Any = jnp.float32
+) -> models.DecoderLM:
   """Builds ``DecoderLM(config)`` holding ``params``.
 
   Leaves are cast to the dtypes of the freshly built model (float32 for
@@ -105,15 +114,23 @@ def load_lm(config: models.LMConfig, params: Params, *,
   if ref_paths.keys() != got_paths.keys():
     missing = sorted(set(ref_paths) - set(got_paths))
     extra = sorted(set(got_paths) - set(ref_paths))
-    raise ValueError(f"load_lm: params do not match the model of {config=}; "
-                     f"missing {missing}, unexpected {extra}")
+    raise ValueError(
+      f"load_lm: params do not match the model of {config=}; "
+      f"missing {missing}, unexpected {extra}"
+    )
   for path, r in ref_paths.items():
     if tuple(np.shape(got_paths[path])) != tuple(r.shape):
-      raise ValueError(f"load_lm: {path} must have shape {r.shape} for this "
-                       f"config, got {np.shape(got_paths[path])}")
+      raise ValueError(
+        f"load_lm: {path} must have shape {r.shape} for this "
+        f"config, got {np.shape(got_paths[path])}"
+      )
   # Copies: the model owns its buffers (a trainer may donate them).
-  cast = _unflatten({p: jnp.array(got_paths[p], r.dtype, copy=True)
-                     for p, r in ref_paths.items()})
+  cast = _unflatten(
+    {
+      p: jnp.array(got_paths[p], r.dtype, copy=True)
+      for p, r in ref_paths.items()
+    }
+  )
   state = nnx.state(model)
   nnx.replace_by_pure_dict(state, cast)
   nnx.update(model, state)
@@ -155,38 +172,53 @@ def _center(w: Any, axis: int = -1) -> Any:
 # Checks and the canonical per-layer view of the tree.
 
 
-def _norm_kwargs(who: str, config: models.LMConfig, allowed: tuple[str, ...],
-                 defaults: Mapping[str, Any]) -> dict[str, Any]:
+def _norm_kwargs(
+  who: str,
+  config: models.LMConfig,
+  allowed: tuple[str, ...],
+  defaults: Mapping[str, Any],
+) -> dict[str, Any]:
   kw = dict(config.norm_kwargs)
   unknown = sorted(set(kw) - set(allowed) - {"scale_init", "bias_init"})
   if unknown:
-    raise ValueError(f"{who}: norm_kwargs {unknown} are not supported by the "
-                     f"conversion; supported keys are {', '.join(allowed)}")
+    raise ValueError(
+      f"{who}: norm_kwargs {unknown} are not supported by the "
+      f"conversion; supported keys are {', '.join(allowed)}"
+    )
   return {**defaults, **{k: v for k, v in kw.items() if k in allowed}}
 
 
 def _check_lm(who: str, config: Any, norms: tuple[str, ...]) -> None:
   if not isinstance(config, models.LMConfig):
-    raise ValueError(f"{who}: config must be a jaxnorm.nn.models.LMConfig, "
-                     f"got {type(config).__name__}")
+    raise ValueError(
+      f"{who}: config must be a jaxnorm.nn.models.LMConfig, "
+      f"got {type(config).__name__}"
+    )
   if config.residual != "prenorm":
-    raise ValueError(f"{who}: only pre-norm models (residual='prenorm') "
-                     f"convert exactly, got residual={config.residual!r}")
+    raise ValueError(
+      f"{who}: only pre-norm models (residual='prenorm') "
+      f"convert exactly, got residual={config.residual!r}"
+    )
   if config.norm not in norms:
-    raise ValueError(f"{who}: the model's norm must be one of "
-                     f"{', '.join(norms)}, got norm={config.norm!r}")
+    raise ValueError(
+      f"{who}: the model's norm must be one of "
+      f"{', '.join(norms)}, got norm={config.norm!r}"
+    )
   if config.attention not in SUPPORTED_ATTENTIONS:
-    raise ValueError(f"{who}: attention={config.attention!r} reads the "
-                     f"stream through maps this conversion does not know; "
-                     f"supported: {', '.join(SUPPORTED_ATTENTIONS)}")
+    raise ValueError(
+      f"{who}: attention={config.attention!r} reads the "
+      f"stream through maps this conversion does not know; "
+      f"supported: {', '.join(SUPPORTED_ATTENTIONS)}"
+    )
 
 
 def _check_untied(who: str, config: models.LMConfig) -> None:
   if config.tie_embeddings:
     raise ValueError(
-        f"{who}: the model ties its head to the embedding; the folded head "
-        f"diag(scale) E^T and the centered embedding differ, so untie first: "
-        f"params, config = jaxnorm.convert.untie_embeddings(params, config)")
+      f"{who}: the model ties its head to the embedding; the folded head "
+      f"diag(scale) E^T and the centered embedding differ, so untie first: "
+      f"params, config = jaxnorm.convert.untie_embeddings(params, config)"
+    )
 
 
 def _dims(config: models.LMConfig) -> tuple[int, int]:
@@ -208,12 +240,22 @@ def _split(params: Params, config: models.LMConfig) -> dict[str, Any]:
     return dict(tree) if tree is not None else {}
 
   steps = net.get("steps", {})
-  layers = [(norm(steps.get(2 * i, {}).get("norm")), block(2 * i),
-             norm(steps.get(2 * i + 1, {}).get("norm")), block(2 * i + 1))
-            for i in range(config.depth)]
-  return {"embed": params["embed"], "pos": params.get("pos"),
-          "layers": layers, "final": norm(params.get("final_norm")),
-          "head": None if "head" not in params else dict(params["head"])}
+  layers = [
+    (
+      norm(steps.get(2 * i, {}).get("norm")),
+      block(2 * i),
+      norm(steps.get(2 * i + 1, {}).get("norm")),
+      block(2 * i + 1),
+    )
+    for i in range(config.depth)
+  ]
+  return {
+    "embed": params["embed"],
+    "pos": params.get("pos"),
+    "layers": layers,
+    "final": norm(params.get("final_norm")),
+    "head": None if "head" not in params else dict(params["head"]),
+  }
 
 
 def _join(view: dict[str, Any], config: models.LMConfig) -> Params:
@@ -236,8 +278,9 @@ def _join(view: dict[str, Any], config: models.LMConfig) -> Params:
   return out
 
 
-def _gamma_beta(norm: Mapping[str, Any], kw: Mapping[str, Any], d: int,
-                like: Any) -> tuple[Any, Any]:
+def _gamma_beta(
+  norm: Mapping[str, Any], kw: Mapping[str, Any], d: int, like: Any
+) -> tuple[Any, Any]:
   xp = _xp(like)
   offset = float(kw.get("scale_offset", 0.0))
   if kw.get("use_scale", True) and "scale" in norm:
@@ -248,8 +291,9 @@ def _gamma_beta(norm: Mapping[str, Any], kw: Mapping[str, Any], d: int,
   return gamma, beta
 
 
-def _with_biases(view: dict[str, Any], config: models.LMConfig
-                 ) -> dict[str, Any]:
+def _with_biases(
+  view: dict[str, Any], config: models.LMConfig
+) -> dict[str, Any]:
   """Adds zero biases to every linear map (for ``use_bias=True``)."""
   head_dim, _ = _dims(config)
   d, n = config.width, config.num_heads
@@ -273,8 +317,9 @@ def _with_biases(view: dict[str, Any], config: models.LMConfig
   return {**view, "layers": layers, "head": head}
 
 
-def _fold_reader(kernel: Any, bias: Any, scale: Any, shift: Any,
-                 center_input: bool = False) -> tuple[Any, Any]:
+def _fold_reader(
+  kernel: Any, bias: Any, scale: Any, shift: Any, center_input: bool = False
+) -> tuple[Any, Any]:
   """``(shift + c(x) * scale) W + b`` as ``x W' + b'`` (input axis 0)."""
   xp = _xp(kernel)
   expand = scale.reshape((-1,) + (1,) * (kernel.ndim - 1))
@@ -289,8 +334,9 @@ def _fold_reader(kernel: Any, bias: Any, scale: Any, shift: Any,
 # Conversions.
 
 
-def untie_embeddings(params: Params, config: models.LMConfig
-                     ) -> tuple[Params, models.LMConfig]:
+def untie_embeddings(
+  params: Params, config: models.LMConfig
+) -> tuple[Params, models.LMConfig]:
   """Gives a tied model its own head ``kernel = embed.T`` (same function).
 
   The head bias (with ``use_bias``) starts at zero.
@@ -310,8 +356,9 @@ def untie_embeddings(params: Params, config: models.LMConfig
   return out, dataclasses.replace(config, tie_embeddings=False)
 
 
-def fold_layer_norm_affine(params: Params, config: models.LMConfig
-                           ) -> tuple[Params, models.LMConfig]:
+def fold_layer_norm_affine(
+  params: Params, config: models.LMConfig
+) -> tuple[Params, models.LMConfig]:
   r"""Step 1: folds every LayerNorm's scale and bias into its readers.
 
   For a LayerNorm with gain :math:`\gamma` (``scale + scale_offset``) and
@@ -335,18 +382,25 @@ def fold_layer_norm_affine(params: Params, config: models.LMConfig
   view = _split(params, config)
   use_bias = config.use_bias or bool(kw["use_bias"])
   new_config = dataclasses.replace(
-      config, use_bias=use_bias,
-      norm_kwargs=(("eps", kw["eps"]), ("use_scale", False),
-                   ("use_bias", False)))
+    config,
+    use_bias=use_bias,
+    norm_kwargs=(("eps", kw["eps"]), ("use_scale", False), ("use_bias", False)),
+  )
   if use_bias:
     view = _with_biases(view, new_config)
-  return _join(_fold_view(view, config, kw, center_input=False),
-               new_config), new_config
+  return _join(
+    _fold_view(view, config, kw, center_input=False), new_config
+  ), new_config
 
 
-def _fold_view(view: dict[str, Any], config: models.LMConfig,
-               kw: Mapping[str, Any], *, center_input: bool,
-               std: Any = None) -> dict[str, Any]:
+def _fold_view(
+  view: dict[str, Any],
+  config: models.LMConfig,
+  kw: Mapping[str, Any],
+  *,
+  center_input: bool,
+  std: Any = None,
+) -> dict[str, Any]:
   """Folds each norm's (gamma/std, beta) into its readers.
 
   ``std`` maps a norm's id to its divisor (FakeLN export); readers of a
@@ -364,14 +418,19 @@ def _fold_view(view: dict[str, Any], config: models.LMConfig,
   def fold(tree, names, g, b):
     tree = dict(tree)
     for name in names:
-      kname, bname = (f"{name}_kernel", f"{name}_bias") if name else (
-          "kernel", "bias")
+      kname, bname = (
+        (f"{name}_kernel", f"{name}_bias") if name else ("kernel", "bias")
+      )
       # Callers add zero biases (`_with_biases`) whenever a norm has an
       # offset, so a reader without a bias only ever absorbs b = 0.
       bias = tree.get(bname)
       k, bb = _fold_reader(
-          tree[kname], _zeros_like_row(e, tree[kname].shape[1:])
-          if bias is None else bias, g, b, center_input)
+        tree[kname],
+        _zeros_like_row(e, tree[kname].shape[1:]) if bias is None else bias,
+        g,
+        b,
+        center_input,
+      )
       tree[kname] = k
       if bias is not None:
         tree[bname] = bb
@@ -390,8 +449,9 @@ def _fold_view(view: dict[str, Any], config: models.LMConfig,
   return {**view, "layers": layers, "final": {}, "head": head}
 
 
-def center_writers(params: Params, config: models.LMConfig
-                   ) -> tuple[Params, models.LMConfig]:
+def center_writers(
+  params: Params, config: models.LMConfig
+) -> tuple[Params, models.LMConfig]:
   r"""Step 2: centers every stream writer over the stream axis.
 
   Embedding and position rows :math:`e \leftarrow e - \mathrm{mean}(e)`;
@@ -423,15 +483,19 @@ def center_writers(params: Params, config: models.LMConfig
       down["bias"] = _center(down["bias"])
     mlp["down"] = down
     layers.append((n1, attn, n2, mlp))
-  view = {**view, "layers": layers, "embed": _center(view["embed"]),
-          "pos": None if view["pos"] is None else _center(view["pos"])}
+  view = {
+    **view,
+    "layers": layers,
+    "embed": _center(view["embed"]),
+    "pos": None if view["pos"] is None else _center(view["pos"]),
+  }
   new_config = dataclasses.replace(config, zero_mean_writers=False)
   return _join(view, new_config), new_config
 
 
-def to_pre_rmsnorm(params: Params, config: models.LMConfig, *,
-                   reparameterize: bool = False
-                   ) -> tuple[Params, models.LMConfig]:
+def to_pre_rmsnorm(
+  params: Params, config: models.LMConfig, *, reparameterize: bool = False
+) -> tuple[Params, models.LMConfig]:
   """Converts a Pre-LN LM into the equivalent Pre-RMSNorm LM.
 
   Default (inference form): `fold_layer_norm_affine` then `center_writers`;
@@ -460,64 +524,97 @@ def to_pre_rmsnorm(params: Params, config: models.LMConfig, *,
   if reparameterize:
     if kw["use_bias"]:
       raise ValueError(
-          f"{who}: reparameterize=True keeps the norm parameters, and "
-          f"RMSNorm has no bias; train the Pre-LN model with "
-          f"norm_kwargs=(('use_bias', False),) or use the inference form "
-          f"(reparameterize=False), got norm_kwargs={config.norm_kwargs}")
+        f"{who}: reparameterize=True keeps the norm parameters, and "
+        f"RMSNorm has no bias; train the Pre-LN model with "
+        f"norm_kwargs=(('use_bias', False),) or use the inference form "
+        f"(reparameterize=False), got norm_kwargs={config.norm_kwargs}"
+      )
     view = _split(params, config)
-    view["layers"] = [({k: v for k, v in n1.items() if k == "scale"}, a,
-                       {k: v for k, v in n2.items() if k == "scale"}, m)
-                      for n1, a, n2, m in view["layers"]]
+    view["layers"] = [
+      (
+        {k: v for k, v in n1.items() if k == "scale"},
+        a,
+        {k: v for k, v in n2.items() if k == "scale"},
+        m,
+      )
+      for n1, a, n2, m in view["layers"]
+    ]
     view["final"] = {k: v for k, v in view["final"].items() if k == "scale"}
     new_config = dataclasses.replace(
-        config, norm="rmsnorm", zero_mean_writers=True,
-        norm_kwargs=(("eps", kw["eps"]), ("use_scale", kw["use_scale"]),
-                     ("scale_offset", kw["scale_offset"])))
+      config,
+      norm="rmsnorm",
+      zero_mean_writers=True,
+      norm_kwargs=(
+        ("eps", kw["eps"]),
+        ("use_scale", kw["use_scale"]),
+        ("scale_offset", kw["scale_offset"]),
+      ),
+    )
     return _join(view, new_config), new_config
   _check_untied(who, config)
   params, config = fold_layer_norm_affine(params, config)
   params, config = center_writers(params, config)
   config = dataclasses.replace(
-      config, norm="rmsnorm",
-      norm_kwargs=(("eps", dict(config.norm_kwargs)["eps"]),
-                   ("use_scale", False)))
+    config,
+    norm="rmsnorm",
+    norm_kwargs=(
+      ("eps", dict(config.norm_kwargs)["eps"]),
+      ("use_scale", False),
+    ),
+  )
   return _join(_split(params, config), config), config
 
 
-def _rms_to_affine_free(params: Params, config: models.LMConfig,
-                        who: str) -> tuple[Params, models.LMConfig]:
+def _rms_to_affine_free(
+  params: Params, config: models.LMConfig, who: str
+) -> tuple[Params, models.LMConfig]:
   """A zero-mean Pre-RMSNorm model as affine-free, with centered writers."""
   kw = _norm_kwargs(who, config, _RMS_KWARGS, _RMS_DEFAULTS)
   if not config.zero_mean_writers:
     view = _split(params, config)
     worst = max(
-        [float(np.max(np.abs(np.mean(np.asarray(w, np.float64), -1))))
-         for w in ([view["embed"]] + ([view["pos"]] if view["pos"] is not
-                                      None else []) +
-                   [a["out_kernel"] for _, a, _, _ in view["layers"]] +
-                   [m["down"]["kernel"] for _, _, _, m in view["layers"]])])
+      [
+        float(np.max(np.abs(np.mean(np.asarray(w, np.float64), -1))))
+        for w in (
+          [view["embed"]]
+          + ([view["pos"]] if view["pos"] is not None else [])
+          + [a["out_kernel"] for _, a, _, _ in view["layers"]]
+          + [m["down"]["kernel"] for _, _, _, m in view["layers"]]
+        )
+      ]
+    )
     if worst > 1e-5:
       raise ValueError(
-          f"{who}: a Pre-RMSNorm model converts only if its stream has zero "
-          f"mean (zero_mean_writers=True, or writers centered as "
-          f"to_pre_rmsnorm stores them); the largest writer mean is "
-          f"{worst:.3g}")
+        f"{who}: a Pre-RMSNorm model converts only if its stream has zero "
+        f"mean (zero_mean_writers=True, or writers centered as "
+        f"to_pre_rmsnorm stores them); the largest writer mean is "
+        f"{worst:.3g}"
+      )
   _check_untied(who, config)
   view = _split(params, config)
-  view["layers"] = [({k: v for k, v in n1.items() if k == "scale"}, a,
-                     {k: v for k, v in n2.items() if k == "scale"}, m)
-                    for n1, a, n2, m in view["layers"]]
+  view["layers"] = [
+    (
+      {k: v for k, v in n1.items() if k == "scale"},
+      a,
+      {k: v for k, v in n2.items() if k == "scale"},
+      m,
+    )
+    for n1, a, n2, m in view["layers"]
+  ]
   view["final"] = {k: v for k, v in view["final"].items() if k == "scale"}
-  folded = _fold_view(view, config, {**kw, "use_bias": False},
-                      center_input=False)
-  cfg = dataclasses.replace(config, norm_kwargs=(("eps", kw["eps"]),
-                                                 ("use_scale", False)))
+  folded = _fold_view(
+    view, config, {**kw, "use_bias": False}, center_input=False
+  )
+  cfg = dataclasses.replace(
+    config, norm_kwargs=(("eps", kw["eps"]), ("use_scale", False))
+  )
   params = _join(folded, cfg)
   return center_writers(params, cfg)
 
 
-def to_pre_crmsnorm(params: Params, config: models.LMConfig
-                    ) -> tuple[Params, models.LMConfig]:
+def to_pre_crmsnorm(
+  params: Params, config: models.LMConfig
+) -> tuple[Params, models.LMConfig]:
   r"""Converts a Pre-LN or zero-mean Pre-RMSNorm LM into Pre-CRMSNorm.
 
   The zero-mean stream :math:`x \in \mathbb{R}^d` is stored as
@@ -557,32 +654,41 @@ def to_pre_crmsnorm(params: Params, config: models.LMConfig
     tree = dict(tree)
     for name in names:
       w = tree[name]
-      tree[name] = w[:d - 1] - w[d - 1:d]
+      tree[name] = w[: d - 1] - w[d - 1 : d]
     return tree
 
   layers = []
   for _, attn, _, mlp in view["layers"]:
     attn = reader(attn, ("q_kernel", "k_kernel", "v_kernel"))
-    attn["out_kernel"] = attn["out_kernel"][..., :d - 1]
+    attn["out_kernel"] = attn["out_kernel"][..., : d - 1]
     if attn.get("out_bias") is not None:
-      attn["out_bias"] = attn["out_bias"][:d - 1]
+      attn["out_bias"] = attn["out_bias"][: d - 1]
     mlp = dict(mlp)
     mlp["up"] = reader(mlp["up"], ("kernel",))
     down = dict(mlp["down"])
-    down["kernel"] = down["kernel"][:, :d - 1]
+    down["kernel"] = down["kernel"][:, : d - 1]
     if down.get("bias") is not None:
-      down["bias"] = down["bias"][:d - 1]
+      down["bias"] = down["bias"][: d - 1]
     mlp["down"] = down
     layers.append(({}, attn, {}, mlp))
   head_dim, hidden = _dims(config)
   eps = dict(config.norm_kwargs)["eps"]
   new_config = dataclasses.replace(
-      config, width=d - 1, head_dim=head_dim, mlp_hidden=hidden,
-      norm="crmsnorm", norm_kwargs=(("eps", eps), ("use_scale", False)))
-  view = {**view, "layers": layers, "final": {},
-          "embed": view["embed"][:, :d - 1],
-          "pos": None if view["pos"] is None else view["pos"][:, :d - 1],
-          "head": reader(view["head"], ("kernel",))}
+    config,
+    width=d - 1,
+    head_dim=head_dim,
+    mlp_hidden=hidden,
+    norm="crmsnorm",
+    norm_kwargs=(("eps", eps), ("use_scale", False)),
+  )
+  view = {
+    **view,
+    "layers": layers,
+    "final": {},
+    "embed": view["embed"][:, : d - 1],
+    "pos": None if view["pos"] is None else view["pos"][:, : d - 1],
+    "head": reader(view["head"], ("kernel",)),
+  }
   return _join(view, new_config), new_config
 
 
@@ -591,11 +697,11 @@ def to_pre_crmsnorm(params: Params, config: models.LMConfig
 
 
 def fake_layer_norm(
-    x: Float[ArrayLike, "... d"],
-    scale: Float[ArrayLike, " d"] | None = None,
-    bias: Float[ArrayLike, " d"] | None = None,
-    *,
-    std: Float[ArrayLike, "..."],
+  x: Float[ArrayLike, "... d"],
+  scale: Float[ArrayLike, " d"] | None = None,
+  bias: Float[ArrayLike, " d"] | None = None,
+  *,
+  std: Float[ArrayLike, "..."],
 ) -> Float[Array, "... d"]:
   r"""LayerNorm with a given standard deviation (FakeLN).
 
@@ -640,8 +746,10 @@ def fake_layer_norm(
   except ValueError:
     ok = False
   if not ok:
-    raise ValueError(f"{who}: std must broadcast to x.shape[:-1]="
-                     f"{x.shape[:-1]}, got {std.shape=}")
+    raise ValueError(
+      f"{who}: std must broadcast to x.shape[:-1]="
+      f"{x.shape[:-1]}, got {std.shape=}"
+    )
   cdt = jnp.promote_types(x.dtype, jnp.float32)
   xf = x.astype(cdt)
   xc = xf - jnp.mean(xf, axis=-1, keepdims=True)
@@ -654,8 +762,9 @@ def fake_layer_norm(
   return y.astype(x.dtype)
 
 
-def removal_steps(num_layers: int, *, start: int = 20, gap: int = 1
-                  ) -> dict[tuple[str, int | None], int]:
+def removal_steps(
+  num_layers: int, *, start: int = 20, gap: int = 1
+) -> dict[tuple[str, int | None], int]:
   r"""The LayerNorm removal schedule of Baroni et al. (``gpt2_standard``).
 
   Events fire at the start of the given (0-based) optimizer step, for
@@ -693,8 +802,9 @@ def removal_steps(num_layers: int, *, start: int = 20, gap: int = 1
   _checks.check_positive_int(who, "num_layers", num_layers)
   _checks.check_positive_int(who, "gap", gap)
   if isinstance(start, bool) or not isinstance(start, int) or start < 0:
-    raise ValueError(f"{who}: start must be a non-negative integer, got "
-                     f"{start=}")
+    raise ValueError(
+      f"{who}: start must be a non-negative integer, got {start=}"
+    )
   n = num_layers
   out: dict[tuple[str, int | None], int] = {}
   for i in range(n):
@@ -707,18 +817,23 @@ def removal_steps(num_layers: int, *, start: int = 20, gap: int = 1
   return out
 
 
-def removal_events(step: int, num_layers: int, *, start: int = 20,
-                   gap: int = 1) -> frozenset[tuple[str, int | None]]:
+def removal_events(
+  step: int, num_layers: int, *, start: int = 20, gap: int = 1
+) -> frozenset[tuple[str, int | None]]:
   """The events of `removal_steps` that fire at the start of ``step``."""
-  return frozenset(k for k, v in removal_steps(
-      num_layers, start=start, gap=gap).items() if v == step)
+  return frozenset(
+    k
+    for k, v in removal_steps(num_layers, start=start, gap=gap).items()
+    if v == step
+  )
 
 
 _FAKE_KEYS = ("std", "bos_std", "count", "step", "remove_at", "bos_off_at")
 
 
-def remove_fake_ln(params: Params, config: models.LMConfig
-                   ) -> tuple[Params, models.LMConfig]:
+def remove_fake_ln(
+  params: Params, config: models.LMConfig
+) -> tuple[Params, models.LMConfig]:
   r"""Exports a fine-tuned FakeLN model to a model without any norm.
 
   Every norm must be fake (its frozen ``std`` in use) with the special
@@ -756,22 +871,29 @@ def remove_fake_ln(params: Params, config: models.LMConfig
     where = ".".join(map(str, key))
     missing = [k for k in _FAKE_KEYS if k not in norm]
     if missing:
-      raise ValueError(f"{who}: the norm at {where} has no FakeLN state "
-                       f"{missing}; install jaxnorm.nn.fakeln.install_fake_ln "
-                       f"and fine-tune first")
+      raise ValueError(
+        f"{who}: the norm at {where} has no FakeLN state "
+        f"{missing}; install jaxnorm.nn.fakeln.install_fake_ln "
+        f"and fine-tune first"
+      )
     step, remove_at = int(norm["step"]), int(norm["remove_at"])
     if step < remove_at or int(norm["count"]) == 0:
-      raise ValueError(f"{who}: the norm at {where} is still a real "
-                       f"LayerNorm (step {step} < remove_at {remove_at}); "
-                       f"fine-tune past the removal schedule first")
+      raise ValueError(
+        f"{who}: the norm at {where} is still a real "
+        f"LayerNorm (step {step} < remove_at {remove_at}); "
+        f"fine-tune past the removal schedule first"
+      )
     if step < int(norm["bos_off_at"]):
-      raise ValueError(f"{who}: the norm at {where} still uses its "
-                       f"position-0 std (step {step} < bos_off_at "
-                       f"{int(norm['bos_off_at'])}); fine-tune past it first")
+      raise ValueError(
+        f"{who}: the norm at {where} still uses its "
+        f"position-0 std (step {step} < bos_off_at "
+        f"{int(norm['bos_off_at'])}); fine-tune past it first"
+      )
     std[key] = norm["std"]
   use_bias = config.use_bias or bool(kw["use_bias"])
-  new_config = dataclasses.replace(config, norm="none", norm_kwargs=(),
-                                   use_bias=use_bias)
+  new_config = dataclasses.replace(
+    config, norm="none", norm_kwargs=(), use_bias=use_bias
+  )
   if use_bias:
     view = _with_biases(view, new_config)
   folded = _fold_view(view, config, kw, center_input=True, std=std)

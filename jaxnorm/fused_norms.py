@@ -39,15 +39,15 @@ def _add(who: str, x: Any, residual: Any) -> jax.Array:
 
 
 def add_rms_norm(
-    x: Float[ArrayLike, "..."],
-    residual: Float[ArrayLike, "..."],
-    scale: Float[ArrayLike, " *d"] | None = None,
-    *,
-    eps: float = 1e-6,
-    axis: Axis = -1,
-    eps_mode: str = "inside",
-    scale_offset: float = 0.0,
-    implementation: _dispatch.Implementation | None = None,
+  x: Float[ArrayLike, "..."],
+  residual: Float[ArrayLike, "..."],
+  scale: Float[ArrayLike, " *d"] | None = None,
+  *,
+  eps: float = 1e-6,
+  axis: Axis = -1,
+  eps_mode: str = "inside",
+  scale_offset: float = 0.0,
+  implementation: _dispatch.Implementation | None = None,
 ) -> tuple[Float[Array, "..."], Float[Array, "..."]]:
   r"""Residual add followed by RMSNorm, returning both.
 
@@ -84,25 +84,37 @@ def add_rms_norm(
 
   def reference():
     h = _add(who, x, residual)
-    return h, norms.rms_norm(h, scale, eps=eps, axis=axis, eps_mode=eps_mode,
-                             scale_offset=scale_offset)
+    return h, norms.rms_norm(
+      h, scale, eps=eps, axis=axis, eps_mode=eps_mode, scale_offset=scale_offset
+    )
 
   return _dispatch.dispatch(
-      who, implementation, "add_rms_norm_pallas",
-      lambda k: k(x, residual, scale, eps=eps, axis=axis, eps_mode=eps_mode,
-                  scale_offset=scale_offset), reference)
+    who,
+    implementation,
+    "add_rms_norm_pallas",
+    lambda k: k(
+      x,
+      residual,
+      scale,
+      eps=eps,
+      axis=axis,
+      eps_mode=eps_mode,
+      scale_offset=scale_offset,
+    ),
+    reference,
+  )
 
 
 def add_layer_norm(
-    x: Float[ArrayLike, "..."],
-    residual: Float[ArrayLike, "..."],
-    scale: Float[ArrayLike, " *d"] | None = None,
-    bias: Float[ArrayLike, " *d"] | None = None,
-    *,
-    eps: float = 1e-6,
-    axis: Axis = -1,
-    scale_offset: float = 0.0,
-    implementation: _dispatch.Implementation | None = None,
+  x: Float[ArrayLike, "..."],
+  residual: Float[ArrayLike, "..."],
+  scale: Float[ArrayLike, " *d"] | None = None,
+  bias: Float[ArrayLike, " *d"] | None = None,
+  *,
+  eps: float = 1e-6,
+  axis: Axis = -1,
+  scale_offset: float = 0.0,
+  implementation: _dispatch.Implementation | None = None,
 ) -> tuple[Float[Array, "..."], Float[Array, "..."]]:
   r"""Residual add followed by LayerNorm, returning both.
 
@@ -137,10 +149,16 @@ def add_layer_norm(
 
   def reference():
     h = _add(who, x, residual)
-    return h, norms.layer_norm(h, scale, bias, eps=eps, axis=axis,
-                               scale_offset=scale_offset)
+    return h, norms.layer_norm(
+      h, scale, bias, eps=eps, axis=axis, scale_offset=scale_offset
+    )
 
   return _dispatch.dispatch(
-      who, implementation, "add_layer_norm_pallas",
-      lambda k: k(x, residual, scale, bias, eps=eps, axis=axis,
-                  scale_offset=scale_offset), reference)
+    who,
+    implementation,
+    "add_layer_norm_pallas",
+    lambda k: k(
+      x, residual, scale, bias, eps=eps, axis=axis, scale_offset=scale_offset
+    ),
+    reference,
+  )

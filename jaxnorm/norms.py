@@ -55,8 +55,9 @@ def _param_shape(x: jax.Array, axes: tuple[int, ...]) -> tuple[int, ...]:
   return tuple(x.shape[a] for a in axes)
 
 
-def _check_param(who: str, name: str, p: ArrayLike | None, x: jax.Array,
-                 axes: tuple[int, ...]) -> None:
+def _check_param(
+  who: str, name: str, p: ArrayLike | None, x: jax.Array, axes: tuple[int, ...]
+) -> None:
   """Parameters over the normalized axes: shape ``x.shape[axes]``, float."""
   if p is None:
     return
@@ -65,8 +66,9 @@ def _check_param(who: str, name: str, p: ArrayLike | None, x: jax.Array,
   _checks.check_shape(who, name, p, _param_shape(x, axes), where)
 
 
-def _expand(p: ArrayLike, ndim: int, axes: tuple[int, ...],
-            dtype: jnp.dtype) -> jax.Array:
+def _expand(
+  p: ArrayLike, ndim: int, axes: tuple[int, ...], dtype: jnp.dtype
+) -> jax.Array:
   """Reshapes a parameter over ``axes`` to broadcast against rank ``ndim``."""
   p = jnp.asarray(p).astype(dtype)
   shape = [1] * ndim
@@ -79,9 +81,11 @@ def _other_axes(ndim: int, axes: tuple[int, ...]) -> tuple[int, ...]:
   return tuple(a for a in range(ndim) if a not in axes)
 
 
-def _moments(x: jax.Array, axes: tuple[int, ...],
-             axis_name: str | tuple[str, ...] | None = None
-             ) -> tuple[jax.Array, jax.Array]:
+def _moments(
+  x: jax.Array,
+  axes: tuple[int, ...],
+  axis_name: str | tuple[str, ...] | None = None,
+) -> tuple[jax.Array, jax.Array]:
   """Two-pass mean and biased variance over ``axes`` (keepdims).
 
   With ``axis_name`` the statistics are averaged across devices as well; each
@@ -96,8 +100,9 @@ def _moments(x: jax.Array, axes: tuple[int, ...],
   return mean, var
 
 
-def _sum_to_param(t: jax.Array, axes: tuple[int, ...],
-                  dtype: jnp.dtype) -> jax.Array:
+def _sum_to_param(
+  t: jax.Array, axes: tuple[int, ...], dtype: jnp.dtype
+) -> jax.Array:
   """Reduces a full-size gradient term to the shape of a parameter."""
   return jnp.sum(t, axis=_other_axes(t.ndim, axes)).astype(dtype)
 
@@ -107,14 +112,14 @@ def _sum_to_param(t: jax.Array, axes: tuple[int, ...],
 
 
 def layer_norm(
-    x: Float[ArrayLike, "..."],
-    scale: Float[ArrayLike, " *d"] | None = None,
-    bias: Float[ArrayLike, " *d"] | None = None,
-    *,
-    eps: float = 1e-6,
-    axis: Axis = -1,
-    scale_offset: float = 0.0,
-    implementation: _dispatch.Implementation | None = None,
+  x: Float[ArrayLike, "..."],
+  scale: Float[ArrayLike, " *d"] | None = None,
+  bias: Float[ArrayLike, " *d"] | None = None,
+  *,
+  eps: float = 1e-6,
+  axis: Axis = -1,
+  scale_offset: float = 0.0,
+  implementation: _dispatch.Implementation | None = None,
 ) -> Float[Array, "..."]:
   r"""Layer normalization over ``axis``.
 
@@ -158,9 +163,11 @@ def layer_norm(
   _check_param(who, "scale", scale, x, axes)
   _check_param(who, "bias", bias, x, axes)
   out = _dispatch.kernel_or_none(
-      who, implementation, "layer_norm_pallas",
-      lambda k: k(x, scale, bias, eps=eps, axis=axes,
-                  scale_offset=scale_offset))
+    who,
+    implementation,
+    "layer_norm_pallas",
+    lambda k: k(x, scale, bias, eps=eps, axis=axes, scale_offset=scale_offset),
+  )
   if out is not None:
     return out
   return _layer_norm(x, scale, bias, float(eps), axes, float(scale_offset))
@@ -200,10 +207,14 @@ def _layer_norm_bwd(eps, axes, offset, res, dy):
   g_mean = jnp.mean(g, axis=axes, keepdims=True)
   gx_mean = jnp.mean(g * xhat, axis=axes, keepdims=True)
   dx = (rstd * (g - g_mean - xhat * gx_mean)).astype(x.dtype)
-  dscale = None if scale is None else _sum_to_param(
-      dy * xhat, axes, jnp.result_type(scale))
-  dbias = None if bias is None else _sum_to_param(
-      dy, axes, jnp.result_type(bias))
+  dscale = (
+    None
+    if scale is None
+    else _sum_to_param(dy * xhat, axes, jnp.result_type(scale))
+  )
+  dbias = (
+    None if bias is None else _sum_to_param(dy, axes, jnp.result_type(bias))
+  )
   return dx, dscale, dbias
 
 
@@ -215,14 +226,14 @@ _layer_norm.defvjp(_layer_norm_fwd, _layer_norm_bwd)
 
 
 def rms_norm(
-    x: Float[ArrayLike, "..."],
-    scale: Float[ArrayLike, " *d"] | None = None,
-    *,
-    eps: float = 1e-6,
-    axis: Axis = -1,
-    eps_mode: EpsMode = "inside",
-    scale_offset: float = 0.0,
-    implementation: _dispatch.Implementation | None = None,
+  x: Float[ArrayLike, "..."],
+  scale: Float[ArrayLike, " *d"] | None = None,
+  *,
+  eps: float = 1e-6,
+  axis: Axis = -1,
+  eps_mode: EpsMode = "inside",
+  scale_offset: float = 0.0,
+  implementation: _dispatch.Implementation | None = None,
 ) -> Float[Array, "..."]:
   r"""Root-mean-square normalization over ``axis`` (no re-centering).
 
@@ -268,9 +279,13 @@ def rms_norm(
   axes = _checks.normalize_axes(who, axis, x.ndim)
   _check_param(who, "scale", scale, x, axes)
   out = _dispatch.kernel_or_none(
-      who, implementation, "rms_norm_pallas",
-      lambda k: k(x, scale, eps=eps, axis=axes, eps_mode=eps_mode,
-                  scale_offset=scale_offset))
+    who,
+    implementation,
+    "rms_norm_pallas",
+    lambda k: k(
+      x, scale, eps=eps, axis=axes, eps_mode=eps_mode, scale_offset=scale_offset
+    ),
+  )
   if out is not None:
     return out
   return _rms_norm(x, scale, float(eps), axes, eps_mode, float(scale_offset))
@@ -322,8 +337,11 @@ def _rms_norm_bwd(eps, axes, eps_mode, offset, res, dy):
     inv_rms = jnp.where(safe, jax.lax.rsqrt(jnp.where(safe, ms, 1.0)), 0.0)
     a = gx_mean * k * k * inv_rms
   dx = (k * g - a * xf).astype(x.dtype)
-  dscale = None if scale is None else _sum_to_param(
-      dy * xf * k, axes, jnp.result_type(scale))
+  dscale = (
+    None
+    if scale is None
+    else _sum_to_param(dy * xf * k, axes, jnp.result_type(scale))
+  )
   return dx, dscale
 
 
@@ -335,11 +353,11 @@ _rms_norm.defvjp(_rms_norm_fwd, _rms_norm_bwd)
 
 
 def crms_norm(
-    z: Float[ArrayLike, "... d_minus_1"],
-    scale: Float[ArrayLike, " d_minus_1"] | None = None,
-    *,
-    eps: float = 1e-6,
-    axis: int = -1,
+  z: Float[ArrayLike, "... d_minus_1"],
+  scale: Float[ArrayLike, " d_minus_1"] | None = None,
+  *,
+  eps: float = 1e-6,
+  axis: int = -1,
 ) -> Float[Array, "... d_minus_1"]:
   r"""Compressed RMSNorm on the ``(d-1)``-dim form of zero-mean vectors.
 
@@ -404,26 +422,29 @@ class BatchNormState(NamedTuple):
   var: jax.Array
 
 
-def init_batch_norm_state(num_features: int,
-                          dtype: jnp.dtype = jnp.float32) -> BatchNormState:
+def init_batch_norm_state(
+  num_features: int, dtype: jnp.dtype = jnp.float32
+) -> BatchNormState:
   """Running statistics at initialization: mean 0, variance 1."""
-  _checks.check_positive_int("init_batch_norm_state", "num_features",
-                             num_features)
-  return BatchNormState(mean=jnp.zeros((num_features,), dtype),
-                        var=jnp.ones((num_features,), dtype))
+  _checks.check_positive_int(
+    "init_batch_norm_state", "num_features", num_features
+  )
+  return BatchNormState(
+    mean=jnp.zeros((num_features,), dtype), var=jnp.ones((num_features,), dtype)
+  )
 
 
 def batch_norm(
-    x: Float[ArrayLike, "... c"],
-    scale: Float[ArrayLike, " c"] | None,
-    bias: Float[ArrayLike, " c"] | None,
-    state: BatchNormState,
-    *,
-    training: bool,
-    momentum: float = 0.99,
-    eps: float = 1e-5,
-    axis: int = -1,
-    axis_name: str | tuple[str, ...] | None = None,
+  x: Float[ArrayLike, "... c"],
+  scale: Float[ArrayLike, " c"] | None,
+  bias: Float[ArrayLike, " c"] | None,
+  state: BatchNormState,
+  *,
+  training: bool,
+  momentum: float = 0.99,
+  eps: float = 1e-5,
+  axis: int = -1,
+  axis_name: str | tuple[str, ...] | None = None,
 ) -> tuple[Float[Array, "... c"], BatchNormState]:
   r"""Batch normalization with explicit running statistics.
 
@@ -474,22 +495,28 @@ def batch_norm(
   _check_param(who, "scale", scale, x, (feat,))
   _check_param(who, "bias", bias, x, (feat,))
   if not isinstance(state, BatchNormState):
-    raise TypeError(f"{who}: state must be a BatchNormState, got "
-                    f"{type(state).__name__}")
-  _checks.check_shape(who, "state.mean", state.mean, (x.shape[feat],),
-                      "x.shape[axis]")
-  _checks.check_shape(who, "state.var", state.var, (x.shape[feat],),
-                      "x.shape[axis]")
+    raise TypeError(
+      f"{who}: state must be a BatchNormState, got {type(state).__name__}"
+    )
+  _checks.check_shape(
+    who, "state.mean", state.mean, (x.shape[feat],), "x.shape[axis]"
+  )
+  _checks.check_shape(
+    who, "state.var", state.var, (x.shape[feat],), "x.shape[axis]"
+  )
   cdt = _compute_dtype(x)
   xf = x.astype(cdt)
   reduce = _other_axes(x.ndim, (feat,))
   if training:
     mean, var = _moments(xf, reduce, axis_name)
     new_state = BatchNormState(
-        mean=(momentum * state.mean.astype(cdt)
-              + (1 - momentum) * mean.reshape(-1)).astype(state.mean.dtype),
-        var=(momentum * state.var.astype(cdt)
-             + (1 - momentum) * var.reshape(-1)).astype(state.var.dtype))
+      mean=(
+        momentum * state.mean.astype(cdt) + (1 - momentum) * mean.reshape(-1)
+      ).astype(state.mean.dtype),
+      var=(
+        momentum * state.var.astype(cdt) + (1 - momentum) * var.reshape(-1)
+      ).astype(state.var.dtype),
+    )
   else:
     mean = _expand(state.mean, x.ndim, (feat,), cdt)
     var = _expand(state.var, x.ndim, (feat,), cdt)
@@ -503,13 +530,13 @@ def batch_norm(
 
 
 def group_norm(
-    x: Float[ArrayLike, "n *spatial c"],
-    scale: Float[ArrayLike, " c"] | None = None,
-    bias: Float[ArrayLike, " c"] | None = None,
-    *,
-    num_groups: int | None = 32,
-    group_size: int | None = None,
-    eps: float = 1e-6,
+  x: Float[ArrayLike, "n *spatial c"],
+  scale: Float[ArrayLike, " c"] | None = None,
+  bias: Float[ArrayLike, " c"] | None = None,
+  *,
+  num_groups: int | None = 32,
+  group_size: int | None = None,
+  eps: float = 1e-6,
 ) -> Float[Array, "n *spatial c"]:
   r"""Group normalization of a channels-last batch.
 
@@ -546,22 +573,24 @@ def group_norm(
   channels = x.shape[-1]
   if (num_groups is None) == (group_size is None):
     raise ValueError(
-        f"{who}: give exactly one of num_groups and group_size, got "
-        f"{num_groups=} and {group_size=}")
+      f"{who}: give exactly one of num_groups and group_size, got "
+      f"{num_groups=} and {group_size=}"
+    )
   if num_groups is None:
     _checks.check_positive_int(who, "group_size", group_size)
-    _checks.check_divisible(who, "x.shape[-1]", channels, "group_size",
-                            group_size)
+    _checks.check_divisible(
+      who, "x.shape[-1]", channels, "group_size", group_size
+    )
     num_groups = channels // group_size
   _checks.check_positive_int(who, "num_groups", num_groups)
-  _checks.check_divisible(who, "x.shape[-1]", channels, "num_groups",
-                          num_groups)
+  _checks.check_divisible(
+    who, "x.shape[-1]", channels, "num_groups", num_groups
+  )
   last = (x.ndim - 1,)
   _check_param(who, "scale", scale, x, last)
   _check_param(who, "bias", bias, x, last)
   cdt = _compute_dtype(x)
-  xg = x.astype(cdt).reshape(*x.shape[:-1], num_groups,
-                             channels // num_groups)
+  xg = x.astype(cdt).reshape(*x.shape[:-1], num_groups, channels // num_groups)
   stat_axes = (*range(1, x.ndim - 1), x.ndim)
   mean, var = _moments(xg, stat_axes)
   y = ((xg - mean) * jax.lax.rsqrt(var + eps)).reshape(x.shape)
@@ -573,11 +602,11 @@ def group_norm(
 
 
 def instance_norm(
-    x: Float[ArrayLike, "n *spatial c"],
-    scale: Float[ArrayLike, " c"] | None = None,
-    bias: Float[ArrayLike, " c"] | None = None,
-    *,
-    eps: float = 1e-6,
+  x: Float[ArrayLike, "n *spatial c"],
+  scale: Float[ArrayLike, " c"] | None = None,
+  bias: Float[ArrayLike, " c"] | None = None,
+  *,
+  eps: float = 1e-6,
 ) -> Float[Array, "n *spatial c"]:
   r"""Instance normalization: per example and channel, over spatial axes.
 
@@ -626,13 +655,13 @@ def instance_norm(
 
 
 def dyt(
-    x: Float[ArrayLike, "..."],
-    alpha: Float[ArrayLike, " "],
-    scale: Float[ArrayLike, " *d"] | None = None,
-    bias: Float[ArrayLike, " *d"] | None = None,
-    *,
-    axis: Axis = -1,
-    implementation: _dispatch.Implementation | None = None,
+  x: Float[ArrayLike, "..."],
+  alpha: Float[ArrayLike, " "],
+  scale: Float[ArrayLike, " *d"] | None = None,
+  bias: Float[ArrayLike, " *d"] | None = None,
+  *,
+  axis: Axis = -1,
+  implementation: _dispatch.Implementation | None = None,
 ) -> Float[Array, "..."]:
   r"""Dynamic Tanh, an element-wise stand-in for a normalization layer.
 
@@ -670,14 +699,19 @@ def dyt(
   _checks.check_floating(who, "alpha", alpha)
   x = jnp.asarray(x)
   if math.prod(jnp.shape(alpha)) != 1 or jnp.ndim(alpha) > 1:
-    raise ValueError(f"{who}: alpha must be a scalar of shape () or (1,), "
-                     f"got alpha.shape={jnp.shape(alpha)}")
+    raise ValueError(
+      f"{who}: alpha must be a scalar of shape () or (1,), "
+      f"got alpha.shape={jnp.shape(alpha)}"
+    )
   axes = _checks.normalize_axes(who, axis, x.ndim)
   _check_param(who, "scale", scale, x, axes)
   _check_param(who, "bias", bias, x, axes)
   out = _dispatch.kernel_or_none(
-      who, implementation, "dyt_pallas",
-      lambda k: k(x, alpha, scale, bias, axis=axes))
+    who,
+    implementation,
+    "dyt_pallas",
+    lambda k: k(x, alpha, scale, bias, axis=axes),
+  )
   if out is not None:
     return out
   cdt = _compute_dtype(x)
@@ -691,16 +725,16 @@ def dyt(
 
 
 def seed_norm(
-    x: Float[ArrayLike, "... d"],
-    scale: Float[ArrayLike, " d"],
-    dyn_scale: Float[ArrayLike, " d"],
-    dyn_proj: Float[ArrayLike, " d"],
-    *,
-    eps: float = 1e-6,
-    num_heads: int = 1,
-    axis: int = -1,
-    dyn_scale_div_dim: bool = False,
-    implementation: _dispatch.Implementation | None = None,
+  x: Float[ArrayLike, "... d"],
+  scale: Float[ArrayLike, " d"],
+  dyn_scale: Float[ArrayLike, " d"],
+  dyn_proj: Float[ArrayLike, " d"],
+  *,
+  eps: float = 1e-6,
+  num_heads: int = 1,
+  axis: int = -1,
+  dyn_scale_div_dim: bool = False,
+  implementation: _dispatch.Implementation | None = None,
 ) -> Float[Array, "... d"]:
   r"""SeeDNorm: RMSNorm with an input-dependent, bounded rescaling.
 
@@ -755,8 +789,11 @@ def seed_norm(
   _checks.check_floating(who, "x", x)
   x = jnp.asarray(x)
   (ax,) = _checks.normalize_axes(who, axis, x.ndim)
-  for name, p in (("scale", scale), ("dyn_scale", dyn_scale),
-                  ("dyn_proj", dyn_proj)):
+  for name, p in (
+    ("scale", scale),
+    ("dyn_scale", dyn_scale),
+    ("dyn_proj", dyn_proj),
+  ):
     if p is None:
       raise ValueError(f"{who}: {name} is required, got None")
     _check_param(who, name, p, x, (ax,))
@@ -764,9 +801,20 @@ def seed_norm(
   _checks.check_positive_int(who, "num_heads", num_heads)
   _checks.check_divisible(who, "x.shape[axis]", d, "num_heads", num_heads)
   out = _dispatch.kernel_or_none(
-      who, implementation, "seed_norm_pallas",
-      lambda k: k(x, scale, dyn_scale, dyn_proj, eps=eps, num_heads=num_heads,
-                  axis=ax, dyn_scale_div_dim=dyn_scale_div_dim))
+    who,
+    implementation,
+    "seed_norm_pallas",
+    lambda k: k(
+      x,
+      scale,
+      dyn_scale,
+      dyn_proj,
+      eps=eps,
+      num_heads=num_heads,
+      axis=ax,
+      dyn_scale_div_dim=dyn_scale_div_dim,
+    ),
+  )
   if out is not None:
     return out
   cdt = _compute_dtype(x)
@@ -778,8 +826,10 @@ def seed_norm(
     dot = dot / d
   t = jnp.repeat(jnp.tanh(dot), d // num_heads, axis=-1)
   last = (xf.ndim - 1,)
-  s = (_expand(scale, xf.ndim, last, cdt)
-       + _expand(dyn_scale, xf.ndim, last, cdt) * t)
+  s = (
+    _expand(scale, xf.ndim, last, cdt)
+    + _expand(dyn_scale, xf.ndim, last, cdt) * t
+  )
   ms = jnp.mean(jnp.square(xf), axis=-1, keepdims=True)
   y = s * xf * jax.lax.rsqrt(ms + eps)
   return jnp.moveaxis(y, -1, ax).astype(x.dtype)
@@ -810,10 +860,15 @@ def layer_norm_scaling(layer_index: int) -> float:
     Sun et al., *The Curse of Depth in Large Language Models*,
     arXiv:2502.05795 (2025).
   """
-  if isinstance(layer_index, bool) or not isinstance(layer_index, int) or (
-      layer_index < 0):
-    raise ValueError("layer_norm_scaling: layer_index must be a non-negative "
-                     f"integer (0-based), got {layer_index=}")
+  if (
+    isinstance(layer_index, bool)
+    or not isinstance(layer_index, int)
+    or (layer_index < 0)
+  ):
+    raise ValueError(
+      "layer_norm_scaling: layer_index must be a non-negative "
+      f"integer (0-based), got {layer_index=}"
+    )
   return 1.0 / math.sqrt(layer_index + 1)
 
 
@@ -826,13 +881,11 @@ def _axis_count(axis_name: str | tuple[str, ...] | None) -> int:
   return 1 if axis_name is None else jax.lax.axis_size(axis_name)
 
 
-def _pmean(x: jax.Array, axis_name: str | tuple[str, ...] | None
-           ) -> jax.Array:
+def _pmean(x: jax.Array, axis_name: str | tuple[str, ...] | None) -> jax.Array:
   return x if axis_name is None else jax.lax.pmean(x, axis_name)
 
 
-def _psum(x: jax.Array, axis_name: str | tuple[str, ...] | None
-          ) -> jax.Array:
+def _psum(x: jax.Array, axis_name: str | tuple[str, ...] | None) -> jax.Array:
   return x if axis_name is None else jax.lax.psum(x, axis_name)
 
 
@@ -841,30 +894,37 @@ def _channel(p: ArrayLike, ndim: int, dtype: jnp.dtype) -> jax.Array:
   return _expand(p, ndim, (ndim - 1,), dtype)
 
 
-def _check_channels(who: str, x: jax.Array, **params: ArrayLike | None
-                    ) -> None:
+def _check_channels(who: str, x: jax.Array, **params: ArrayLike | None) -> None:
   """Every given parameter is a float vector of length ``x.shape[-1]``."""
   for name, p in params.items():
     _check_param(who, name, p, x, (x.ndim - 1,))
 
 
-def _check_state(who: str, state: tuple, cls: type,
-                 shapes: dict[str, tuple[int, ...]]) -> None:
+def _check_state(
+  who: str, state: tuple, cls: type, shapes: dict[str, tuple[int, ...]]
+) -> None:
   """``state`` is a ``cls`` whose named fields have the given shapes."""
   if not isinstance(state, cls):
-    raise TypeError(f"{who}: state must be a {cls.__name__}, got "
-                    f"{type(state).__name__}")
+    raise TypeError(
+      f"{who}: state must be a {cls.__name__}, got {type(state).__name__}"
+    )
   for name, shape in shapes.items():
     _checks.check_shape(who, f"state.{name}", getattr(state, name), shape)
 
 
-def _resolve_groups(who: str, name: str, channels: int,
-                    num_groups: int | None, group_size: int | None) -> int:
+def _resolve_groups(
+  who: str,
+  name: str,
+  channels: int,
+  num_groups: int | None,
+  group_size: int | None,
+) -> int:
   """The group count from exactly one of ``num_groups`` and ``group_size``."""
   if (num_groups is None) == (group_size is None):
     raise ValueError(
-        f"{who}: give exactly one of num_groups and group_size, got "
-        f"{num_groups=} and {group_size=}")
+      f"{who}: give exactly one of num_groups and group_size, got "
+      f"{num_groups=} and {group_size=}"
+    )
   if num_groups is None:
     _checks.check_positive_int(who, "group_size", group_size)
     _checks.check_divisible(who, name, channels, "group_size", group_size)
@@ -900,25 +960,27 @@ class EvoNormB0State(NamedTuple):
   var: jax.Array
 
 
-def init_evo_norm_b0_state(num_features: int,
-                           dtype: jnp.dtype = jnp.float32) -> EvoNormB0State:
+def init_evo_norm_b0_state(
+  num_features: int, dtype: jnp.dtype = jnp.float32
+) -> EvoNormB0State:
   """`evo_norm_b0` state at initialization: running variance 1."""
-  _checks.check_positive_int("init_evo_norm_b0_state", "num_features",
-                             num_features)
+  _checks.check_positive_int(
+    "init_evo_norm_b0_state", "num_features", num_features
+  )
   return EvoNormB0State(var=jnp.ones((num_features,), dtype))
 
 
 def evo_norm_b0(
-    x: Float[ArrayLike, "n *spatial c"],
-    scale: Float[ArrayLike, " c"] | None,
-    bias: Float[ArrayLike, " c"] | None,
-    v: Float[ArrayLike, " c"] | None,
-    state: EvoNormB0State,
-    *,
-    training: bool,
-    momentum: float = 0.9,
-    eps: float = 1e-3,
-    axis_name: str | tuple[str, ...] | None = None,
+  x: Float[ArrayLike, "n *spatial c"],
+  scale: Float[ArrayLike, " c"] | None,
+  bias: Float[ArrayLike, " c"] | None,
+  v: Float[ArrayLike, " c"] | None,
+  state: EvoNormB0State,
+  *,
+  training: bool,
+  momentum: float = 0.9,
+  eps: float = 1e-3,
+  axis_name: str | tuple[str, ...] | None = None,
 ) -> tuple[Float[Array, "n *spatial c"], EvoNormB0State]:
   r"""EvoNorm-B0: batch-dependent normalization-activation layer.
 
@@ -983,11 +1045,14 @@ def evo_norm_b0(
     if training:
       n = math.prod(x.shape[:-1]) * _axis_count(axis_name)
       if n < 2:
-        raise ValueError(f"{who}: training needs more than one value per "
-                         f"channel, got {x.shape=}")
+        raise ValueError(
+          f"{who}: training needs more than one value per "
+          f"channel, got {x.shape=}"
+        )
       _, var_b = _moments(xf, tuple(range(x.ndim - 1)), axis_name)
-      new_var = (momentum * state.var.astype(cdt)
-                 + (1 - momentum) * var_b.reshape(-1) * (n / (n - 1)))
+      new_var = momentum * state.var.astype(cdt) + (
+        1 - momentum
+      ) * var_b.reshape(-1) * (n / (n - 1))
       new_state = EvoNormB0State(var=new_var.astype(state.var.dtype))
     else:
       var_b = _channel(state.var, x.ndim, cdt)
@@ -1006,15 +1071,15 @@ EvoNormS0Variant = Literal["s0", "s0a"]
 
 
 def evo_norm_s0(
-    x: Float[ArrayLike, "n *spatial c"],
-    scale: Float[ArrayLike, " c"] | None,
-    bias: Float[ArrayLike, " c"] | None,
-    v: Float[ArrayLike, " c"] | None,
-    *,
-    num_groups: int | None = 32,
-    group_size: int | None = None,
-    eps: float = 1e-5,
-    variant: EvoNormS0Variant = "s0",
+  x: Float[ArrayLike, "n *spatial c"],
+  scale: Float[ArrayLike, " c"] | None,
+  bias: Float[ArrayLike, " c"] | None,
+  v: Float[ArrayLike, " c"] | None,
+  *,
+  num_groups: int | None = 32,
+  group_size: int | None = None,
+  eps: float = 1e-5,
+  variant: EvoNormS0Variant = "s0",
 ) -> Float[Array, "n *spatial c"]:
   r"""EvoNorm-S0: sample-based normalization-activation layer (stateless).
 
@@ -1059,8 +1124,9 @@ def evo_norm_s0(
   _checks.check_choice(who, "variant", variant, ("s0", "s0a"))
   x = jnp.asarray(x)
   _checks.check_ndim(who, "x", x, minimum=3)
-  groups = _resolve_groups(who, "x.shape[-1]", x.shape[-1], num_groups,
-                           group_size)
+  groups = _resolve_groups(
+    who, "x.shape[-1]", x.shape[-1], num_groups, group_size
+  )
   _check_channels(who, x, scale=scale, bias=bias, v=v)
   cdt = _compute_dtype(x)
   xf = x.astype(cdt)
@@ -1089,20 +1155,25 @@ def evo_norm_s0(
 # increments of the micro-steps are summed and applied once.
 
 
-def _check_pad_mask(who: str, pad_mask: ArrayLike | None, x: jax.Array
-                    ) -> jax.Array | None:
+def _check_pad_mask(
+  who: str, pad_mask: ArrayLike | None, x: jax.Array
+) -> jax.Array | None:
   if pad_mask is None:
     return None
   if jnp.result_type(pad_mask) != jnp.bool_:
-    raise TypeError(f"{who}: pad_mask must be boolean (True at pads), got "
-                    f"pad_mask.dtype={jnp.result_type(pad_mask)}")
-  _checks.check_shape(who, "pad_mask", pad_mask, x.shape[:-1],
-                      "x.shape[:-1]")
+    raise TypeError(
+      f"{who}: pad_mask must be boolean (True at pads), got "
+      f"pad_mask.dtype={jnp.result_type(pad_mask)}"
+    )
+  _checks.check_shape(who, "pad_mask", pad_mask, x.shape[:-1], "x.shape[:-1]")
   return jnp.asarray(pad_mask)
 
 
-def _quadratic_mean(xf: jax.Array, pad_mask: jax.Array | None,
-                    axis_name: str | tuple[str, ...] | None) -> jax.Array:
+def _quadratic_mean(
+  xf: jax.Array,
+  pad_mask: jax.Array | None,
+  axis_name: str | tuple[str, ...] | None,
+) -> jax.Array:
   """``mean(x**2)`` per channel over non-pad positions, shape ``(C,)``."""
   sq = jnp.square(xf).reshape(-1, xf.shape[-1])
   if pad_mask is None:
@@ -1116,8 +1187,9 @@ def _quadratic_mean(xf: jax.Array, pad_mask: jax.Array | None,
   return jax.lax.stop_gradient(total / jnp.maximum(count, 1.0))
 
 
-def _all_mean(t: jax.Array, axis_name: str | tuple[str, ...] | None
-              ) -> jax.Array:
+def _all_mean(
+  t: jax.Array, axis_name: str | tuple[str, ...] | None
+) -> jax.Array:
   """Mean over every position (pads included), per channel, ``(C,)``."""
   return _pmean(jnp.mean(t.reshape(-1, t.shape[-1]), axis=0), axis_name)
 
@@ -1137,35 +1209,39 @@ class PowerNormState(NamedTuple):
   grad_ema: jax.Array
 
 
-def init_power_norm_state(num_features: int,
-                          dtype: jnp.dtype = jnp.float32) -> PowerNormState:
+def init_power_norm_state(
+  num_features: int, dtype: jnp.dtype = jnp.float32
+) -> PowerNormState:
   """`power_norm` state at initialization: ``t=0, Phi=1, nu=0``."""
-  _checks.check_positive_int("init_power_norm_state", "num_features",
-                             num_features)
-  return PowerNormState(count=jnp.zeros((), jnp.int32),
-                        running_phi=jnp.ones((num_features,), dtype),
-                        grad_ema=jnp.zeros((num_features,), dtype))
+  _checks.check_positive_int(
+    "init_power_norm_state", "num_features", num_features
+  )
+  return PowerNormState(
+    count=jnp.zeros((), jnp.int32),
+    running_phi=jnp.ones((num_features,), dtype),
+    grad_ema=jnp.zeros((num_features,), dtype),
+  )
 
 
 BackwardStat = Literal["batch", "running"]
 
 
 def power_norm(
-    x: Float[ArrayLike, "... c"],
-    scale: Float[ArrayLike, " c"] | None,
-    bias: Float[ArrayLike, " c"] | None,
-    state: PowerNormState,
-    *,
-    training: bool,
-    pad_mask: ArrayLike | None = None,
-    eps: float = 1e-5,
-    alpha_fwd: float = 0.9,
-    alpha_bkw: float = 0.9,
-    warmup_iters: int = 10000,
-    num_groups: int | None = 1,
-    group_eps: float = 1e-5,
-    backward_stat: BackwardStat = "batch",
-    axis_name: str | tuple[str, ...] | None = None,
+  x: Float[ArrayLike, "... c"],
+  scale: Float[ArrayLike, " c"] | None,
+  bias: Float[ArrayLike, " c"] | None,
+  state: PowerNormState,
+  *,
+  training: bool,
+  pad_mask: ArrayLike | None = None,
+  eps: float = 1e-5,
+  alpha_fwd: float = 0.9,
+  alpha_bkw: float = 0.9,
+  warmup_iters: int = 10000,
+  num_groups: int | None = 1,
+  group_eps: float = 1e-5,
+  backward_stat: BackwardStat = "batch",
+  axis_name: str | tuple[str, ...] | None = None,
 ) -> tuple[Float[Array, "... c"], PowerNormState]:
   r"""PowerNorm: batch normalization by a running quadratic mean.
 
@@ -1236,14 +1312,19 @@ def power_norm(
   """
   who = "power_norm"
   _checks.check_floating(who, "x", x)
-  _checks.check_choice(who, "backward_stat", backward_stat,
-                       ("batch", "running"))
+  _checks.check_choice(
+    who, "backward_stat", backward_stat, ("batch", "running")
+  )
   x = jnp.asarray(x)
   _checks.check_ndim(who, "x", x, minimum=2)
   c = x.shape[-1]
   _check_channels(who, x, scale=scale, bias=bias)
-  _check_state(who, state, PowerNormState,
-               {"count": (), "running_phi": (c,), "grad_ema": (c,)})
+  _check_state(
+    who,
+    state,
+    PowerNormState,
+    {"count": (), "running_phi": (c,), "grad_ema": (c,)},
+  )
   pad_mask = _check_pad_mask(who, pad_mask, x)
   cdt = _compute_dtype(x)
   xf = x.astype(cdt)
@@ -1251,41 +1332,53 @@ def power_norm(
     groups = _resolve_groups(who, "x.shape[-1]", c, num_groups, None)
     xg = xf.reshape(*x.shape[:-1], groups, c // groups)
     xf = rms_norm(xg, eps=group_eps).reshape(x.shape)
-  gamma = (jnp.ones((c,), cdt) if scale is None
-           else jnp.asarray(scale).astype(cdt))
-  beta = (jnp.zeros((c,), cdt) if bias is None
-          else jnp.asarray(bias).astype(cdt))
+  gamma = (
+    jnp.ones((c,), cdt) if scale is None else jnp.asarray(scale).astype(cdt)
+  )
+  beta = jnp.zeros((c,), cdt) if bias is None else jnp.asarray(bias).astype(cdt)
   phi = state.running_phi.astype(cdt)
   if not training:
-    y = (xf * jax.lax.rsqrt(_channel(phi, x.ndim, cdt) + eps)
-         * _channel(gamma, x.ndim, cdt) + _channel(beta, x.ndim, cdt))
+    y = xf * jax.lax.rsqrt(_channel(phi, x.ndim, cdt) + eps) * _channel(
+      gamma, x.ndim, cdt
+    ) + _channel(beta, x.ndim, cdt)
     return y.astype(x.dtype), state
   t = state.count + 1
   psi2 = _quadratic_mean(xf, pad_mask, axis_name)
   warm = t <= warmup_iters
   var = jnp.where(warm, psi2, phi)
   denom = psi2 if backward_stat == "batch" else phi
-  y = _power_norm_core(xf, gamma, beta, state.grad_ema.astype(cdt), var,
-                       denom, float(eps), float(alpha_bkw), axis_name)
+  y = _power_norm_core(
+    xf,
+    gamma,
+    beta,
+    state.grad_ema.astype(cdt),
+    var,
+    denom,
+    float(eps),
+    float(alpha_bkw),
+    axis_name,
+  )
   tf = t.astype(cdt)
   phi_c = jnp.where(t < warmup_iters, phi * (tf - 1) / tf + psi2 / tf, phi)
   new_phi = alpha_fwd * phi_c + (1 - alpha_fwd) * psi2
-  new_state = PowerNormState(count=t.astype(state.count.dtype),
-                             running_phi=new_phi.astype(
-                                 state.running_phi.dtype),
-                             grad_ema=state.grad_ema)
+  new_state = PowerNormState(
+    count=t.astype(state.count.dtype),
+    running_phi=new_phi.astype(state.running_phi.dtype),
+    grad_ema=state.grad_ema,
+  )
   return y.astype(x.dtype), new_state
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7, 8))
-def _power_norm_core(x, gamma, beta, nu, var, denom, eps, alpha_bkw,
-                     axis_name):
-  return _power_norm_core_fwd(x, gamma, beta, nu, var, denom, eps, alpha_bkw,
-                              axis_name)[0]
+def _power_norm_core(x, gamma, beta, nu, var, denom, eps, alpha_bkw, axis_name):
+  return _power_norm_core_fwd(
+    x, gamma, beta, nu, var, denom, eps, alpha_bkw, axis_name
+  )[0]
 
 
-def _power_norm_core_fwd(x, gamma, beta, nu, var, denom, eps, alpha_bkw,
-                         axis_name):
+def _power_norm_core_fwd(
+  x, gamma, beta, nu, var, denom, eps, alpha_bkw, axis_name
+):
   del alpha_bkw, axis_name
   z = x * jax.lax.rsqrt(_channel(var, x.ndim, x.dtype) + eps)
   y = _channel(gamma, x.ndim, x.dtype) * z + _channel(beta, x.ndim, x.dtype)
@@ -1329,10 +1422,11 @@ class UnifiedNormState(NamedTuple):
   buf_gz: jax.Array
 
 
-def init_unified_norm_state(num_features: int,
-                            window_size: int | tuple[int, int] = 4,
-                            dtype: jnp.dtype = jnp.float32
-                            ) -> UnifiedNormState:
+def init_unified_norm_state(
+  num_features: int,
+  window_size: int | tuple[int, int] = 4,
+  dtype: jnp.dtype = jnp.float32,
+) -> UnifiedNormState:
   """`unified_norm` state at initialization.
 
   Args:
@@ -1350,8 +1444,10 @@ def init_unified_norm_state(num_features: int,
   _checks.check_positive_int(who, "num_features", num_features)
   if isinstance(window_size, (tuple, list)):
     if len(window_size) != 2:
-      raise ValueError(f"{who}: window_size must be an int or a pair "
-                       f"(W_f, W_b), got {window_size=}")
+      raise ValueError(
+        f"{who}: window_size must be an int or a pair "
+        f"(W_f, W_b), got {window_size=}"
+      )
     w_f, w_b = window_size
   else:
     w_f = w_b = window_size
@@ -1359,26 +1455,28 @@ def init_unified_norm_state(num_features: int,
   _checks.check_positive_int(who, "window_size", w_b)
   zero = jnp.zeros((), jnp.int32)
   return UnifiedNormState(
-      count=zero, skip_count=zero,
-      running_var=jnp.ones((num_features,), dtype),
-      grad_ema=jnp.zeros((num_features,), dtype),
-      buf_x2=jnp.zeros((w_f, num_features), dtype),
-      buf_gz=jnp.zeros((w_b, num_features), dtype))
+    count=zero,
+    skip_count=zero,
+    running_var=jnp.ones((num_features,), dtype),
+    grad_ema=jnp.zeros((num_features,), dtype),
+    buf_x2=jnp.zeros((w_f, num_features), dtype),
+    buf_gz=jnp.zeros((w_b, num_features), dtype),
+  )
 
 
 def unified_norm(
-    x: Float[ArrayLike, "... c"],
-    scale: Float[ArrayLike, " c"] | None,
-    bias: Float[ArrayLike, " c"] | None,
-    state: UnifiedNormState,
-    *,
-    training: bool,
-    pad_mask: ArrayLike | None = None,
-    warmup_iters: int = 4000,
-    eps: float = 1e-5,
-    momentum: float = 0.9,
-    outlier_filtration: bool = False,
-    axis_name: str | tuple[str, ...] | None = None,
+  x: Float[ArrayLike, "... c"],
+  scale: Float[ArrayLike, " c"] | None,
+  bias: Float[ArrayLike, " c"] | None,
+  state: UnifiedNormState,
+  *,
+  training: bool,
+  pad_mask: ArrayLike | None = None,
+  warmup_iters: int = 4000,
+  eps: float = 1e-5,
+  momentum: float = 0.9,
+  outlier_filtration: bool = False,
+  axis_name: str | tuple[str, ...] | None = None,
 ) -> tuple[Float[Array, "... c"], UnifiedNormState]:
   r"""Unified Normalization (UN): smoothed batch statistics for Transformers.
 
@@ -1454,23 +1552,35 @@ def unified_norm(
   c = x.shape[-1]
   _check_channels(who, x, scale=scale, bias=bias)
   if not isinstance(state, UnifiedNormState):
-    raise TypeError(f"{who}: state must be a UnifiedNormState, got "
-                    f"{type(state).__name__}")
+    raise TypeError(
+      f"{who}: state must be a UnifiedNormState, got {type(state).__name__}"
+    )
   w_f, w_b = state.buf_x2.shape[0], state.buf_gz.shape[0]
-  _check_state(who, state, UnifiedNormState, {
-      "count": (), "skip_count": (), "running_var": (c,), "grad_ema": (c,),
-      "buf_x2": (w_f, c), "buf_gz": (w_b, c)})
+  _check_state(
+    who,
+    state,
+    UnifiedNormState,
+    {
+      "count": (),
+      "skip_count": (),
+      "running_var": (c,),
+      "grad_ema": (c,),
+      "buf_x2": (w_f, c),
+      "buf_gz": (w_b, c),
+    },
+  )
   pad_mask = _check_pad_mask(who, pad_mask, x)
   cdt = _compute_dtype(x)
   xf = x.astype(cdt)
-  gamma = (jnp.ones((c,), cdt) if scale is None
-           else jnp.asarray(scale).astype(cdt))
-  beta = (jnp.zeros((c,), cdt) if bias is None
-          else jnp.asarray(bias).astype(cdt))
+  gamma = (
+    jnp.ones((c,), cdt) if scale is None else jnp.asarray(scale).astype(cdt)
+  )
+  beta = jnp.zeros((c,), cdt) if bias is None else jnp.asarray(bias).astype(cdt)
   phi = state.running_var.astype(cdt)
   if not training:
-    y = (xf * jax.lax.rsqrt(_channel(phi, x.ndim, cdt) + eps)
-         * _channel(gamma, x.ndim, cdt) + _channel(beta, x.ndim, cdt))
+    y = xf * jax.lax.rsqrt(_channel(phi, x.ndim, cdt) + eps) * _channel(
+      gamma, x.ndim, cdt
+    ) + _channel(beta, x.ndim, cdt)
     return y.astype(x.dtype), state
   t = state.count + 1
   psi2 = _quadratic_mean(xf, pad_mask, axis_name)
@@ -1483,41 +1593,94 @@ def unified_norm(
   if outlier_filtration:
     am = jnp.mean(buf, axis=0)
     gm = jnp.exp(jnp.mean(jnp.log(buf), axis=0))
-    outlier = jnp.logical_and(t >= warmup_iters,
-                              jnp.any(am - gm > r_var * w_f))
+    outlier = jnp.logical_and(t >= warmup_iters, jnp.any(am - gm > r_var * w_f))
     buf = jnp.where(outlier, buf.at[slot].set(phi), buf)
     skip = jnp.logical_or(skip, outlier)
   gm = jnp.exp(jnp.mean(jnp.log(buf), axis=0))
   use_batch = (t <= w_f) | (t < warmup_iters) | skip
   var = jnp.where(use_batch, psi2, gm)
   r = jnp.sqrt(var + eps) / jnp.sqrt(phi + eps)
-  r = jnp.where((t <= max(1000, warmup_iters)) | skip, jnp.ones_like(r),
-                jnp.clip(r, 1 / 5, 5))
-  y = _unified_norm_core(xf, gamma, beta, state.grad_ema.astype(cdt),
-                         state.buf_gz.astype(cdt), var, r, t, skip,
-                         float(eps), float(momentum), int(warmup_iters),
-                         axis_name)
+  r = jnp.where(
+    (t <= max(1000, warmup_iters)) | skip,
+    jnp.ones_like(r),
+    jnp.clip(r, 1 / 5, 5),
+  )
+  y = _unified_norm_core(
+    xf,
+    gamma,
+    beta,
+    state.grad_ema.astype(cdt),
+    state.buf_gz.astype(cdt),
+    var,
+    r,
+    t,
+    skip,
+    float(eps),
+    float(momentum),
+    int(warmup_iters),
+    axis_name,
+  )
   new_state = UnifiedNormState(
-      count=t.astype(state.count.dtype),
-      skip_count=(state.skip_count
-                  + outlier.astype(state.skip_count.dtype)),
-      running_var=(momentum * phi + (1 - momentum) * var).astype(
-          state.running_var.dtype),
-      grad_ema=state.grad_ema,
-      buf_x2=buf.astype(state.buf_x2.dtype),
-      buf_gz=state.buf_gz)
+    count=t.astype(state.count.dtype),
+    skip_count=(state.skip_count + outlier.astype(state.skip_count.dtype)),
+    running_var=(momentum * phi + (1 - momentum) * var).astype(
+      state.running_var.dtype
+    ),
+    grad_ema=state.grad_ema,
+    buf_x2=buf.astype(state.buf_x2.dtype),
+    buf_gz=state.buf_gz,
+  )
   return y.astype(x.dtype), new_state
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(9, 10, 11, 12))
-def _unified_norm_core(x, gamma, beta, ema_gz, buf_gz, var, r, t, skip, eps,
-                       momentum, warmup, axis_name):
-  return _unified_norm_core_fwd(x, gamma, beta, ema_gz, buf_gz, var, r, t,
-                                skip, eps, momentum, warmup, axis_name)[0]
+def _unified_norm_core(
+  x,
+  gamma,
+  beta,
+  ema_gz,
+  buf_gz,
+  var,
+  r,
+  t,
+  skip,
+  eps,
+  momentum,
+  warmup,
+  axis_name,
+):
+  return _unified_norm_core_fwd(
+    x,
+    gamma,
+    beta,
+    ema_gz,
+    buf_gz,
+    var,
+    r,
+    t,
+    skip,
+    eps,
+    momentum,
+    warmup,
+    axis_name,
+  )[0]
 
 
-def _unified_norm_core_fwd(x, gamma, beta, ema_gz, buf_gz, var, r, t, skip,
-                           eps, momentum, warmup, axis_name):
+def _unified_norm_core_fwd(
+  x,
+  gamma,
+  beta,
+  ema_gz,
+  buf_gz,
+  var,
+  r,
+  t,
+  skip,
+  eps,
+  momentum,
+  warmup,
+  axis_name,
+):
   del momentum, warmup, axis_name
   z = x * jax.lax.rsqrt(_channel(var, x.ndim, x.dtype) + eps)
   y = _channel(gamma, x.ndim, x.dtype) * z + _channel(beta, x.ndim, x.dtype)
@@ -1541,22 +1704,31 @@ def _unified_norm_core_bwd(eps, momentum, warmup, axis_name, res, dy):
   reduce = tuple(range(nd - 1))
   dgamma = jnp.sum(dy * z, axis=reduce) * r
   dbeta = jnp.sum(dy, axis=reduce)
-  return (dx, dgamma, dbeta, new_ema - ema_gz, new_buf - buf_gz, None, None,
-          None, None)
+  return (
+    dx,
+    dgamma,
+    dbeta,
+    new_ema - ema_gz,
+    new_buf - buf_gz,
+    None,
+    None,
+    None,
+    None,
+  )
 
 
 _unified_norm_core.defvjp(_unified_norm_core_fwd, _unified_norm_core_bwd)
 
 
 def fold_unified_norm(
-    scale: Float[ArrayLike, " c"] | None,
-    bias: Float[ArrayLike, " c"] | None,
-    running_var: Float[ArrayLike, " c"],
-    kernel: Float[ArrayLike, "a b"],
-    kernel_bias: Float[ArrayLike, " d"] | None = None,
-    *,
-    eps: float = 1e-5,
-    position: Literal["next", "previous"] = "next",
+  scale: Float[ArrayLike, " c"] | None,
+  bias: Float[ArrayLike, " c"] | None,
+  running_var: Float[ArrayLike, " c"],
+  kernel: Float[ArrayLike, "a b"],
+  kernel_bias: Float[ArrayLike, " d"] | None = None,
+  *,
+  eps: float = 1e-5,
+  position: Literal["next", "previous"] = "next",
 ) -> tuple[Float[Array, "a b"], Float[Array, " d"]]:
   r"""Folds an inference-mode UN layer into an adjacent linear layer.
 
@@ -1604,25 +1776,36 @@ def fold_unified_norm(
   _checks.check_ndim(who, "kernel", kernel, expected=2)
   d_in, d_out = kernel.shape
   c = d_in if position == "next" else d_out
-  for name, p in (("scale", scale), ("bias", bias),
-                  ("running_var", running_var)):
+  for name, p in (
+    ("scale", scale),
+    ("bias", bias),
+    ("running_var", running_var),
+  ):
     if p is not None:
       _checks.check_floating(who, name, p)
-      _checks.check_shape(who, name, p, (c,),
-                          "kernel.shape[0]" if position == "next"
-                          else "kernel.shape[1]")
+      _checks.check_shape(
+        who,
+        name,
+        p,
+        (c,),
+        "kernel.shape[0]" if position == "next" else "kernel.shape[1]",
+      )
   if kernel_bias is not None:
     _checks.check_floating(who, "kernel_bias", kernel_bias)
-    _checks.check_shape(who, "kernel_bias", kernel_bias, (d_out,),
-                        "kernel.shape[1]")
+    _checks.check_shape(
+      who, "kernel_bias", kernel_bias, (d_out,), "kernel.shape[1]"
+    )
   cdt = _compute_dtype(kernel)
   w = kernel.astype(cdt)
-  gamma = jnp.ones((c,), cdt) if scale is None else jnp.asarray(
-      scale).astype(cdt)
-  beta = jnp.zeros((c,), cdt) if bias is None else jnp.asarray(
-      bias).astype(cdt)
-  b = jnp.zeros((d_out,), cdt) if kernel_bias is None else jnp.asarray(
-      kernel_bias).astype(cdt)
+  gamma = (
+    jnp.ones((c,), cdt) if scale is None else jnp.asarray(scale).astype(cdt)
+  )
+  beta = jnp.zeros((c,), cdt) if bias is None else jnp.asarray(bias).astype(cdt)
+  b = (
+    jnp.zeros((d_out,), cdt)
+    if kernel_bias is None
+    else jnp.asarray(kernel_bias).astype(cdt)
+  )
   s = gamma * jax.lax.rsqrt(jnp.asarray(running_var).astype(cdt) + eps)
   if position == "next":
     return w * s.reshape(-1, 1), b + beta @ w
@@ -1637,14 +1820,17 @@ def _check_mask(who: str, mask: ArrayLike, x: jax.Array) -> jax.Array:
   """A 0/1 mask of shape ``x.shape[:-1] + (1,)`` or ``x.shape``."""
   shapes = (x.shape[:-1] + (1,), x.shape)
   if tuple(jnp.shape(mask)) not in shapes:
-    raise ValueError(f"{who}: mask must have shape {shapes[0]} or "
-                     f"{shapes[1]} (x.shape[:-1] + (1,) or x.shape), got "
-                     f"mask.shape={tuple(jnp.shape(mask))}")
+    raise ValueError(
+      f"{who}: mask must have shape {shapes[0]} or "
+      f"{shapes[1]} (x.shape[:-1] + (1,) or x.shape), got "
+      f"mask.shape={tuple(jnp.shape(mask))}"
+    )
   return jnp.asarray(mask)
 
 
-def resize_mask_nearest(mask: ArrayLike, spatial_shape: Sequence[int]
-                        ) -> jax.Array:
+def resize_mask_nearest(
+  mask: ArrayLike, spatial_shape: Sequence[int]
+) -> jax.Array:
   """Nearest-neighbour resize of ``(n, *spatial, c)`` masks, torch style.
 
   Output index ``i`` reads input index ``floor(i * in / out)``, as
@@ -1666,9 +1852,11 @@ def resize_mask_nearest(mask: ArrayLike, spatial_shape: Sequence[int]
   mask = jnp.asarray(mask)
   spatial_shape = tuple(spatial_shape)
   if len(spatial_shape) != mask.ndim - 2:
-    raise ValueError(f"{who}: spatial_shape must have {mask.ndim - 2} "
-                     f"entries for mask.shape={mask.shape}, got "
-                     f"{spatial_shape=}")
+    raise ValueError(
+      f"{who}: spatial_shape must have {mask.ndim - 2} "
+      f"entries for mask.shape={mask.shape}, got "
+      f"{spatial_shape=}"
+    )
   for size in spatial_shape:
     _checks.check_positive_int(who, "spatial_shape entries", size)
   for i, out in enumerate(spatial_shape):
@@ -1679,11 +1867,11 @@ def resize_mask_nearest(mask: ArrayLike, spatial_shape: Sequence[int]
 
 
 def region_norm(
-    x: Float[ArrayLike, "n *spatial c"],
-    mask: ArrayLike,
-    *,
-    eps: float = 1e-5,
-    axis_name: str | tuple[str, ...] | None = None,
+  x: Float[ArrayLike, "n *spatial c"],
+  mask: ArrayLike,
+  *,
+  eps: float = 1e-5,
+  axis_name: str | tuple[str, ...] | None = None,
 ) -> Float[Array, "n *spatial c"]:
   r"""Region normalization: batch normalization within each mask region.
 
@@ -1734,25 +1922,31 @@ def region_norm(
   for region in (m, 1.0 - m):
     count = jnp.maximum(_psum(jnp.sum(region, axis=axes), axis_name), 1.0)
     count = _channel(count, x.ndim, cdt)
-    mean = _psum(jnp.sum(xf * region, axis=axes, keepdims=True),
-                 axis_name) / count
-    var = _psum(jnp.sum(jnp.square(xf - mean) * region, axis=axes,
-                        keepdims=True), axis_name) / count
+    mean = (
+      _psum(jnp.sum(xf * region, axis=axes, keepdims=True), axis_name) / count
+    )
+    var = (
+      _psum(
+        jnp.sum(jnp.square(xf - mean) * region, axis=axes, keepdims=True),
+        axis_name,
+      )
+      / count
+    )
     y = y + region * (xf - mean) * jax.lax.rsqrt(var + eps * n_tot / count)
   return y.astype(x.dtype)
 
 
 def region_norm_b(
-    x: Float[ArrayLike, "n *spatial c"],
-    mask: ArrayLike,
-    scale_fg: Float[ArrayLike, " c"],
-    bias_fg: Float[ArrayLike, " c"],
-    scale_bg: Float[ArrayLike, " c"],
-    bias_bg: Float[ArrayLike, " c"],
-    *,
-    eps: float = 1e-5,
-    masked_bias: bool = False,
-    axis_name: str | tuple[str, ...] | None = None,
+  x: Float[ArrayLike, "n *spatial c"],
+  mask: ArrayLike,
+  scale_fg: Float[ArrayLike, " c"],
+  bias_fg: Float[ArrayLike, " c"],
+  scale_bg: Float[ArrayLike, " c"],
+  bias_bg: Float[ArrayLike, " c"],
+  *,
+  eps: float = 1e-5,
+  masked_bias: bool = False,
+  axis_name: str | tuple[str, ...] | None = None,
 ) -> Float[Array, "n *spatial c"]:
   r"""RN-B: region normalization with a given mask and per-region affine.
 
@@ -1793,14 +1987,27 @@ def region_norm_b(
   _checks.check_floating(who, "x", x)
   x = jnp.asarray(x)
   _checks.check_ndim(who, "x", x, minimum=3)
-  _check_channels(who, x, scale_fg=scale_fg, bias_fg=bias_fg,
-                  scale_bg=scale_bg, bias_bg=bias_bg)
+  _check_channels(
+    who,
+    x,
+    scale_fg=scale_fg,
+    bias_fg=bias_fg,
+    scale_bg=scale_bg,
+    bias_bg=bias_bg,
+  )
   mask = _check_mask(who, mask, x)
   cdt = _compute_dtype(x)
   rn = region_norm(x.astype(cdt), mask, eps=eps, axis_name=axis_name)
   m = jnp.broadcast_to(jax.lax.stop_gradient(mask.astype(cdt)), x.shape)
-  p = {k: _channel(v, x.ndim, cdt) for k, v in (
-      ("gf", scale_fg), ("bf", bias_fg), ("gb", scale_bg), ("bb", bias_bg))}
+  p = {
+    k: _channel(v, x.ndim, cdt)
+    for k, v in (
+      ("gf", scale_fg),
+      ("bf", bias_fg),
+      ("gb", scale_bg),
+      ("bb", bias_bg),
+    )
+  }
   y = rn * m * (1 + p["gf"]) + rn * (1 - m) * (1 + p["gb"])
   if masked_bias:
     y = y + m * p["bf"] + (1 - m) * p["bb"]
@@ -1813,22 +2020,25 @@ def _conv_same(x: jax.Array, kernel: jax.Array) -> jax.Array:
   """2-D cross-correlation, NHWC/HWIO, zero padding ``k // 2`` (torch)."""
   kh, kw = kernel.shape[:2]
   return jax.lax.conv_general_dilated(
-      x, kernel, window_strides=(1, 1),
-      padding=((kh // 2, kh // 2), (kw // 2, kw // 2)),
-      dimension_numbers=("NHWC", "HWIO", "NHWC"))
+    x,
+    kernel,
+    window_strides=(1, 1),
+    padding=((kh // 2, kh // 2), (kw // 2, kw // 2)),
+    dimension_numbers=("NHWC", "HWIO", "NHWC"),
+  )
 
 
 def region_norm_l(
-    x: Float[ArrayLike, "n h w c"],
-    mask_kernel: Float[ArrayLike, "k k 2 1"],
-    scale_kernel: Float[ArrayLike, "k k 1 1"],
-    scale_bias: Float[ArrayLike, " 1"],
-    bias_kernel: Float[ArrayLike, "k k 1 1"],
-    bias_bias: Float[ArrayLike, " 1"],
-    *,
-    threshold: float = 0.8,
-    eps: float = 1e-5,
-    axis_name: str | tuple[str, ...] | None = None,
+  x: Float[ArrayLike, "n h w c"],
+  mask_kernel: Float[ArrayLike, "k k 2 1"],
+  scale_kernel: Float[ArrayLike, "k k 1 1"],
+  scale_bias: Float[ArrayLike, " 1"],
+  bias_kernel: Float[ArrayLike, "k k 1 1"],
+  bias_bias: Float[ArrayLike, " 1"],
+  *,
+  threshold: float = 0.8,
+  eps: float = 1e-5,
+  axis_name: str | tuple[str, ...] | None = None,
 ) -> Float[Array, "n h w c"]:
   r"""RN-L: region normalization with a learned, self-aware mask.
 
@@ -1871,25 +2081,32 @@ def region_norm_l(
   _checks.check_ndim(who, "x", x, expected=4)
   k = jnp.shape(mask_kernel)[0] if jnp.ndim(mask_kernel) else 0
   if k % 2 == 0:
-    raise ValueError(f"{who}: kernels must be (k, k, ...) with odd k, got "
-                     f"mask_kernel.shape={jnp.shape(mask_kernel)}")
-  for name, p, shape in (("mask_kernel", mask_kernel, (k, k, 2, 1)),
-                         ("scale_kernel", scale_kernel, (k, k, 1, 1)),
-                         ("scale_bias", scale_bias, (1,)),
-                         ("bias_kernel", bias_kernel, (k, k, 1, 1)),
-                         ("bias_bias", bias_bias, (1,))):
+    raise ValueError(
+      f"{who}: kernels must be (k, k, ...) with odd k, got "
+      f"mask_kernel.shape={jnp.shape(mask_kernel)}"
+    )
+  for name, p, shape in (
+    ("mask_kernel", mask_kernel, (k, k, 2, 1)),
+    ("scale_kernel", scale_kernel, (k, k, 1, 1)),
+    ("scale_bias", scale_bias, (1,)),
+    ("bias_kernel", bias_kernel, (k, k, 1, 1)),
+    ("bias_bias", bias_bias, (1,)),
+  ):
     _checks.check_floating(who, name, p)
     _checks.check_shape(who, name, p, shape)
   cdt = _compute_dtype(x)
   xf = x.astype(cdt)
-  pooled = jnp.concatenate([jnp.mean(xf, -1, keepdims=True),
-                            jnp.max(xf, -1, keepdims=True)], axis=-1)
+  pooled = jnp.concatenate(
+    [jnp.mean(xf, -1, keepdims=True), jnp.max(xf, -1, keepdims=True)], axis=-1
+  )
   a = jax.nn.sigmoid(_conv_same(pooled, jnp.asarray(mask_kernel).astype(cdt)))
   mask = jax.lax.stop_gradient((a >= threshold).astype(cdt))
-  gamma = (_conv_same(a, jnp.asarray(scale_kernel).astype(cdt))
-           + jnp.asarray(scale_bias).astype(cdt).reshape(1, 1, 1, 1))
-  beta = (_conv_same(a, jnp.asarray(bias_kernel).astype(cdt))
-          + jnp.asarray(bias_bias).astype(cdt).reshape(1, 1, 1, 1))
+  gamma = _conv_same(a, jnp.asarray(scale_kernel).astype(cdt)) + jnp.asarray(
+    scale_bias
+  ).astype(cdt).reshape(1, 1, 1, 1)
+  beta = _conv_same(a, jnp.asarray(bias_kernel).astype(cdt)) + jnp.asarray(
+    bias_bias
+  ).astype(cdt).reshape(1, 1, 1, 1)
   rn = region_norm(xf, mask, eps=eps, axis_name=axis_name)
   return (rn * (1 + gamma) + beta).astype(x.dtype)
 
@@ -1911,13 +2128,13 @@ class UnMixTNSState(NamedTuple):
 
 
 def init_unmix_tns_state(
-    mean: Float[ArrayLike, " c"],
-    var: Float[ArrayLike, " c"],
-    key: jax.Array,
-    *,
-    num_components: int = 16,
-    spread: float = 0.5,
-    dtype: jnp.dtype = jnp.float32,
+  mean: Float[ArrayLike, " c"],
+  var: Float[ArrayLike, " c"],
+  key: jax.Array,
+  *,
+  num_components: int = 16,
+  spread: float = 0.5,
+  dtype: jnp.dtype = jnp.float32,
 ) -> UnMixTNSState:
   r"""UnMix-TNS components from a trained BatchNorm's running statistics.
 
@@ -1955,17 +2172,21 @@ def init_unmix_tns_state(
   sigma2 = jnp.asarray(var, jnp.float32)
   k, c = num_components, mu.shape[0]
   if k == 1:
-    return UnMixTNSState(mu.reshape(1, c).astype(dtype),
-                         sigma2.reshape(1, c).astype(dtype))
+    return UnMixTNSState(
+      mu.reshape(1, c).astype(dtype), sigma2.reshape(1, c).astype(dtype)
+    )
   noise = jax.random.normal(key, (k, c), jnp.float32)
-  means = mu.reshape(1, c) + math.sqrt(spread * k / (k - 1)) * jnp.sqrt(
-      sigma2).reshape(1, c) * noise
+  means = (
+    mu.reshape(1, c)
+    + math.sqrt(spread * k / (k - 1)) * jnp.sqrt(sigma2).reshape(1, c) * noise
+  )
   variances = jnp.broadcast_to((1 - spread) * sigma2.reshape(1, c), (k, c))
   return UnMixTNSState(means.astype(dtype), variances.astype(dtype))
 
 
-def unmix_tns_momentum(batch_size: int, *, max_batch_size: int = 64,
-                       bn_momentum: float = 0.1) -> float:
+def unmix_tns_momentum(
+  batch_size: int, *, max_batch_size: int = 64, bn_momentum: float = 0.1
+) -> float:
   r"""UnMix-TNS update rate :math:`M = 1 - (1 - m)^{B/B_{max}}`.
 
   ``bn_momentum`` is torch's (weight of the new batch; Flax's momentum
@@ -1982,16 +2203,16 @@ def unmix_tns_momentum(batch_size: int, *, max_batch_size: int = 64,
 
 
 def unmix_tns(
-    x: Float[ArrayLike, "b *spatial c"],
-    scale: Float[ArrayLike, " c"] | None,
-    bias: Float[ArrayLike, " c"] | None,
-    state: UnMixTNSState,
-    *,
-    momentum: float | None = None,
-    temperature: float = 0.07,
-    eps: float = 1e-5,
-    update: bool = True,
-    axis_name: str | tuple[str, ...] | None = None,
+  x: Float[ArrayLike, "b *spatial c"],
+  scale: Float[ArrayLike, " c"] | None,
+  bias: Float[ArrayLike, " c"] | None,
+  state: UnMixTNSState,
+  *,
+  momentum: float | None = None,
+  temperature: float = 0.07,
+  eps: float = 1e-5,
+  update: bool = True,
+  axis_name: str | tuple[str, ...] | None = None,
 ) -> tuple[Float[Array, "b *spatial c"], UnMixTNSState]:
   r"""UnMix-TNS: test-time normalization with ``K`` un-mixed components.
 
@@ -2048,8 +2269,9 @@ def unmix_tns(
   c = x.shape[-1]
   _check_channels(who, x, scale=scale, bias=bias)
   if not isinstance(state, UnMixTNSState):
-    raise TypeError(f"{who}: state must be a UnMixTNSState, got "
-                    f"{type(state).__name__}")
+    raise TypeError(
+      f"{who}: state must be a UnMixTNSState, got {type(state).__name__}"
+    )
   k = state.mean.shape[0] if state.mean.ndim == 2 else -1
   _check_state(who, state, UnMixTNSState, {"mean": (k, c), "var": (k, c)})
   if momentum is None:
@@ -2062,15 +2284,17 @@ def unmix_tns(
   mu_k, var_k = state.mean.astype(cdt), state.var.astype(cdt)
   mu_sg = jax.lax.stop_gradient(mu_t)
   dots = mu_sg @ mu_k.T
-  norms_ = (jnp.linalg.norm(mu_sg, axis=-1).reshape(b, 1)
-            * jnp.linalg.norm(mu_k, axis=-1).reshape(1, k))
+  norms_ = jnp.linalg.norm(mu_sg, axis=-1).reshape(b, 1) * jnp.linalg.norm(
+    mu_k, axis=-1
+  ).reshape(1, k)
   p = jax.nn.softmax(dots / jnp.maximum(norms_, 1e-8) / temperature, axis=-1)
   p = jax.lax.stop_gradient(p).reshape(b, k, 1)
   m = (1 - p) * mu_k.reshape(1, k, c) + p * mu_t.reshape(b, 1, c)
   v = (1 - p) * var_k.reshape(1, k, c) + p * var_t.reshape(b, 1, c)
   mu_b = jnp.mean(m, axis=1)
-  var_b = jnp.mean(v, axis=1) + jnp.mean(jnp.square(m), axis=1) - jnp.square(
-      mu_b)
+  var_b = (
+    jnp.mean(v, axis=1) + jnp.mean(jnp.square(m), axis=1) - jnp.square(mu_b)
+  )
   shape = (b,) + (1,) * (x.ndim - 2) + (c,)
   y = (xf - mu_b.reshape(shape)) * jax.lax.rsqrt(var_b.reshape(shape) + eps)
   if scale is not None:
@@ -2080,13 +2304,17 @@ def unmix_tns(
   new_state = state
   if update:
     mu_d = jax.lax.stop_gradient(mu_t).reshape(b, 1, c) - mu_k.reshape(1, k, c)
-    var_d = (jax.lax.stop_gradient(var_t).reshape(b, 1, c)
-             - var_k.reshape(1, k, c))
+    var_d = jax.lax.stop_gradient(var_t).reshape(b, 1, c) - var_k.reshape(
+      1, k, c
+    )
     new_state = UnMixTNSState(
-        mean=(mu_k + momentum * _pmean(jnp.mean(p * mu_d, axis=0), axis_name)
-              ).astype(state.mean.dtype),
-        var=(var_k + momentum * _pmean(jnp.mean(p * var_d, axis=0),
-                                       axis_name)).astype(state.var.dtype))
+      mean=(
+        mu_k + momentum * _pmean(jnp.mean(p * mu_d, axis=0), axis_name)
+      ).astype(state.mean.dtype),
+      var=(
+        var_k + momentum * _pmean(jnp.mean(p * var_d, axis=0), axis_name)
+      ).astype(state.var.dtype),
+    )
   return y.astype(x.dtype), new_state
 
 
@@ -2096,22 +2324,23 @@ def unmix_tns(
 L1_KAPPA = math.sqrt(math.pi / 2)
 
 
-def _l1_denominator(s1: jax.Array, kappa: float, eps: float,
-                    eps_mode: str) -> jax.Array:
+def _l1_denominator(
+  s1: jax.Array, kappa: float, eps: float, eps_mode: str
+) -> jax.Array:
   if eps_mode == "outside":
     return kappa * s1 + eps
   return jnp.sqrt(jnp.square(kappa * s1) + eps)
 
 
 def l1_layer_norm(
-    x: Float[ArrayLike, "..."],
-    scale: Float[ArrayLike, " *d"] | None = None,
-    bias: Float[ArrayLike, " *d"] | None = None,
-    *,
-    eps: float = 1e-5,
-    axis: Axis = -1,
-    kappa: float = L1_KAPPA,
-    eps_mode: EpsMode = "outside",
+  x: Float[ArrayLike, "..."],
+  scale: Float[ArrayLike, " *d"] | None = None,
+  bias: Float[ArrayLike, " *d"] | None = None,
+  *,
+  eps: float = 1e-5,
+  axis: Axis = -1,
+  kappa: float = L1_KAPPA,
+  eps_mode: EpsMode = "outside",
 ) -> Float[Array, "..."]:
   r"""L1 layer normalization: the mean absolute deviation replaces the std.
 
@@ -2181,28 +2410,30 @@ class L1BatchNormState(NamedTuple):
   dev: jax.Array
 
 
-def init_l1_batch_norm_state(num_features: int,
-                             dtype: jnp.dtype = jnp.float32
-                             ) -> L1BatchNormState:
+def init_l1_batch_norm_state(
+  num_features: int, dtype: jnp.dtype = jnp.float32
+) -> L1BatchNormState:
   """`l1_batch_norm` state at initialization: mean 0, deviation 1."""
-  _checks.check_positive_int("init_l1_batch_norm_state", "num_features",
-                             num_features)
-  return L1BatchNormState(mean=jnp.zeros((num_features,), dtype),
-                          dev=jnp.ones((num_features,), dtype))
+  _checks.check_positive_int(
+    "init_l1_batch_norm_state", "num_features", num_features
+  )
+  return L1BatchNormState(
+    mean=jnp.zeros((num_features,), dtype), dev=jnp.ones((num_features,), dtype)
+  )
 
 
 def l1_batch_norm(
-    x: Float[ArrayLike, "... c"],
-    scale: Float[ArrayLike, " c"] | None,
-    bias: Float[ArrayLike, " c"] | None,
-    state: L1BatchNormState,
-    *,
-    training: bool,
-    momentum: float = 0.99,
-    eps: float = 1e-5,
-    kappa: float = L1_KAPPA,
-    eps_mode: EpsMode = "outside",
-    axis_name: str | tuple[str, ...] | None = None,
+  x: Float[ArrayLike, "... c"],
+  scale: Float[ArrayLike, " c"] | None,
+  bias: Float[ArrayLike, " c"] | None,
+  state: L1BatchNormState,
+  *,
+  training: bool,
+  momentum: float = 0.99,
+  eps: float = 1e-5,
+  kappa: float = L1_KAPPA,
+  eps_mode: EpsMode = "outside",
+  axis_name: str | tuple[str, ...] | None = None,
 ) -> tuple[Float[Array, "... c"], L1BatchNormState]:
   r"""L1 batch normalization with running statistics (features last).
 
@@ -2251,14 +2482,18 @@ def l1_batch_norm(
   axes = tuple(range(x.ndim - 1))
   if training:
     mu = _pmean(jnp.mean(xf, axis=axes, keepdims=True), axis_name)
-    dev = kappa * _pmean(jnp.mean(jnp.abs(xf - mu), axis=axes,
-                                  keepdims=True), axis_name)
+    dev = kappa * _pmean(
+      jnp.mean(jnp.abs(xf - mu), axis=axes, keepdims=True), axis_name
+    )
     new_state = L1BatchNormState(
-        mean=(momentum * state.mean.astype(cdt) + (1 - momentum)
-              * mu.reshape(-1)).astype(state.mean.dtype),
-        dev=(momentum * state.dev.astype(cdt) + (1 - momentum)
-             * jax.lax.stop_gradient(dev).reshape(-1)).astype(
-                 state.dev.dtype))
+      mean=(
+        momentum * state.mean.astype(cdt) + (1 - momentum) * mu.reshape(-1)
+      ).astype(state.mean.dtype),
+      dev=(
+        momentum * state.dev.astype(cdt)
+        + (1 - momentum) * jax.lax.stop_gradient(dev).reshape(-1)
+      ).astype(state.dev.dtype),
+    )
   else:
     mu = _channel(state.mean, x.ndim, cdt)
     dev = _channel(state.dev, x.ndim, cdt)
@@ -2276,8 +2511,8 @@ def l1_batch_norm(
 
 
 def magnitude_direction_scale(
-    magnitude: Float[ArrayLike, " *one"],
-    direction: Float[ArrayLike, " d"],
+  magnitude: Float[ArrayLike, " *one"],
+  direction: Float[ArrayLike, " d"],
 ) -> Float[Array, " d"]:
   r"""A scale vector written as magnitude times unit direction.
 
@@ -2309,8 +2544,10 @@ def magnitude_direction_scale(
   _checks.check_floating(who, "magnitude", magnitude)
   _checks.check_floating(who, "direction", direction)
   if math.prod(jnp.shape(magnitude)) != 1 or jnp.ndim(magnitude) > 1:
-    raise ValueError(f"{who}: magnitude must be a scalar of shape () or "
-                     f"(1,), got magnitude.shape={jnp.shape(magnitude)}")
+    raise ValueError(
+      f"{who}: magnitude must be a scalar of shape () or "
+      f"(1,), got magnitude.shape={jnp.shape(magnitude)}"
+    )
   _checks.check_ndim(who, "direction", direction, expected=1)
   u = jnp.asarray(direction)
   cdt = _compute_dtype(u)
@@ -2321,11 +2558,11 @@ def magnitude_direction_scale(
 
 
 def branch_rms_norm(
-    x: Float[ArrayLike, "... d"],
-    scales: Sequence[Float[ArrayLike, " d"]],
-    *,
-    eps: float = 1e-6,
-    eps_mode: EpsMode = "inside",
+  x: Float[ArrayLike, "... d"],
+  scales: Sequence[Float[ArrayLike, " d"]],
+  *,
+  eps: float = 1e-6,
+  eps_mode: EpsMode = "inside",
 ) -> tuple[Float[Array, "... d"], ...]:
   r"""One affine-free RMSNorm read by several branches, each with its scale.
 
@@ -2358,24 +2595,24 @@ def branch_rms_norm(
   x = jnp.asarray(x)
   scales = tuple(scales)
   if not scales:
-    raise ValueError(f"{who}: scales must hold at least one (d,) vector, "
-                     f"got {len(scales)}")
+    raise ValueError(
+      f"{who}: scales must hold at least one (d,) vector, got {len(scales)}"
+    )
   for i, s in enumerate(scales):
     _check_param(who, f"scales[{i}]", s, x, (x.ndim - 1,))
   cdt = _compute_dtype(x)
   n = rms_norm(x.astype(cdt), eps=eps, eps_mode=eps_mode)
-  return tuple((n * _channel(s, x.ndim, cdt)).astype(x.dtype)
-               for s in scales)
+  return tuple((n * _channel(s, x.ndim, cdt)).astype(x.dtype) for s in scales)
 
 
 def dual_scaled_linear(
-    x: Float[ArrayLike, "... d_in"],
-    kernel: Float[ArrayLike, "d_in d_out"],
-    scale_in: Float[ArrayLike, " d_in"] | None = None,
-    scale_out: Float[ArrayLike, " d_out"] | None = None,
-    *,
-    dnp: bool = False,
-    eps: float = 1e-6,
+  x: Float[ArrayLike, "... d_in"],
+  kernel: Float[ArrayLike, "d_in d_out"],
+  scale_in: Float[ArrayLike, " d_in"] | None = None,
+  scale_out: Float[ArrayLike, " d_out"] | None = None,
+  *,
+  dnp: bool = False,
+  eps: float = 1e-6,
 ) -> Float[Array, "... d_out"]:
   r"""A linear map with scale vectors on both sides (dual placement, DP).
 
@@ -2413,10 +2650,13 @@ def dual_scaled_linear(
   x = jnp.asarray(x)
   _checks.check_ndim(who, "kernel", kernel, expected=2)
   d_in, d_out = jnp.shape(kernel)
-  _checks.check_shape(who, "kernel", kernel, (x.shape[-1], d_out),
-                      "(x.shape[-1], d_out)")
-  for name, s, size in (("scale_in", scale_in, d_in),
-                        ("scale_out", scale_out, d_out)):
+  _checks.check_shape(
+    who, "kernel", kernel, (x.shape[-1], d_out), "(x.shape[-1], d_out)"
+  )
+  for name, s, size in (
+    ("scale_in", scale_in, d_in),
+    ("scale_out", scale_out, d_out),
+  ):
     if s is not None:
       _checks.check_floating(who, name, s)
       _checks.check_shape(who, name, s, (size,))
@@ -2438,9 +2678,13 @@ def dual_scaled_linear(
 RegistersWith = Literal["patch", "cls"]
 
 
-def cls_token_type(seq_len: int, *, num_cls_tokens: int = 1,
-                   num_registers: int = 0,
-                   registers_with: RegistersWith = "patch") -> jax.Array:
+def cls_token_type(
+  seq_len: int,
+  *,
+  num_cls_tokens: int = 1,
+  num_registers: int = 0,
+  registers_with: RegistersWith = "patch",
+) -> jax.Array:
   """Token types of a ``[CLS], registers, patches`` sequence (1 = [CLS]).
 
   Args:
@@ -2458,41 +2702,46 @@ def cls_token_type(seq_len: int, *, num_cls_tokens: int = 1,
     ValueError: if the special tokens do not fit or for a bad choice.
   """
   who = "cls_token_type"
-  _checks.check_choice(who, "registers_with", registers_with,
-                       ("patch", "cls"))
+  _checks.check_choice(who, "registers_with", registers_with, ("patch", "cls"))
   _checks.check_positive_int(who, "seq_len", seq_len)
-  if num_cls_tokens < 0 or num_registers < 0 or (
-      num_cls_tokens + num_registers > seq_len):
-    raise ValueError(f"{who}: need 0 <= num_cls_tokens + num_registers <= "
-                     f"seq_len, got {num_cls_tokens=}, {num_registers=}, "
-                     f"{seq_len=}")
+  if (
+    num_cls_tokens < 0
+    or num_registers < 0
+    or (num_cls_tokens + num_registers > seq_len)
+  ):
+    raise ValueError(
+      f"{who}: need 0 <= num_cls_tokens + num_registers <= "
+      f"seq_len, got {num_cls_tokens=}, {num_registers=}, "
+      f"{seq_len=}"
+    )
   special = num_cls_tokens + (num_registers if registers_with == "cls" else 0)
   return (jnp.arange(seq_len) < special).astype(jnp.int32)
 
 
-def _token_select(who: str, token_type: ArrayLike, x: jax.Array
-                  ) -> jax.Array:
+def _token_select(who: str, token_type: ArrayLike, x: jax.Array) -> jax.Array:
   """Returns ``token_type`` as a rank-``x.ndim`` boolean, True at [CLS]."""
   shape = tuple(jnp.shape(token_type))
   lead = x.shape[:-1]
-  if len(shape) > len(lead) or lead[len(lead) - len(shape):] != shape:
-    raise ValueError(f"{who}: token_type must have shape x.shape[:-1]="
-                     f"{lead} or a suffix of it, got "
-                     f"token_type.shape={shape}")
+  if len(shape) > len(lead) or lead[len(lead) - len(shape) :] != shape:
+    raise ValueError(
+      f"{who}: token_type must have shape x.shape[:-1]="
+      f"{lead} or a suffix of it, got "
+      f"token_type.shape={shape}"
+    )
   t = jnp.asarray(token_type) != 0
   return t.reshape((1,) * (len(lead) - len(shape)) + shape + (1,))
 
 
 def specialized_layer_norm(
-    x: Float[ArrayLike, "... d"],
-    token_type: ArrayLike,
-    scale_cls: Float[ArrayLike, " d"],
-    bias_cls: Float[ArrayLike, " d"] | None,
-    scale_patch: Float[ArrayLike, " d"],
-    bias_patch: Float[ArrayLike, " d"] | None,
-    *,
-    eps: float = 1e-6,
-    kind: Literal["layer", "rms"] = "layer",
+  x: Float[ArrayLike, "... d"],
+  token_type: ArrayLike,
+  scale_cls: Float[ArrayLike, " d"],
+  bias_cls: Float[ArrayLike, " d"] | None,
+  scale_patch: Float[ArrayLike, " d"],
+  bias_patch: Float[ArrayLike, " d"] | None,
+  *,
+  eps: float = 1e-6,
+  kind: Literal["layer", "rms"] = "layer",
 ) -> Float[Array, "... d"]:
   r"""LayerNorm (or RMSNorm) with separate affines for [CLS] and patches.
 
@@ -2530,8 +2779,14 @@ def specialized_layer_norm(
   _checks.check_floating(who, "x", x)
   _checks.check_choice(who, "kind", kind, ("layer", "rms"))
   x = jnp.asarray(x)
-  _check_channels(who, x, scale_cls=scale_cls, bias_cls=bias_cls,
-                  scale_patch=scale_patch, bias_patch=bias_patch)
+  _check_channels(
+    who,
+    x,
+    scale_cls=scale_cls,
+    bias_cls=bias_cls,
+    scale_patch=scale_patch,
+    bias_patch=bias_patch,
+  )
   if (bias_cls is None) != (bias_patch is None):
     raise ValueError(f"{who}: give both bias_cls and bias_patch or neither")
   is_cls = _token_select(who, token_type, x)
@@ -2539,21 +2794,23 @@ def specialized_layer_norm(
   xf = x.astype(cdt)
   xhat = layer_norm(xf, eps=eps) if kind == "layer" else rms_norm(xf, eps=eps)
   nd = x.ndim
-  y = xhat * jnp.where(is_cls, _channel(scale_cls, nd, cdt),
-                       _channel(scale_patch, nd, cdt))
+  y = xhat * jnp.where(
+    is_cls, _channel(scale_cls, nd, cdt), _channel(scale_patch, nd, cdt)
+  )
   if bias_cls is not None:
-    y = y + jnp.where(is_cls, _channel(bias_cls, nd, cdt),
-                      _channel(bias_patch, nd, cdt))
+    y = y + jnp.where(
+      is_cls, _channel(bias_cls, nd, cdt), _channel(bias_patch, nd, cdt)
+    )
   return y.astype(x.dtype)
 
 
 def specialized_linear(
-    x: Float[ArrayLike, "... d_in"],
-    token_type: ArrayLike,
-    kernel_cls: Float[ArrayLike, "d_in d_out"],
-    kernel_patch: Float[ArrayLike, "d_in d_out"],
-    bias_cls: Float[ArrayLike, " d_out"] | None = None,
-    bias_patch: Float[ArrayLike, " d_out"] | None = None,
+  x: Float[ArrayLike, "... d_in"],
+  token_type: ArrayLike,
+  kernel_cls: Float[ArrayLike, "d_in d_out"],
+  kernel_patch: Float[ArrayLike, "d_in d_out"],
+  bias_cls: Float[ArrayLike, " d_out"] | None = None,
+  bias_patch: Float[ArrayLike, " d_out"] | None = None,
 ) -> Float[Array, "... d_out"]:
   """A linear layer with separate weights for [CLS] and patch tokens.
 
@@ -2588,8 +2845,9 @@ def specialized_linear(
     _checks.check_ndim(who, name, k, expected=2)
   d_out = jnp.shape(kernel_cls)[1]
   for name, k in (("kernel_cls", kernel_cls), ("kernel_patch", kernel_patch)):
-    _checks.check_shape(who, name, k, (x.shape[-1], d_out),
-                        "(x.shape[-1], kernel_cls.shape[1])")
+    _checks.check_shape(
+      who, name, k, (x.shape[-1], d_out), "(x.shape[-1], kernel_cls.shape[1])"
+    )
   if (bias_cls is None) != (bias_patch is None):
     raise ValueError(f"{who}: give both bias_cls and bias_patch or neither")
   is_cls = _token_select(who, token_type, x)
@@ -2624,17 +2882,18 @@ class TimestepDecayNormState(NamedTuple):
   var: jax.Array
 
 
-def init_timestep_decay_norm_state(batch_size: int, num_groups: int = 64,
-                                   dtype: jnp.dtype = jnp.float32
-                                   ) -> TimestepDecayNormState:
+def init_timestep_decay_norm_state(
+  batch_size: int, num_groups: int = 64, dtype: jnp.dtype = jnp.float32
+) -> TimestepDecayNormState:
   """The empty `timestep_decay_norm` state: ``n = M = V = 0``."""
   who = "init_timestep_decay_norm_state"
   _checks.check_positive_int(who, "batch_size", batch_size)
   _checks.check_positive_int(who, "num_groups", num_groups)
   return TimestepDecayNormState(
-      count=jnp.zeros((batch_size,), jnp.int32),
-      mean=jnp.zeros((batch_size, num_groups), dtype),
-      var=jnp.zeros((batch_size, num_groups), dtype))
+    count=jnp.zeros((batch_size,), jnp.int32),
+    mean=jnp.zeros((batch_size, num_groups), dtype),
+    var=jnp.zeros((batch_size, num_groups), dtype),
+  )
 
 
 def _affine_scan(a: jax.Array, b: jax.Array, h0: jax.Array) -> jax.Array:
@@ -2650,17 +2909,17 @@ def _affine_scan(a: jax.Array, b: jax.Array, h0: jax.Array) -> jax.Array:
 
 
 def timestep_decay_norm(
-    x: Float[ArrayLike, "b l d"],
-    scale: Float[ArrayLike, " d"] | None = None,
-    bias: Float[ArrayLike, " d"] | None = None,
-    state: TimestepDecayNormState | None = None,
-    *,
-    num_groups: int = 64,
-    beta1: float = 0.999,
-    beta2: float = 0.9999,
-    eps: float = 1e-5,
-    padding_mask: ArrayLike | None = None,
-    bos_mask: ArrayLike | None = None,
+  x: Float[ArrayLike, "b l d"],
+  scale: Float[ArrayLike, " d"] | None = None,
+  bias: Float[ArrayLike, " d"] | None = None,
+  state: TimestepDecayNormState | None = None,
+  *,
+  num_groups: int = 64,
+  beta1: float = 0.999,
+  beta2: float = 0.9999,
+  eps: float = 1e-5,
+  padding_mask: ArrayLike | None = None,
+  bos_mask: ArrayLike | None = None,
 ) -> tuple[Float[Array, "b l d"], TimestepDecayNormState]:
   r"""Gecko's timestep-decay normalization: causal, decayed group stats.
 
@@ -2720,8 +2979,10 @@ def timestep_decay_norm(
   _checks.check_positive_int(who, "num_groups", num_groups)
   _checks.check_divisible(who, "x.shape[-1]", d, "num_groups", num_groups)
   if num_groups >= d:
-    raise ValueError(f"{who}: num_groups must be < x.shape[-1]={d} (at "
-                     f"least two channels per group), got {num_groups=}")
+    raise ValueError(
+      f"{who}: num_groups must be < x.shape[-1]={d} (at "
+      f"least two channels per group), got {num_groups=}"
+    )
   _check_channels(who, x, scale=scale, bias=bias)
   masks = []
   for name, mk in (("padding_mask", padding_mask), ("bos_mask", bos_mask)):
@@ -2729,16 +2990,21 @@ def timestep_decay_norm(
       masks.append(jnp.zeros((bsz, length, 1), bool))
       continue
     if jnp.result_type(mk) != jnp.bool_:
-      raise TypeError(f"{who}: {name} must be boolean, got "
-                      f"{name}.dtype={jnp.result_type(mk)}")
+      raise TypeError(
+        f"{who}: {name} must be boolean, got {name}.dtype={jnp.result_type(mk)}"
+      )
     _checks.check_shape(who, name, mk, (bsz, length), "x.shape[:2]")
     masks.append(jnp.asarray(mk).reshape(bsz, length, 1))
   pad, bos = masks
   cdt = _compute_dtype(x)
   if state is None:
     state = init_timestep_decay_norm_state(bsz, num_groups, cdt)
-  _check_state(who, state, TimestepDecayNormState, {
-      "count": (bsz,), "mean": (bsz, num_groups), "var": (bsz, num_groups)})
+  _check_state(
+    who,
+    state,
+    TimestepDecayNormState,
+    {"count": (bsz,), "mean": (bsz, num_groups), "var": (bsz, num_groups)},
+  )
   xf = x.astype(cdt)
   xg = xf.reshape(bsz, length, num_groups, d // num_groups)
   u, v = _moments(xg, (3,))
@@ -2748,13 +3014,17 @@ def timestep_decay_norm(
 
   def decay(beta, val, h0):
     a = keep * (1 - reset) * beta + (1 - keep)
-    return _affine_scan(jnp.broadcast_to(a, val.shape),
-                        keep * (1 - beta) * val, h0)
+    return _affine_scan(
+      jnp.broadcast_to(a, val.shape), keep * (1 - beta) * val, h0
+    )
 
   m = decay(beta1, u, state.mean.astype(cdt))
   vv = decay(beta2, v, state.var.astype(cdt))
-  n = _affine_scan(keep * (1 - reset) + (1 - keep), keep,
-                   state.count.astype(cdt).reshape(bsz, 1))
+  n = _affine_scan(
+    keep * (1 - reset) + (1 - keep),
+    keep,
+    state.count.astype(cdt).reshape(bsz, 1),
+  )
   live = n > 0
   safe_n = jnp.where(live, n, 1.0)
   corr1 = -jnp.expm1(safe_n * math.log(beta1))
@@ -2768,7 +3038,8 @@ def timestep_decay_norm(
     y = y + _channel(bias, 3, cdt)
   y = y * keep
   new_state = TimestepDecayNormState(
-      count=n[:, -1, 0].astype(state.count.dtype),
-      mean=m[:, -1].astype(state.mean.dtype),
-      var=vv[:, -1].astype(state.var.dtype))
+    count=n[:, -1, 0].astype(state.count.dtype),
+    mean=m[:, -1].astype(state.mean.dtype),
+    var=vv[:, -1].astype(state.var.dtype),
+  )
   return y.astype(x.dtype), new_state

@@ -29,8 +29,13 @@ def _scaled(norm: ArrayFn, layer_index: int | None) -> ArrayFn:
   return lambda h: norm(h) * factor
 
 
-def pre_norm(x: jax.Array, sublayer: ArrayFn, norm: ArrayFn, *,
-             layer_index: int | None = None) -> jax.Array:
+def pre_norm(
+  x: jax.Array,
+  sublayer: ArrayFn,
+  norm: ArrayFn,
+  *,
+  layer_index: int | None = None,
+) -> jax.Array:
   r"""Pre-norm residual step :math:`x + f(\mathrm{norm}(x))`.
 
   With ``layer_index`` (0-based) the norm output is multiplied by the
@@ -67,9 +72,14 @@ def post_norm(x: jax.Array, sublayer: ArrayFn, norm: ArrayFn) -> jax.Array:
   return norm(x + sublayer(x))
 
 
-def sandwich_norm(x: jax.Array, sublayer: ArrayFn, norm_in: ArrayFn,
-                  norm_out: ArrayFn, *, layer_index: int | None = None
-                  ) -> jax.Array:
+def sandwich_norm(
+  x: jax.Array,
+  sublayer: ArrayFn,
+  norm_in: ArrayFn,
+  norm_out: ArrayFn,
+  *,
+  layer_index: int | None = None,
+) -> jax.Array:
   r"""Sandwich residual step.
 
   .. math:: x + \mathrm{norm_{out}}(f(\mathrm{norm_{in}}(x)))
@@ -115,22 +125,30 @@ def _check_streams(who: str, h: ArrayLike) -> tuple[int, int]:
   return int(n), int(d)
 
 
-def _check_map(who: str, name: str, v: ArrayLike, lead: tuple[int, ...],
-               core: tuple[int, ...]) -> None:
+def _check_map(
+  who: str,
+  name: str,
+  v: ArrayLike,
+  lead: tuple[int, ...],
+  core: tuple[int, ...],
+) -> None:
   """A map is either static (shape ``core``) or per token (``lead + core``)."""
   _checks.check_floating(who, name, v)
   shape = tuple(np.shape(v))
   if shape != core and shape != lead + core:
     raise ValueError(
-        f"{who}: {name} must have shape {core} (static) or {lead + core} "
-        f"(per token, h.shape[:-2] + {core}), got {name}.shape={shape}")
+      f"{who}: {name} must have shape {core} (static) or {lead + core} "
+      f"(per token, h.shape[:-2] + {core}), got {name}.shape={shape}"
+    )
 
 
 def _check_scalar(who: str, name: str, v: ArrayLike) -> None:
   _checks.check_floating(who, name, v)
   if np.ndim(v) != 0 and tuple(np.shape(v)) != (1,):
-    raise ValueError(f"{who}: {name} must be a scalar (shape () or (1,)), "
-                     f"got {name}.shape={np.shape(v)}")
+    raise ValueError(
+      f"{who}: {name} must be a scalar (shape () or (1,)), "
+      f"got {name}.shape={np.shape(v)}"
+    )
 
 
 def _scalar(v: ArrayLike, dtype: jnp.dtype) -> jax.Array:
@@ -141,8 +159,9 @@ def _scalar(v: ArrayLike, dtype: jnp.dtype) -> jax.Array:
 # Scaled residuals: depth rule, SkipInit, ReZero, LayerScale.
 
 
-def residual_scale(num_residuals: int,
-                   rule: ScaleRule | float = "1/n") -> float:
+def residual_scale(
+  num_residuals: int, rule: ScaleRule | float = "1/n"
+) -> float:
   r"""Depth-dependent branch scale :math:`\lambda` for ``num_residuals`` n.
 
   "On residual network depth" expands the tower
@@ -175,18 +194,23 @@ def residual_scale(num_residuals: int,
   _checks.check_positive_int(who, "num_residuals", num_residuals)
   if isinstance(rule, str):
     _checks.check_choice(who, "rule", rule, SCALE_RULES)
-    return 1.0 / (num_residuals if rule == "1/n"
-                  else math.sqrt(num_residuals))
-  if isinstance(rule, bool) or not isinstance(rule, (int, float)) or (
-      rule <= 0):
-    raise ValueError(f"{who}: rule must be '1/n', '1/sqrt(n)' or a positive "
-                     f"float, got {rule=}")
+    return 1.0 / (num_residuals if rule == "1/n" else math.sqrt(num_residuals))
+  if (
+    isinstance(rule, bool) or not isinstance(rule, (int, float)) or (rule <= 0)
+  ):
+    raise ValueError(
+      f"{who}: rule must be '1/n', '1/sqrt(n)' or a positive float, got {rule=}"
+    )
   return float(rule)
 
 
-def scaled_residual(x: Float[ArrayLike, "... d"], sublayer: ArrayFn,
-                    scale: Float[ArrayLike, "*d"] | float, *,
-                    norm: ArrayFn | None = None) -> Float[Array, "... d"]:
+def scaled_residual(
+  x: Float[ArrayLike, "... d"],
+  sublayer: ArrayFn,
+  scale: Float[ArrayLike, "*d"] | float,
+  *,
+  norm: ArrayFn | None = None,
+) -> Float[Array, "... d"]:
   r"""Scaled residual step :math:`x + s \odot f(\mathrm{norm}(x))`.
 
   One function covers the scaled-residual family; only ``scale`` differs:
@@ -234,19 +258,25 @@ def scaled_residual(x: Float[ArrayLike, "... d"], sublayer: ArrayFn,
     _checks.check_floating(who, "scale", scale)
     if np.ndim(scale) != 0 and tuple(np.shape(scale)) not in ((1,), (d,)):
       raise ValueError(
-          f"{who}: scale must be a scalar or have shape (x.shape[-1],)="
-          f"({d},), got scale.shape={np.shape(scale)}")
+        f"{who}: scale must be a scalar or have shape (x.shape[-1],)="
+        f"({d},), got scale.shape={np.shape(scale)}"
+      )
   y = sublayer(x if norm is None else norm(x))
   if y.shape != x.shape:
-    raise ValueError(f"{who}: the sublayer must keep the shape of x, got "
-                     f"{x.shape=} and output shape {y.shape}")
+    raise ValueError(
+      f"{who}: the sublayer must keep the shape of x, got "
+      f"{x.shape=} and output shape {y.shape}"
+    )
   ct = _compute_dtype(x)
   if isinstance(scale, (int, float)):
     s = jnp.asarray(scale, ct)
   else:
     s = jnp.asarray(scale).astype(ct)
-    s = jnp.reshape(s, ()) if s.size == 1 and d != 1 else _leading(
-        jnp.reshape(s, (-1,)), x.shape)
+    s = (
+      jnp.reshape(s, ())
+      if s.size == 1 and d != 1
+      else _leading(jnp.reshape(s, (-1,)), x.shape)
+    )
   return (x.astype(ct) + s * y.astype(ct)).astype(x.dtype)
 
 
@@ -254,8 +284,9 @@ def scaled_residual(x: Float[ArrayLike, "... d"], sublayer: ArrayFn,
 # Multi-stream residuals: shared stream update, expansion and readout.
 
 
-def expand_streams(x: Float[ArrayLike, "... d"], num_streams: int
-                   ) -> Float[Array, "... n d"]:
+def expand_streams(
+  x: Float[ArrayLike, "... d"], num_streams: int
+) -> Float[Array, "... n d"]:
   r"""Copies the embedding into ``n`` identical residual streams.
 
   :math:`H^0 = 1_n h_0^\top` (HC Sec. 2; DeepSeek's
@@ -275,12 +306,14 @@ def expand_streams(x: Float[ArrayLike, "... d"], num_streams: int
   _checks.check_positive_int(who, "num_streams", num_streams)
   _checks.check_ndim(who, "x", x, minimum=1)
   x = jnp.asarray(x)
-  return jnp.broadcast_to(x[..., None, :],
-                          (*x.shape[:-1], num_streams, x.shape[-1]))
+  return jnp.broadcast_to(
+    x[..., None, :], (*x.shape[:-1], num_streams, x.shape[-1])
+  )
 
 
-def reduce_streams(h: Float[ArrayLike, "... n d"], *,
-                   readout: Readout = "sum") -> Float[Array, "... d"]:
+def reduce_streams(
+  h: Float[ArrayLike, "... n d"], *, readout: Readout = "sum"
+) -> Float[Array, "... d"]:
   r"""Reads the hidden state out of the streams before the final norm.
 
   ``"sum"`` is HC's :math:`h_L = \sum_i H^L_i` (the final norm cancels the
@@ -307,11 +340,14 @@ def reduce_streams(h: Float[ArrayLike, "... n d"], *,
   return out.astype(h.dtype)
 
 
-def hyper_connection(h: Float[ArrayLike, "... n d"], sublayer: ArrayFn, *,
-                     h_pre: Float[ArrayLike, "*b n"],
-                     h_post: Float[ArrayLike, "*b n"],
-                     h_res: Float[ArrayLike, "*b n n"]
-                     ) -> Float[Array, "... n d"]:
+def hyper_connection(
+  h: Float[ArrayLike, "... n d"],
+  sublayer: ArrayFn,
+  *,
+  h_pre: Float[ArrayLike, "*b n"],
+  h_post: Float[ArrayLike, "*b n"],
+  h_res: Float[ArrayLike, "*b n n"],
+) -> Float[Array, "... n d"]:
   r"""One multi-stream residual step (HC, mHC, oHC, iHC).
 
   In the mHC paper's notation (its Eq. 3), with :math:`x_l` the ``n x d``
@@ -365,8 +401,10 @@ def hyper_connection(h: Float[ArrayLike, "... n d"], sublayer: ArrayFn, *,
   x_in = jnp.einsum("...i,...id->...d", pre, hc).astype(h.dtype)
   y = sublayer(x_in)
   if y.shape != x_in.shape:
-    raise ValueError(f"{who}: the sublayer must map (..., d) to (..., d), "
-                     f"got input shape {x_in.shape} and output {y.shape}")
+    raise ValueError(
+      f"{who}: the sublayer must map (..., d) to (..., d), "
+      f"got input shape {x_in.shape} and output {y.shape}"
+    )
   mixed = jnp.einsum("...ji,...id->...jd", res, hc)
   out = mixed + post[..., None] * y.astype(ct)[..., None, :]
   return out.astype(h.dtype)
@@ -377,16 +415,17 @@ def hyper_connection(h: Float[ArrayLike, "... n d"], sublayer: ArrayFn, *,
 
 
 def hc_maps(
-    h: Float[ArrayLike, "... n d"], *,
-    static_alpha: Float[ArrayLike, "n n1"],
-    static_beta: Float[ArrayLike, " n"],
-    dynamic_alpha: Float[ArrayLike, "d n1"] | None = None,
-    dynamic_beta: Float[ArrayLike, " d"] | None = None,
-    alpha_scale: Float[ArrayLike, ""] | float = 0.01,
-    beta_scale: Float[ArrayLike, ""] | float = 0.01,
-    norm_scale: Float[ArrayLike, " d"] | None = None,
-    tanh: bool = True,
-    eps: float = 1e-12,
+  h: Float[ArrayLike, "... n d"],
+  *,
+  static_alpha: Float[ArrayLike, "n n1"],
+  static_beta: Float[ArrayLike, " n"],
+  dynamic_alpha: Float[ArrayLike, "d n1"] | None = None,
+  dynamic_beta: Float[ArrayLike, " d"] | None = None,
+  alpha_scale: Float[ArrayLike, ""] | float = 0.01,
+  beta_scale: Float[ArrayLike, ""] | float = 0.01,
+  norm_scale: Float[ArrayLike, " d"] | None = None,
+  tanh: bool = True,
+  eps: float = 1e-12,
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
   r"""Hyper-Connection maps (static SHC or dynamic DHC) for one sublayer.
 
@@ -442,24 +481,38 @@ def hc_maps(
   n, d = _check_streams(who, h)
   h = jnp.asarray(h)
   _checks.check_floating(who, "static_alpha", static_alpha)
-  _checks.check_shape(who, "static_alpha", static_alpha, (n, n + 1),
-                      "(n, n + 1) with n = h.shape[-2]")
+  _checks.check_shape(
+    who,
+    "static_alpha",
+    static_alpha,
+    (n, n + 1),
+    "(n, n + 1) with n = h.shape[-2]",
+  )
   _checks.check_floating(who, "static_beta", static_beta)
-  _checks.check_shape(who, "static_beta", static_beta, (n,),
-                      "(n,) with n = h.shape[-2]")
+  _checks.check_shape(
+    who, "static_beta", static_beta, (n,), "(n,) with n = h.shape[-2]"
+  )
   if (dynamic_alpha is None) != (dynamic_beta is None):
-    raise ValueError(f"{who}: give both dynamic_alpha and dynamic_beta "
-                     "(dynamic HC) or neither (static HC)")
+    raise ValueError(
+      f"{who}: give both dynamic_alpha and dynamic_beta "
+      "(dynamic HC) or neither (static HC)"
+    )
   ct = _compute_dtype(h)
   alpha = jnp.asarray(static_alpha).astype(ct)
   beta = jnp.asarray(static_beta).astype(ct)
   if dynamic_alpha is not None:
     _checks.check_floating(who, "dynamic_alpha", dynamic_alpha)
-    _checks.check_shape(who, "dynamic_alpha", dynamic_alpha, (d, n + 1),
-                        "(d, n + 1) with d = h.shape[-1]")
+    _checks.check_shape(
+      who,
+      "dynamic_alpha",
+      dynamic_alpha,
+      (d, n + 1),
+      "(d, n + 1) with d = h.shape[-1]",
+    )
     _checks.check_floating(who, "dynamic_beta", dynamic_beta)
-    _checks.check_shape(who, "dynamic_beta", dynamic_beta, (d,),
-                        "(d,) with d = h.shape[-1]")
+    _checks.check_shape(
+      who, "dynamic_beta", dynamic_beta, (d,), "(d,) with d = h.shape[-1]"
+    )
     _check_scalar(who, "alpha_scale", alpha_scale)
     _check_scalar(who, "beta_scale", beta_scale)
     hc = h.astype(ct)
@@ -467,10 +520,12 @@ def hc_maps(
     normed = hc / jnp.maximum(norm, eps) * math.sqrt(d)
     if norm_scale is not None:
       _checks.check_floating(who, "norm_scale", norm_scale)
-      _checks.check_shape(who, "norm_scale", norm_scale, (d,),
-                          "(d,) with d = h.shape[-1]")
-      normed = normed * _leading(1.0 + jnp.asarray(norm_scale).astype(ct),
-                                 normed.shape)
+      _checks.check_shape(
+        who, "norm_scale", norm_scale, (d,), "(d,) with d = h.shape[-1]"
+      )
+      normed = normed * _leading(
+        1.0 + jnp.asarray(norm_scale).astype(ct), normed.shape
+      )
     act = jnp.tanh if tanh else (lambda t: t)
     wa = act(normed @ jnp.asarray(dynamic_alpha).astype(ct))
     wb = act(normed @ jnp.asarray(dynamic_beta).astype(ct))
@@ -479,9 +534,9 @@ def hc_maps(
   return alpha[..., 0], beta, jnp.swapaxes(alpha[..., 1:], -1, -2)
 
 
-def hc_static_init(num_streams: int, layer_index: int, *,
-                   dtype: jnp.dtype = jnp.float32
-                   ) -> tuple[jax.Array, jax.Array]:
+def hc_static_init(
+  num_streams: int, layer_index: int, *, dtype: jnp.dtype = jnp.float32
+) -> tuple[jax.Array, jax.Array]:
   r"""HC's initial ``(static_alpha, static_beta)`` for sublayer ``k``.
 
   :math:`A_m = e_{k \bmod n}`, :math:`A_r = I_n`, :math:`B = 1_n`: every
@@ -502,13 +557,18 @@ def hc_static_init(num_streams: int, layer_index: int, *,
   """
   who = "hc_static_init"
   _checks.check_positive_int(who, "num_streams", num_streams)
-  if isinstance(layer_index, bool) or not isinstance(layer_index, int) or (
-      layer_index < 0):
-    raise ValueError(f"{who}: layer_index must be a non-negative integer, "
-                     f"got {layer_index=}")
+  if (
+    isinstance(layer_index, bool)
+    or not isinstance(layer_index, int)
+    or (layer_index < 0)
+  ):
+    raise ValueError(
+      f"{who}: layer_index must be a non-negative integer, got {layer_index=}"
+    )
   eye = jnp.eye(num_streams, dtype=dtype)
   alpha = jnp.concatenate(
-      [eye[:, layer_index % num_streams, None], eye], axis=1)
+    [eye[:, layer_index % num_streams, None], eye], axis=1
+  )
   return alpha, jnp.ones((num_streams,), dtype)
 
 
@@ -516,10 +576,14 @@ def hc_static_init(num_streams: int, layer_index: int, *,
 # Sinkhorn-Knopp and quaternion rotations.
 
 
-def sinkhorn_knopp(logits: Float[ArrayLike, "... n n"], *,
-                   num_iters: int = 20, temperature: float = 1.0,
-                   log_domain: bool = True, eps: float = 0.0
-                   ) -> Float[Array, "... n n"]:
+def sinkhorn_knopp(
+  logits: Float[ArrayLike, "... n n"],
+  *,
+  num_iters: int = 20,
+  temperature: float = 1.0,
+  log_domain: bool = True,
+  eps: float = 0.0,
+) -> Float[Array, "... n n"]:
   r"""Projects logits onto (near) doubly stochastic matrices (mHC Eq. 9).
 
   .. math::
@@ -569,28 +633,36 @@ def sinkhorn_knopp(logits: Float[ArrayLike, "... n n"], *,
   _checks.check_ndim(who, "logits", logits, minimum=2)
   shape = np.shape(logits)
   if shape[-1] != shape[-2]:
-    raise ValueError(f"{who}: logits must be square in the last two axes, "
-                     f"got logits.shape={shape}")
+    raise ValueError(
+      f"{who}: logits must be square in the last two axes, "
+      f"got logits.shape={shape}"
+    )
   _checks.check_positive_int(who, "num_iters", num_iters)
   if not temperature > 0:
     raise ValueError(f"{who}: temperature must be > 0, got {temperature=}")
   _checks.check_nonnegative(who, "eps", eps)
   if log_domain and eps:
-    raise ValueError(f"{who}: eps applies to the direct form only; use "
-                     f"log_domain=False with {eps=}")
+    raise ValueError(
+      f"{who}: eps applies to the direct form only; use "
+      f"log_domain=False with {eps=}"
+    )
   logits = jnp.asarray(logits)
   ct = _compute_dtype(logits)
   z = logits.astype(ct) / temperature
   if log_domain:
+
     def body(_, z):
       z = z - jax.nn.logsumexp(z, axis=-2, keepdims=True)
       return z - jax.nn.logsumexp(z, axis=-1, keepdims=True)
+
     m = jnp.exp(jax.lax.fori_loop(0, num_iters, body, z))
   else:
     z = z - jax.lax.stop_gradient(jnp.max(z, axis=-2, keepdims=True))
+
     def body(_, m):
       m = m / (jnp.sum(m, axis=-2, keepdims=True) + eps)
       return m / (jnp.sum(m, axis=-1, keepdims=True) + eps)
+
     m = jax.lax.fori_loop(0, num_iters, body, jnp.exp(z))
   return m.astype(logits.dtype)
 
@@ -599,12 +671,15 @@ def _check_quaternion(who: str, name: str, p: ArrayLike) -> None:
   _checks.check_floating(who, name, p)
   _checks.check_ndim(who, name, p, minimum=1)
   if np.shape(p)[-1] != 4:
-    raise ValueError(f"{who}: {name} must have 4 components in its last "
-                     f"axis (a quaternion), got {name}.shape={np.shape(p)}")
+    raise ValueError(
+      f"{who}: {name} must have 4 components in its last "
+      f"axis (a quaternion), got {name}.shape={np.shape(p)}"
+    )
 
 
-def quaternion_left_matrix(p: Float[ArrayLike, "... 4"]
-                           ) -> Float[Array, "... 4 4"]:
+def quaternion_left_matrix(
+  p: Float[ArrayLike, "... 4"],
+) -> Float[Array, "... 4 4"]:
   r"""Matrix :math:`L(p)` of left multiplication :math:`x \mapsto p\,x`.
 
   With :math:`p = p_0 + p_1 i + p_2 j + p_3 k` as a vector of :math:`R^4`,
@@ -617,13 +692,18 @@ def quaternion_left_matrix(p: Float[ArrayLike, "... 4"]
   """
   _check_quaternion("quaternion_left_matrix", "p", p)
   p0, p1, p2, p3 = jnp.moveaxis(jnp.asarray(p), -1, 0)
-  rows = [[p0, -p1, -p2, -p3], [p1, p0, -p3, p2],
-          [p2, p3, p0, -p1], [p3, -p2, p1, p0]]
+  rows = [
+    [p0, -p1, -p2, -p3],
+    [p1, p0, -p3, p2],
+    [p2, p3, p0, -p1],
+    [p3, -p2, p1, p0],
+  ]
   return jnp.stack([jnp.stack(r, axis=-1) for r in rows], axis=-2)
 
 
-def quaternion_right_matrix(q: Float[ArrayLike, "... 4"]
-                            ) -> Float[Array, "... 4 4"]:
+def quaternion_right_matrix(
+  q: Float[ArrayLike, "... 4"],
+) -> Float[Array, "... 4 4"]:
   r"""Matrix :math:`R(q)` of right multiplication :math:`x \mapsto x\,q`.
 
   :math:`R(q) = [[q_0,-q_1,-q_2,-q_3],[q_1,q_0,q_3,-q_2],
@@ -636,14 +716,21 @@ def quaternion_right_matrix(q: Float[ArrayLike, "... 4"]
   """
   _check_quaternion("quaternion_right_matrix", "q", q)
   q0, q1, q2, q3 = jnp.moveaxis(jnp.asarray(q), -1, 0)
-  rows = [[q0, -q1, -q2, -q3], [q1, q0, q3, -q2],
-          [q2, -q3, q0, q1], [q3, q2, -q1, q0]]
+  rows = [
+    [q0, -q1, -q2, -q3],
+    [q1, q0, q3, -q2],
+    [q2, -q3, q0, q1],
+    [q3, q2, -q1, q0],
+  ]
   return jnp.stack([jnp.stack(r, axis=-1) for r in rows], axis=-2)
 
 
-def quaternion_rotation(p: Float[ArrayLike, "... 4"],
-                        q: Float[ArrayLike, "... 4"], *,
-                        eps: float = 1e-12) -> Float[Array, "... 4 4"]:
+def quaternion_rotation(
+  p: Float[ArrayLike, "... 4"],
+  q: Float[ArrayLike, "... 4"],
+  *,
+  eps: float = 1e-12,
+) -> Float[Array, "... 4 4"]:
   r"""The SO(4) rotation :math:`x \mapsto \hat p\, x\, \bar{\hat q}`.
 
   .. math::
@@ -680,15 +767,18 @@ def quaternion_rotation(p: Float[ArrayLike, "... 4"],
   _check_quaternion(who, "p", p)
   _check_quaternion(who, "q", q)
   if np.shape(p) != np.shape(q):
-    raise ValueError(f"{who}: p and q must have the same shape, got "
-                     f"{np.shape(p)=} and {np.shape(q)=}")
+    raise ValueError(
+      f"{who}: p and q must have the same shape, got "
+      f"{np.shape(p)=} and {np.shape(q)=}"
+    )
   p, q = jnp.asarray(p), jnp.asarray(q)
   ct = _compute_dtype(p)
   p, q = p.astype(ct), q.astype(ct)
   p = p / jnp.maximum(jnp.linalg.norm(p, axis=-1, keepdims=True), eps)
   q = q / jnp.maximum(jnp.linalg.norm(q, axis=-1, keepdims=True), eps)
   return quaternion_left_matrix(p) @ jnp.swapaxes(
-      quaternion_right_matrix(q), -1, -2)
+    quaternion_right_matrix(q), -1, -2
+  )
 
 
 # ---------------------------------------------------------------------------
@@ -696,21 +786,22 @@ def quaternion_rotation(p: Float[ArrayLike, "... 4"],
 
 
 def mhc_maps(
-    h: Float[ArrayLike, "... n d"], *,
-    phi_pre: Float[ArrayLike, "nd n"] | None,
-    phi_post: Float[ArrayLike, "nd n"] | None,
-    phi_res: Float[ArrayLike, "nd m"] | None,
-    b_pre: Float[ArrayLike, " n"],
-    b_post: Float[ArrayLike, " n"],
-    b_res: Float[ArrayLike, "*r"] | None,
-    a_pre: Float[ArrayLike, ""] | float = 0.01,
-    a_post: Float[ArrayLike, ""] | float = 0.01,
-    a_res: Float[ArrayLike, ""] | float = 0.01,
-    residual: ResidualMap = "sinkhorn",
-    num_iters: int = 20,
-    temperature: float = 1.0,
-    log_domain: bool = True,
-    eps: float = 1e-6,
+  h: Float[ArrayLike, "... n d"],
+  *,
+  phi_pre: Float[ArrayLike, "nd n"] | None,
+  phi_post: Float[ArrayLike, "nd n"] | None,
+  phi_res: Float[ArrayLike, "nd m"] | None,
+  b_pre: Float[ArrayLike, " n"],
+  b_post: Float[ArrayLike, " n"],
+  b_res: Float[ArrayLike, "*r"] | None,
+  a_pre: Float[ArrayLike, ""] | float = 0.01,
+  a_post: Float[ArrayLike, ""] | float = 0.01,
+  a_res: Float[ArrayLike, ""] | float = 0.01,
+  residual: ResidualMap = "sinkhorn",
+  num_iters: int = 20,
+  temperature: float = 1.0,
+  log_domain: bool = True,
+  eps: float = 1e-6,
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
   r"""Coefficient maps of mHC (and of the oHC / iHC residual variants).
 
@@ -794,34 +885,42 @@ def mhc_maps(
   _checks.check_choice(who, "residual", residual, RESIDUAL_MAPS)
   h = jnp.asarray(h)
   if residual == "quaternion" and n != 4:
-    raise ValueError(f"{who}: residual='quaternion' (oHC) needs n = 4 "
-                     f"streams, got h.shape[-2]={n}")
+    raise ValueError(
+      f"{who}: residual='quaternion' (oHC) needs n = 4 "
+      f"streams, got h.shape[-2]={n}"
+    )
   res_out = {"sinkhorn": n * n, "quaternion": 8, "identity": 0}[residual]
-  res_bias = {"sinkhorn": (n, n), "quaternion": (8,), "identity": ()}[
-      residual]
+  res_bias = {"sinkhorn": (n, n), "quaternion": (8,), "identity": ()}[residual]
   if residual == "identity":
     if phi_res is not None or b_res is not None:
-      raise ValueError(f"{who}: residual='identity' (iHC) takes no phi_res "
-                       "or b_res; pass None")
+      raise ValueError(
+        f"{who}: residual='identity' (iHC) takes no phi_res or b_res; pass None"
+      )
   else:
     if b_res is None:
-      raise ValueError(f"{who}: residual={residual!r} needs b_res of shape "
-                       f"{res_bias}")
+      raise ValueError(
+        f"{who}: residual={residual!r} needs b_res of shape {res_bias}"
+      )
     _checks.check_floating(who, "b_res", b_res)
-    _checks.check_shape(who, "b_res", b_res, res_bias,
-                        f"residual={residual!r}, n={n}")
+    _checks.check_shape(
+      who, "b_res", b_res, res_bias, f"residual={residual!r}, n={n}"
+    )
   for name, b in (("b_pre", b_pre), ("b_post", b_post)):
     _checks.check_floating(who, name, b)
     _checks.check_shape(who, name, b, (n,), "(n,) with n = h.shape[-2]")
   for name, a in (("a_pre", a_pre), ("a_post", a_post), ("a_res", a_res)):
     if not isinstance(a, (int, float)):
       _check_scalar(who, name, a)
-  for name, phi, out in (("phi_pre", phi_pre, n), ("phi_post", phi_post, n),
-                         ("phi_res", phi_res, res_out)):
+  for name, phi, out in (
+    ("phi_pre", phi_pre, n),
+    ("phi_post", phi_post, n),
+    ("phi_res", phi_res, res_out),
+  ):
     if phi is not None:
       _checks.check_floating(who, name, phi)
-      _checks.check_shape(who, name, phi, (n * d, out),
-                          f"(n*d, {out}) with n, d = h.shape[-2:]")
+      _checks.check_shape(
+        who, name, phi, (n * d, out), f"(n*d, {out}) with n, d = h.shape[-2:]"
+      )
   ct = _compute_dtype(h)
   if any(phi is not None for phi in (phi_pre, phi_post, phi_res)):
     xv = jnp.reshape(h.astype(ct), (*h.shape[:-2], n * d))
@@ -842,18 +941,25 @@ def mhc_maps(
   if residual == "identity":
     h_res = jnp.eye(n, dtype=ct)
   elif residual == "sinkhorn":
-    h_res = sinkhorn_knopp(logits(phi_res, b_res, a_res),
-                           num_iters=num_iters, temperature=temperature,
-                           log_domain=log_domain)
+    h_res = sinkhorn_knopp(
+      logits(phi_res, b_res, a_res),
+      num_iters=num_iters,
+      temperature=temperature,
+      log_domain=log_domain,
+    )
   else:
     pq = logits(phi_res, b_res, a_res)
     h_res = quaternion_rotation(pq[..., :4], pq[..., 4:])
   return h_pre, h_post, h_res
 
 
-def mhc_static_init(num_streams: int, *, residual: ResidualMap = "sinkhorn",
-                    res_diag: float = 0.99, dtype: jnp.dtype = jnp.float32
-                    ) -> tuple[jax.Array, jax.Array, jax.Array | None]:
+def mhc_static_init(
+  num_streams: int,
+  *,
+  residual: ResidualMap = "sinkhorn",
+  res_diag: float = 0.99,
+  dtype: jnp.dtype = jnp.float32,
+) -> tuple[jax.Array, jax.Array, jax.Array | None]:
   r"""Initial biases ``(b_pre, b_post, b_res)`` for `mhc_maps`.
 
   Unverified: the mHC paper states only the gate init (0.01); the biases
@@ -897,14 +1003,16 @@ def mhc_static_init(num_streams: int, *, residual: ResidualMap = "sinkhorn",
     return b_pre, b_post, None
   if residual == "quaternion":
     if n != 4:
-      raise ValueError(f"{who}: residual='quaternion' needs num_streams=4, "
-                       f"got {num_streams=}")
+      raise ValueError(
+        f"{who}: residual='quaternion' needs num_streams=4, got {num_streams=}"
+      )
     return b_pre, b_post, jnp.tile(jnp.eye(4, dtype=dtype)[0], 2)
   if n == 1:
     return b_pre, b_post, jnp.zeros((1, 1), dtype)
   if not 1.0 / n <= res_diag < 1.0:
-    raise ValueError(f"{who}: res_diag must lie in [1/n, 1) = [{1.0 / n}, 1),"
-                     f" got {res_diag=}")
+    raise ValueError(
+      f"{who}: res_diag must lie in [1/n, 1) = [{1.0 / n}, 1), got {res_diag=}"
+    )
   diag = math.log(res_diag * (n - 1) / (1.0 - res_diag))
   return b_pre, b_post, jnp.eye(n, dtype=dtype) * diag
 
@@ -913,10 +1021,13 @@ def mhc_static_init(num_streams: int, *, residual: ResidualMap = "sinkhorn",
 # Attention residuals.
 
 
-def attn_res_weights(sources: Float[ArrayLike, "m ... d"],
-                     query: Float[ArrayLike, " d"], *,
-                     key_scale: Float[ArrayLike, " d"] | None = None,
-                     eps: float = 1e-6) -> Float[Array, "m ..."]:
+def attn_res_weights(
+  sources: Float[ArrayLike, "m ... d"],
+  query: Float[ArrayLike, " d"],
+  *,
+  key_scale: Float[ArrayLike, " d"] | None = None,
+  eps: float = 1e-6,
+) -> Float[Array, "m ..."]:
   r"""Depth-attention weights :math:`a_{i\to l}` of AttnRes.
 
   .. math::
@@ -955,8 +1066,9 @@ def attn_res_weights(sources: Float[ArrayLike, "m ... d"],
   _checks.check_shape(who, "query", query, (d,), "(d,), d = sources.shape[-1]")
   if key_scale is not None:
     _checks.check_floating(who, "key_scale", key_scale)
-    _checks.check_shape(who, "key_scale", key_scale, (d,),
-                        "(d,), d = sources.shape[-1]")
+    _checks.check_shape(
+      who, "key_scale", key_scale, (d,), "(d,), d = sources.shape[-1]"
+    )
   ct = _compute_dtype(sources)
   keys = norms.rms_norm(sources.astype(ct), None, eps=eps)
   if key_scale is not None:
@@ -965,10 +1077,13 @@ def attn_res_weights(sources: Float[ArrayLike, "m ... d"],
   return jax.nn.softmax(scores, axis=0)
 
 
-def attn_res(sources: Float[ArrayLike, "m ... d"],
-             query: Float[ArrayLike, " d"], *,
-             key_scale: Float[ArrayLike, " d"] | None = None,
-             eps: float = 1e-6) -> Float[Array, "... d"]:
+def attn_res(
+  sources: Float[ArrayLike, "m ... d"],
+  query: Float[ArrayLike, " d"],
+  *,
+  key_scale: Float[ArrayLike, " d"] | None = None,
+  eps: float = 1e-6,
+) -> Float[Array, "... d"]:
   r"""Attention residual: the input of layer ``l`` as attention over depth.
 
   .. math::

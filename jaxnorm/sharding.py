@@ -29,8 +29,19 @@ from jaxnorm import _checks
 MESH_AXES: tuple[str, ...] = ("data", "fsdp", "tensor")
 
 LOGICAL_AXES: tuple[str, ...] = (
-    "batch", "seq", "embed", "heads", "kv_heads", "head_dim", "mlp", "vocab",
-    "norm", "streams", "channels", "height", "width",
+  "batch",
+  "seq",
+  "embed",
+  "heads",
+  "kv_heads",
+  "head_dim",
+  "mlp",
+  "vocab",
+  "norm",
+  "streams",
+  "channels",
+  "height",
+  "width",
 )
 
 # First match wins. Weights: ``embed`` is FSDP-sharded, the per-head and MLP
@@ -39,26 +50,28 @@ LOGICAL_AXES: tuple[str, ...] = (
 Rules = tuple[tuple[str, Any], ...]
 
 DEFAULT_RULES: Rules = (
-    ("batch", ("data", "fsdp")),
-    ("seq", None),
-    ("embed", "fsdp"),
-    ("heads", "tensor"),
-    ("kv_heads", "tensor"),
-    ("head_dim", None),
-    ("mlp", "tensor"),
-    ("vocab", "tensor"),
-    ("norm", None),
-    ("streams", None),
-    ("channels", "tensor"),
-    ("height", None),
-    ("width", None),
+  ("batch", ("data", "fsdp")),
+  ("seq", None),
+  ("embed", "fsdp"),
+  ("heads", "tensor"),
+  ("kv_heads", "tensor"),
+  ("head_dim", None),
+  ("mlp", "tensor"),
+  ("vocab", "tensor"),
+  ("norm", None),
+  ("streams", None),
+  ("channels", "tensor"),
+  ("height", None),
+  ("width", None),
 )
 
 
-def make_mesh(shape: Sequence[int],
-              axis_names: Sequence[str] = MESH_AXES,
-              *, devices: Sequence[jax.Device] | None = None
-              ) -> jax.sharding.Mesh:
+def make_mesh(
+  shape: Sequence[int],
+  axis_names: Sequence[str] = MESH_AXES,
+  *,
+  devices: Sequence[jax.Device] | None = None,
+) -> jax.sharding.Mesh:
   """Builds a mesh with `AxisType.Auto` axes (classic sharding propagation).
 
   Args:
@@ -77,19 +90,22 @@ def make_mesh(shape: Sequence[int],
   axis_names = tuple(axis_names)
   if len(shape) != len(axis_names):
     raise ValueError(
-        f"make_mesh: shape and axis_names must have the same length, got "
-        f"{shape=} and {axis_names=}")
+      f"make_mesh: shape and axis_names must have the same length, got "
+      f"{shape=} and {axis_names=}"
+    )
   for size in shape:
     _checks.check_positive_int("make_mesh", "shape entries", size)
   size = int(np.prod(shape))
   pool = list(jax.devices() if devices is None else devices)
   if size > len(pool):
     raise ValueError(
-        f"make_mesh: a mesh of shape {shape} needs {size} devices, but only "
-        f"{len(pool)} are available ({jax.default_backend()} backend)")
+      f"make_mesh: a mesh of shape {shape} needs {size} devices, but only "
+      f"{len(pool)} are available ({jax.default_backend()} backend)"
+    )
   axis_types = (jax.sharding.AxisType.Auto,) * len(shape)
-  return jax.make_mesh(shape, axis_names, axis_types=axis_types,
-                       devices=pool[:size])
+  return jax.make_mesh(
+    shape, axis_names, axis_types=axis_types, devices=pool[:size]
+  )
 
 
 def has_mesh() -> bool:
@@ -115,8 +131,9 @@ def rules_with(overrides: Sequence[tuple[str, Any]] = ()) -> Rules:
   return tuple(out)
 
 
-def logical_to_mesh(names: Sequence[str | None],
-                    rules: Rules | None = None) -> PartitionSpec:
+def logical_to_mesh(
+  names: Sequence[str | None], rules: Rules | None = None
+) -> PartitionSpec:
   """Resolves logical axis names to a `PartitionSpec`.
 
   The first rule naming an axis wins; a mesh axis already used by an earlier
@@ -157,8 +174,9 @@ def constrain(x: jax.Array, names: Sequence[str | None]) -> jax.Array:
   """
   if len(names) != x.ndim:
     raise ValueError(
-        f"constrain: names must have one entry per axis of x, got {names=} "
-        f"for x.shape={x.shape}")
+      f"constrain: names must have one entry per axis of x, got {names=} "
+      f"for x.shape={x.shape}"
+    )
   if not has_mesh():
     return x
   return jax.lax.with_sharding_constraint(x, logical_to_mesh(names))

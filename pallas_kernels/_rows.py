@@ -66,10 +66,11 @@ def lowering_for(who: str, interpret: Any) -> Lowering:
   if backend == "tpu":
     return "tpu"
   raise NotImplementedError(
-      f"{who}: no compiled Pallas lowering for backend {backend!r}; pass "
-      "interpret=True (GPU semantics) or interpret=pltpu.InterpretParams() "
-      "(TPU semantics) to run the kernel in the interpreter, or use the "
-      "reference (implementation='xla')")
+    f"{who}: no compiled Pallas lowering for backend {backend!r}; pass "
+    "interpret=True (GPU semantics) or interpret=pltpu.InterpretParams() "
+    "(TPU semantics) to run the kernel in the interpreter, or use the "
+    "reference (implementation='xla')"
+  )
 
 
 def check_dtype(who: str, dtype: Any, lowering: Lowering) -> None:
@@ -78,8 +79,9 @@ def check_dtype(who: str, dtype: Any, lowering: Lowering) -> None:
   allowed = _GPU_DTYPES if lowering == "gpu" else _TPU_DTYPES
   if name not in allowed:
     raise NotImplementedError(
-        f"{who}: the {lowering} kernel supports x.dtype in {allowed}, got "
-        f"x.dtype={name}; use the reference (implementation='xla')")
+      f"{who}: the {lowering} kernel supports x.dtype in {allowed}, got "
+      f"x.dtype={name}; use the reference (implementation='xla')"
+    )
 
 
 def trailing_axes(who: str, axes: tuple[int, ...], ndim: int) -> None:
@@ -91,9 +93,10 @@ def trailing_axes(who: str, axes: tuple[int, ...], ndim: int) -> None:
   """
   if axes != tuple(range(ndim - len(axes), ndim)):
     raise NotImplementedError(
-        f"{who}: kernels normalize over the trailing axes only, got "
-        f"axis={axes} for rank {ndim}; move the axis last (jnp.moveaxis) or "
-        "use the reference (implementation='xla')")
+      f"{who}: kernels normalize over the trailing axes only, got "
+      f"axis={axes} for rank {ndim}; move the axis last (jnp.moveaxis) or "
+      "use the reference (implementation='xla')"
+    )
 
 
 def _sublanes(dtype: Any) -> int:
@@ -126,30 +129,40 @@ class RowTiling:
 
   def __post_init__(self):
     if self.rows < 1 or self.features < 1:
-      raise ValueError(f"RowTiling: rows and features must be >= 1, got "
-                       f"rows={self.rows}, features={self.features}")
+      raise ValueError(
+        f"RowTiling: rows and features must be >= 1, got "
+        f"rows={self.rows}, features={self.features}"
+      )
     if self.block_rows < 1:
-      raise ValueError(f"RowTiling: block_rows must be >= 1, got "
-                       f"block_rows={self.block_rows}")
+      raise ValueError(
+        f"RowTiling: block_rows must be >= 1, got block_rows={self.block_rows}"
+      )
     if self.lowering == "gpu":
       for name in ("block_rows", "block_cols"):
         v = getattr(self, name)
         if v & (v - 1):
-          raise ValueError(f"RowTiling: the gpu (Triton) lowering needs a "
-                           f"power-of-two {name}, got {name}={v}")
+          raise ValueError(
+            f"RowTiling: the gpu (Triton) lowering needs a "
+            f"power-of-two {name}, got {name}={v}"
+          )
       if self.block_cols < self.features:
-        raise ValueError(f"RowTiling: block_cols={self.block_cols} must "
-                         f"cover features={self.features}")
+        raise ValueError(
+          f"RowTiling: block_cols={self.block_cols} must "
+          f"cover features={self.features}"
+        )
     else:
       if self.block_cols != self.features:
-        raise ValueError(f"RowTiling: the tpu lowering needs block_cols == "
-                         f"features, got {self.block_cols} != "
-                         f"{self.features}")
+        raise ValueError(
+          f"RowTiling: the tpu lowering needs block_cols == "
+          f"features, got {self.block_cols} != "
+          f"{self.features}"
+        )
       if self.block_rows % self.sublanes and self.block_rows != self.rows:
         raise ValueError(
-            f"RowTiling: the tpu lowering needs block_rows to be a multiple "
-            f"of {self.sublanes} (the sublane tile of this dtype) or equal "
-            f"to rows={self.rows}, got block_rows={self.block_rows}")
+          f"RowTiling: the tpu lowering needs block_rows to be a multiple "
+          f"of {self.sublanes} (the sublane tile of this dtype) or equal "
+          f"to rows={self.rows}, got block_rows={self.block_rows}"
+        )
 
   @property
   def num_blocks(self) -> int:
@@ -164,9 +177,14 @@ _TPU_TILE_BYTES = 1 << 20
 _TPU_MAX_ROWS = 512
 
 
-def norm_block_heuristic(who: str, lowering: Lowering, rows: int,
-                         features: int, dtype: Any,
-                         block_rows: int | None = None) -> RowTiling:
+def norm_block_heuristic(
+  who: str,
+  lowering: Lowering,
+  rows: int,
+  features: int,
+  dtype: Any,
+  block_rows: int | None = None,
+) -> RowTiling:
   """Chooses the tile of a row-blocked norm kernel; the one place for sizes.
 
   Constants:
@@ -213,15 +231,17 @@ def norm_block_heuristic(who: str, lowering: Lowering, rows: int,
   """
   if features > MAX_FEATURES:
     raise NotImplementedError(
-        f"{who}: kernels hold a whole row per block and support up to "
-        f"{MAX_FEATURES} features, got {features}; use the reference "
-        "(implementation='xla')")
+      f"{who}: kernels hold a whole row per block and support up to "
+      f"{MAX_FEATURES} features, got {features}; use the reference "
+      "(implementation='xla')"
+    )
   sub = _sublanes(dtype)
   if lowering == "gpu":
     cols = pl.next_power_of_2(features)
     if block_rows is None:
-      block_rows = max(1, min(_GPU_TILE_ELEMS // cols, _GPU_MAX_ROWS,
-                              pl.next_power_of_2(rows)))
+      block_rows = max(
+        1, min(_GPU_TILE_ELEMS // cols, _GPU_MAX_ROWS, pl.next_power_of_2(rows))
+      )
     warps = min(16, max(4, block_rows * cols // 1024))
     return RowTiling("gpu", rows, features, block_rows, cols, sub, warps)
   if block_rows is None:
@@ -236,14 +256,22 @@ def norm_block_heuristic(who: str, lowering: Lowering, rows: int,
 # tiles and per-element partial-sum contributions. ``colmask`` is a (1, width)
 # bool array on GPU when the block is wider than the row, else None.
 RowBody = Callable[
-    [Sequence[jax.Array], Sequence[jax.Array], "jax.Array | None"],
-    tuple[Sequence[jax.Array], Sequence[jax.Array]]]
+  [Sequence[jax.Array], Sequence[jax.Array], "jax.Array | None"],
+  tuple[Sequence[jax.Array], Sequence[jax.Array]],
+]
 
 
-def row_call(body: RowBody, tiling: RowTiling, row_inputs: Sequence[jax.Array],
-             params: Sequence[jax.Array], out_dtypes: Sequence[Any],
-             num_partials: int, *, interpret: Any, name: str
-             ) -> tuple[list[jax.Array], list[jax.Array]]:
+def row_call(
+  body: RowBody,
+  tiling: RowTiling,
+  row_inputs: Sequence[jax.Array],
+  params: Sequence[jax.Array],
+  out_dtypes: Sequence[Any],
+  num_partials: int,
+  *,
+  interpret: Any,
+  name: str,
+) -> tuple[list[jax.Array], list[jax.Array]]:
   """Runs ``body`` over row blocks of ``(rows, features)`` arrays.
 
   Args:
@@ -269,9 +297,9 @@ def row_call(body: RowBody, tiling: RowTiling, row_inputs: Sequence[jax.Array],
 
   def kernel(*refs):
     in_refs = refs[:n_in]
-    p_refs = refs[n_in:n_in + n_p]
-    out_refs = refs[n_in + n_p:n_in + n_p + n_out]
-    part_refs = refs[n_in + n_p + n_out:]
+    p_refs = refs[n_in : n_in + n_p]
+    out_refs = refs[n_in + n_p : n_in + n_p + n_out]
+    part_refs = refs[n_in + n_p + n_out :]
     i = pl.program_id(0)
     row_ids = i * br + jax.lax.broadcasted_iota(jnp.int32, (br, 1), 0)
     rmask = row_ids < rows
@@ -279,10 +307,12 @@ def row_call(body: RowBody, tiling: RowTiling, row_inputs: Sequence[jax.Array],
       col_ids = jax.lax.broadcasted_iota(jnp.int32, (1, bc), 1)
       cmask = col_ids < feats
       mask = jnp.logical_and(rmask, cmask)
-      xs = [plgpu.load(r, mask=mask, other=0.0).astype(jnp.float32)
-            for r in in_refs]
-      ps = [plgpu.load(p, mask=cmask, other=0.0).astype(jnp.float32)
-            for p in p_refs]
+      xs = [
+        plgpu.load(r, mask=mask, other=0.0).astype(jnp.float32) for r in in_refs
+      ]
+      ps = [
+        plgpu.load(p, mask=cmask, other=0.0).astype(jnp.float32) for p in p_refs
+      ]
       colmask = cmask if bc != feats else None
     else:
       xs = [r[...].astype(jnp.float32) for r in in_refs]
@@ -300,12 +330,11 @@ def row_call(body: RowBody, tiling: RowTiling, row_inputs: Sequence[jax.Array],
   row_spec = pl.BlockSpec((br, bc), lambda i: (i, 0))
   param_spec = pl.BlockSpec((1, bc), lambda i: (0, 0))
   part_spec = pl.BlockSpec((pl.squeezed, 1, bc), lambda i: (i, 0, 0))
-  out_shape = (
-      [jax.ShapeDtypeStruct((rows, feats), d) for d in out_dtypes]
-      + [jax.ShapeDtypeStruct((grid[0], 1, bc), jnp.float32)] * num_partials)
+  out_shape = [jax.ShapeDtypeStruct((rows, feats), d) for d in out_dtypes] + [
+    jax.ShapeDtypeStruct((grid[0], 1, bc), jnp.float32)
+  ] * num_partials
   if gpu:
-    compiler_params = plgpu.CompilerParams(num_warps=t.num_warps,
-                                           num_stages=1)
+    compiler_params = plgpu.CompilerParams(num_warps=t.num_warps, num_stages=1)
   elif isinstance(interpret, pltpu.InterpretParams):
     # The TPU interpreter of jax 0.10 does not skip vmapped grid dims when it
     # reads dimension_semantics (the compiler does), so under vmap a
@@ -313,17 +342,16 @@ def row_call(body: RowBody, tiling: RowTiling, row_inputs: Sequence[jax.Array],
     # compiler split the grid across TensorCores, so leave them out here.
     compiler_params = pltpu.CompilerParams()
   else:
-    compiler_params = pltpu.CompilerParams(
-        dimension_semantics=("parallel",))
+    compiler_params = pltpu.CompilerParams(dimension_semantics=("parallel",))
   results = pl.pallas_call(
-      kernel,
-      out_shape=out_shape,
-      grid=grid,
-      in_specs=[row_spec] * n_in + [param_spec] * n_p,
-      out_specs=[row_spec] * n_out + [part_spec] * num_partials,
-      compiler_params=compiler_params,
-      interpret=interpret,
-      name=name,
+    kernel,
+    out_shape=out_shape,
+    grid=grid,
+    in_specs=[row_spec] * n_in + [param_spec] * n_p,
+    out_specs=[row_spec] * n_out + [part_spec] * num_partials,
+    compiler_params=compiler_params,
+    interpret=interpret,
+    name=name,
   )(*row_inputs, *[p.reshape(1, feats) for p in params])
   outs = list(results[:n_out])
   sums = [jnp.sum(r[:, 0, :feats], axis=0) for r in results[n_out:]]
@@ -340,6 +368,6 @@ def row_mean(v: jax.Array, features: int) -> jax.Array:
 
 def flatten_rows(x: jax.Array, num_axes: int) -> tuple[int, int]:
   """``(rows, features)`` of ``x`` with its last ``num_axes`` axes as row."""
-  feats = math.prod(x.shape[x.ndim - num_axes:])
-  rows = math.prod(x.shape[:x.ndim - num_axes])
+  feats = math.prod(x.shape[x.ndim - num_axes :])
+  rows = math.prod(x.shape[: x.ndim - num_axes])
   return rows, feats

@@ -78,24 +78,35 @@ class AttentionTiling:
       if v < 1:
         raise ValueError(f"AttentionTiling: {name} must be >= 1, got {v}")
       if self.lowering == "gpu" and (v & (v - 1) or v < 16):
-        raise ValueError(f"AttentionTiling: the gpu (Triton) lowering needs "
-                         f"a power-of-two {name} >= 16, got {name}={v}")
+        raise ValueError(
+          f"AttentionTiling: the gpu (Triton) lowering needs "
+          f"a power-of-two {name} >= 16, got {name}={v}"
+        )
     if self.lowering == "tpu":
       if self.block_q % 8:
-        raise ValueError(f"AttentionTiling: the tpu lowering needs block_q "
-                         f"to be a multiple of 8, got {self.block_q}")
+        raise ValueError(
+          f"AttentionTiling: the tpu lowering needs block_q "
+          f"to be a multiple of 8, got {self.block_q}"
+        )
       if self.block_k % 128:
-        raise ValueError(f"AttentionTiling: the tpu lowering needs block_k "
-                         f"to be a multiple of 128 (a lane tile), got "
-                         f"{self.block_k}")
+        raise ValueError(
+          f"AttentionTiling: the tpu lowering needs block_k "
+          f"to be a multiple of 128 (a lane tile), got "
+          f"{self.block_k}"
+        )
     if self.q_len % self.block_q or self.kv_len % self.block_k:
-      raise ValueError("AttentionTiling: padded lengths must be multiples of "
-                       "the blocks")
+      raise ValueError(
+        "AttentionTiling: padded lengths must be multiples of the blocks"
+      )
 
 
-def attention_block_heuristic(lowering: str, q_len: int, kv_len: int,
-                              block_q: int | None = None,
-                              block_k: int | None = None) -> AttentionTiling:
+def attention_block_heuristic(
+  lowering: str,
+  q_len: int,
+  kv_len: int,
+  block_q: int | None = None,
+  block_k: int | None = None,
+) -> AttentionTiling:
   """Chooses the flash tiles; the one place for attention block sizes.
 
   Constants: 128 x 128 tiles are the standard FlashAttention-2 choice on
@@ -125,8 +136,9 @@ def attention_block_heuristic(lowering: str, q_len: int, kv_len: int,
   else:
     bq = block_q or min(128, pl.cdiv(q_len, 8) * 8)
     bk = block_k or 128
-  return AttentionTiling(lowering, bq, bk, pl.cdiv(q_len, bq) * bq,
-                         pl.cdiv(kv_len, bk) * bk)
+  return AttentionTiling(
+    lowering, bq, bk, pl.cdiv(q_len, bq) * bq, pl.cdiv(kv_len, bk) * bk
+  )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -154,8 +166,9 @@ def _compiler_params(st: _Static, num_dims: int):
 
 def _dot(a, b, contract_b: int):
   """``a @ b`` (contract_b=0) or ``a @ b.T`` (contract_b=1), f32 result."""
-  return jax.lax.dot_general(a, b, (((1,), (contract_b,)), ((), ())),
-                             preferred_element_type=jnp.float32)
+  return jax.lax.dot_general(
+    a, b, (((1,), (contract_b,)), ((), ())), preferred_element_type=jnp.float32
+  )
 
 
 def _logits(st, q, k, q0, k0, mask):
@@ -198,8 +211,9 @@ def _kv_stop(st, q_block):
     return n
   # lax.div (truncation) on these non-negative ints: jnp's floor division
   # emits a sign op that Mosaic cannot lower without a TPU attached.
-  return jnp.minimum(n, jax.lax.div((q_block + 1) * t.block_q + t.block_k - 1,
-                                    t.block_k))
+  return jnp.minimum(
+    n, jax.lax.div((q_block + 1) * t.block_q + t.block_k - 1, t.block_k)
+  )
 
 
 def _fwd_kernel(st, q_ref, k_ref, v_ref, *refs):
@@ -225,16 +239,16 @@ def _fwd_kernel(st, q_ref, k_ref, v_ref, *refs):
     v = v_ref[pl.ds(j * bk, bk), :]
     mask = mask_ref[:, pl.ds(j * bk, bk)] if st.has_mask else None
     s, valid, _ = _logits(st, q, k, i * bq, j * bk, mask)
-    m_new = jnp.maximum(m, jnp.max(jnp.where(valid, s, -jnp.inf), axis=1,
-                                   keepdims=True))
+    m_new = jnp.maximum(
+      m, jnp.max(jnp.where(valid, s, -jnp.inf), axis=1, keepdims=True)
+    )
     p = jnp.where(valid, jnp.exp(s - m_new), 0.0)
     corr = jnp.exp(m - m_new)
     l_new = corr * norm + jnp.sum(p, axis=1, keepdims=True)
     acc_new = corr * acc + _dot(p.astype(v.dtype), v, 0)
     return m_new, l_new, acc_new
 
-  m, norm, acc = jax.lax.fori_loop(0, _kv_stop(st, i), body,
-                                   (m0, l0, acc0))
+  m, norm, acc = jax.lax.fori_loop(0, _kv_stop(st, i), body, (m0, l0, acc0))
   o_ref[...] = (acc / norm).astype(o_ref.dtype)
   # m and l, not m + log(l): for a fully masked row m is -0.7 * f32 max and
   # log(l) would be lost to rounding, giving wrong backward probabilities.
@@ -242,8 +256,9 @@ def _fwd_kernel(st, q_ref, k_ref, v_ref, *refs):
   l_ref[...] = norm
 
 
-def _dq_kernel(st, q_ref, k_ref, v_ref, do_ref, m_ref, linv_ref, delta_ref,
-               *refs):
+def _dq_kernel(
+  st, q_ref, k_ref, v_ref, do_ref, m_ref, linv_ref, delta_ref, *refs
+):
   refs = list(refs)
   mask_ref = refs.pop(0) if st.has_mask else None
   (dq_ref,) = refs
@@ -262,13 +277,15 @@ def _dq_kernel(st, q_ref, k_ref, v_ref, do_ref, m_ref, linv_ref, delta_ref,
     ds = _masked(p * (_dot(do, v, 1) - delta), allowed)
     return dq + _dot(ds.astype(k.dtype), k, 0)
 
-  dq = jax.lax.fori_loop(0, _kv_stop(st, i), body,
-                         jnp.zeros((bq, q.shape[-1]), jnp.float32))
+  dq = jax.lax.fori_loop(
+    0, _kv_stop(st, i), body, jnp.zeros((bq, q.shape[-1]), jnp.float32)
+  )
   dq_ref[...] = (dq * st.scale).astype(dq_ref.dtype)
 
 
-def _dkv_kernel(st, q_ref, k_ref, v_ref, do_ref, m_ref, linv_ref, delta_ref,
-                *refs):
+def _dkv_kernel(
+  st, q_ref, k_ref, v_ref, do_ref, m_ref, linv_ref, delta_ref, *refs
+):
   refs = list(refs)
   mask_ref = refs.pop(0) if st.has_mask else None
   dk_ref, dv_ref = refs
@@ -295,8 +312,11 @@ def _dkv_kernel(st, q_ref, k_ref, v_ref, do_ref, m_ref, linv_ref, delta_ref,
     return dk, dv
 
   dk, dv = jax.lax.fori_loop(
-      start, nq, body, (jnp.zeros(k.shape, jnp.float32),
-                        jnp.zeros(v.shape, jnp.float32)))
+    start,
+    nq,
+    body,
+    (jnp.zeros(k.shape, jnp.float32), jnp.zeros(v.shape, jnp.float32)),
+  )
   dk_ref[...] = (dk * st.scale).astype(dk_ref.dtype)
   dv_ref[...] = dv.astype(dv_ref.dtype)
 
@@ -306,6 +326,7 @@ def _mask_spec(st, rows, cols, row_blocked):
     bb = b if st.mask_b else 0
     nn = n if st.mask_n else 0
     return (bb, nn, x, 0) if row_blocked else (bb, nn, 0, x)
+
   return pl.BlockSpec((pl.squeezed, pl.squeezed, rows, cols), index)
 
 
@@ -315,35 +336,50 @@ def _forward(q, k, v, sink, mask, st):
   hv = v.shape[-1]
   g = st.group
   in_specs = [
-      pl.BlockSpec((pl.squeezed, pl.squeezed, t.block_q, h),
-                   lambda b, n, i: (b, n, i, 0)),
-      pl.BlockSpec((pl.squeezed, pl.squeezed, t.kv_len, h),
-                   lambda b, n, i: (b, jax.lax.div(n, g), 0, 0)),
-      pl.BlockSpec((pl.squeezed, pl.squeezed, t.kv_len, hv),
-                   lambda b, n, i: (b, jax.lax.div(n, g), 0, 0)),
+    pl.BlockSpec(
+      (pl.squeezed, pl.squeezed, t.block_q, h), lambda b, n, i: (b, n, i, 0)
+    ),
+    pl.BlockSpec(
+      (pl.squeezed, pl.squeezed, t.kv_len, h),
+      lambda b, n, i: (b, jax.lax.div(n, g), 0, 0),
+    ),
+    pl.BlockSpec(
+      (pl.squeezed, pl.squeezed, t.kv_len, hv),
+      lambda b, n, i: (b, jax.lax.div(n, g), 0, 0),
+    ),
   ]
   args = [q, k, v]
   if st.has_mask:
     in_specs.append(_mask_spec(st, t.block_q, t.kv_len, True))
     args.append(mask)
   if st.has_sink:
-    in_specs.append(pl.BlockSpec((pl.squeezed, t.block_q, 1),
-                                 lambda b, n, i: (n, i, 0)))
-    args.append(jnp.broadcast_to(sink.astype(jnp.float32).reshape(n, 1, 1),
-                                 (n, t.q_len, 1)))
-  row = lambda w: pl.BlockSpec((pl.squeezed, pl.squeezed, t.block_q, w),  # noqa: E731
-                               lambda b, n, i: (b, n, i, 0))
+    in_specs.append(
+      pl.BlockSpec((pl.squeezed, t.block_q, 1), lambda b, n, i: (n, i, 0))
+    )
+    args.append(
+      jnp.broadcast_to(
+        sink.astype(jnp.float32).reshape(n, 1, 1), (n, t.q_len, 1)
+      )
+    )
+
+  def row(w):
+    return pl.BlockSpec(
+      (pl.squeezed, pl.squeezed, t.block_q, w), lambda b, n, i: (b, n, i, 0)
+    )
+
   return pl.pallas_call(
-      functools.partial(_fwd_kernel, st),
-      out_shape=[jax.ShapeDtypeStruct((b, n, t.q_len, hv), q.dtype),
-                 jax.ShapeDtypeStruct((b, n, t.q_len, 1), jnp.float32),
-                 jax.ShapeDtypeStruct((b, n, t.q_len, 1), jnp.float32)],
-      grid=(b, n, t.q_len // t.block_q),
-      in_specs=in_specs,
-      out_specs=[row(hv), row(1), row(1)],
-      compiler_params=_compiler_params(st, 3),
-      interpret=st.interpret,
-      name="jaxnorm_flash_attention_fwd",
+    functools.partial(_fwd_kernel, st),
+    out_shape=[
+      jax.ShapeDtypeStruct((b, n, t.q_len, hv), q.dtype),
+      jax.ShapeDtypeStruct((b, n, t.q_len, 1), jnp.float32),
+      jax.ShapeDtypeStruct((b, n, t.q_len, 1), jnp.float32),
+    ],
+    grid=(b, n, t.q_len // t.block_q),
+    in_specs=in_specs,
+    out_specs=[row(hv), row(1), row(1)],
+    compiler_params=_compiler_params(st, 3),
+    interpret=st.interpret,
+    name="jaxnorm_flash_attention_fwd",
   )(*args)
 
 
@@ -352,51 +388,72 @@ def _backward(q, k, v, mask, o, m, norm, do, st):
   b, n, _, h = q.shape
   hv = v.shape[-1]
   g = st.group
-  delta = jnp.sum(do.astype(jnp.float32) * o.astype(jnp.float32), axis=-1,
-                  keepdims=True)
+  delta = jnp.sum(
+    do.astype(jnp.float32) * o.astype(jnp.float32), axis=-1, keepdims=True
+  )
   linv = 1.0 / norm
-  qblk = lambda w: pl.BlockSpec((pl.squeezed, pl.squeezed, t.block_q, w),  # noqa: E731
-                                lambda b, n, i: (b, n, i, 0))
-  qall = lambda w: pl.BlockSpec((pl.squeezed, pl.squeezed, t.q_len, w),  # noqa: E731
-                                lambda b, n, j: (b, n, 0, 0))
-  kall = lambda w: pl.BlockSpec((pl.squeezed, pl.squeezed, t.kv_len, w),  # noqa: E731
-                                lambda b, n, i: (b, jax.lax.div(n, g), 0, 0))
-  kblk = lambda w: pl.BlockSpec((pl.squeezed, pl.squeezed, t.block_k, w),  # noqa: E731
-                                lambda b, n, j: (b, jax.lax.div(n, g), j, 0))
-  kout = lambda w: pl.BlockSpec((pl.squeezed, pl.squeezed, t.block_k, w),  # noqa: E731
-                                lambda b, n, j: (b, n, j, 0))
+
+  def qblk(w):
+    return pl.BlockSpec(
+      (pl.squeezed, pl.squeezed, t.block_q, w), lambda b, n, i: (b, n, i, 0)
+    )
+
+  def qall(w):
+    return pl.BlockSpec(
+      (pl.squeezed, pl.squeezed, t.q_len, w), lambda b, n, j: (b, n, 0, 0)
+    )
+
+  def kall(w):
+    return pl.BlockSpec(
+      (pl.squeezed, pl.squeezed, t.kv_len, w),
+      lambda b, n, i: (b, jax.lax.div(n, g), 0, 0),
+    )
+
+  def kblk(w):
+    return pl.BlockSpec(
+      (pl.squeezed, pl.squeezed, t.block_k, w),
+      lambda b, n, j: (b, jax.lax.div(n, g), j, 0),
+    )
+
+  def kout(w):
+    return pl.BlockSpec(
+      (pl.squeezed, pl.squeezed, t.block_k, w), lambda b, n, j: (b, n, j, 0)
+    )
+
   margs = [mask] if st.has_mask else []
   dq = pl.pallas_call(
-      functools.partial(_dq_kernel, st),
-      out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
-      grid=(b, n, t.q_len // t.block_q),
-      in_specs=[qblk(h), kall(h), kall(hv), qblk(hv), qblk(1), qblk(1),
-                qblk(1)] + (
-          [_mask_spec(st, t.block_q, t.kv_len, True)] if st.has_mask else []),
-      out_specs=qblk(h),
-      compiler_params=_compiler_params(st, 3),
-      interpret=st.interpret,
-      name="jaxnorm_flash_attention_dq",
+    functools.partial(_dq_kernel, st),
+    out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
+    grid=(b, n, t.q_len // t.block_q),
+    in_specs=[qblk(h), kall(h), kall(hv), qblk(hv), qblk(1), qblk(1), qblk(1)]
+    + ([_mask_spec(st, t.block_q, t.kv_len, True)] if st.has_mask else []),
+    out_specs=qblk(h),
+    compiler_params=_compiler_params(st, 3),
+    interpret=st.interpret,
+    name="jaxnorm_flash_attention_dq",
   )(q, k, v, do, m, linv, delta, *margs)
   dk, dv = pl.pallas_call(
-      functools.partial(_dkv_kernel, st),
-      out_shape=[jax.ShapeDtypeStruct((b, n, t.kv_len, h), k.dtype),
-                 jax.ShapeDtypeStruct((b, n, t.kv_len, hv), v.dtype)],
-      grid=(b, n, t.kv_len // t.block_k),
-      in_specs=[qall(h), kblk(h), kblk(hv), qall(hv), qall(1), qall(1),
-                qall(1)] + (
-          [_mask_spec(st, t.q_len, t.block_k, False)] if st.has_mask else []),
-      out_specs=[kout(h), kout(hv)],
-      compiler_params=_compiler_params(st, 3),
-      interpret=st.interpret,
-      name="jaxnorm_flash_attention_dkv",
+    functools.partial(_dkv_kernel, st),
+    out_shape=[
+      jax.ShapeDtypeStruct((b, n, t.kv_len, h), k.dtype),
+      jax.ShapeDtypeStruct((b, n, t.kv_len, hv), v.dtype),
+    ],
+    grid=(b, n, t.kv_len // t.block_k),
+    in_specs=[qall(h), kblk(h), kblk(hv), qall(hv), qall(1), qall(1), qall(1)]
+    + ([_mask_spec(st, t.q_len, t.block_k, False)] if st.has_mask else []),
+    out_specs=[kout(h), kout(hv)],
+    compiler_params=_compiler_params(st, 3),
+    interpret=st.interpret,
+    name="jaxnorm_flash_attention_dkv",
   )(q, k, v, do, m, linv, delta, *margs)
   if g > 1:  # sum the query heads of each GQA group (f32, then cast)
     kh = n // g
-    dk = jnp.sum(dk.astype(jnp.float32).reshape(b, kh, g, t.kv_len, h),
-                 axis=2).astype(k.dtype)
-    dv = jnp.sum(dv.astype(jnp.float32).reshape(b, kh, g, t.kv_len, hv),
-                 axis=2).astype(v.dtype)
+    dk = jnp.sum(
+      dk.astype(jnp.float32).reshape(b, kh, g, t.kv_len, h), axis=2
+    ).astype(k.dtype)
+    dv = jnp.sum(
+      dv.astype(jnp.float32).reshape(b, kh, g, t.kv_len, hv), axis=2
+    ).astype(v.dtype)
   return dq, dk, dv, delta
 
 
@@ -417,7 +474,7 @@ def _flash_bwd(st, res, do):
   if sink is not None:
     n = q.shape[1]
     s = sink.astype(jnp.float32).reshape(1, n, 1, 1)
-    w = (jnp.exp(s - m) / norm * delta)[:, :, :st.q_len]
+    w = (jnp.exp(s - m) / norm * delta)[:, :, : st.q_len]
     dsink = (-jnp.sum(w, axis=(0, 2, 3))).astype(sink.dtype)
   dmask = None if mask is None else jnp.zeros(mask.shape, mask.dtype)
   return dq, dk, dv, dsink, dmask
@@ -426,70 +483,102 @@ def _flash_bwd(st, res, do):
 _flash.defvjp(_flash_fwd, _flash_bwd)
 
 
-def _attention(who, query, key, value, bias, mask, sinks, use_sink, scale,
-               is_causal, block_q, block_k, interpret):
+def _attention(
+  who,
+  query,
+  key,
+  value,
+  bias,
+  mask,
+  sinks,
+  use_sink,
+  scale,
+  is_causal,
+  block_q,
+  block_k,
+  interpret,
+):
   for name, a in (("query", query), ("key", key), ("value", value)):
     _checks.check_floating(who, name, a)
   query, key, value = map(jnp.asarray, (query, key, value))
   lowering = _rows.lowering_for(who, interpret)
   if bias is not None:
     raise NotImplementedError(
-        f"{who}: the flash kernel has no additive bias (it would stream a "
-        "(B, N, T, S) tensor); use the reference (implementation='xla')")
+      f"{who}: the flash kernel has no additive bias (it would stream a "
+      "(B, N, T, S) tensor); use the reference (implementation='xla')"
+    )
   unbatched = query.ndim == 3
   if unbatched:
     query, key, value = query[None], key[None], value[None]
     if mask is not None and jnp.ndim(mask) == 3:
       mask = jnp.asarray(mask)[None]
   if query.ndim != 4 or key.ndim != 4 or value.ndim != 4:
-    raise ValueError(f"{who}: query, key and value must have rank 4 (B, T, "
-                     f"N, H) or 3, got {query.shape=}, {key.shape=}, "
-                     f"{value.shape=}")
+    raise ValueError(
+      f"{who}: query, key and value must have rank 4 (B, T, "
+      f"N, H) or 3, got {query.shape=}, {key.shape=}, "
+      f"{value.shape=}"
+    )
   b, tq, n, h = query.shape
   _, s, kh, _ = key.shape
-  if key.shape[0] != b or key.shape[-1] != h or n % kh or (
-      value.shape[:-1] != key.shape[:-1]):
-    raise ValueError(f"{who}: incompatible shapes {query.shape=}, "
-                     f"{key.shape=}, {value.shape=} (need equal batch and "
-                     "head_dim, N % K == 0, value matching key but the last "
-                     "axis)")
+  if (
+    key.shape[0] != b
+    or key.shape[-1] != h
+    or n % kh
+    or (value.shape[:-1] != key.shape[:-1])
+  ):
+    raise ValueError(
+      f"{who}: incompatible shapes {query.shape=}, "
+      f"{key.shape=}, {value.shape=} (need equal batch and "
+      "head_dim, N % K == 0, value matching key but the last "
+      "axis)"
+    )
   for a in (query, key, value):
     _rows.check_dtype(who, a.dtype, lowering)
   if len({query.dtype, key.dtype, value.dtype}) != 1:
-    raise NotImplementedError(f"{who}: the kernel needs one dtype for q, k, "
-                              f"v, got {query.dtype}, {key.dtype}, "
-                              f"{value.dtype}")
+    raise NotImplementedError(
+      f"{who}: the kernel needs one dtype for q, k, "
+      f"v, got {query.dtype}, {key.dtype}, "
+      f"{value.dtype}"
+    )
   hv = value.shape[-1]
   if lowering == "gpu":
     for name, dim in (("head_dim", h), ("value head_dim", hv)):
       if dim < 16 or dim & (dim - 1):
         raise NotImplementedError(
-            f"{who}: the gpu (Triton) kernel needs a power-of-two {name} "
-            f">= 16, got {dim}; use the reference (implementation='xla')")
+          f"{who}: the gpu (Triton) kernel needs a power-of-two {name} "
+          f">= 16, got {dim}; use the reference (implementation='xla')"
+        )
   tiling = attention_block_heuristic(lowering, tq, s, block_q, block_k)
   kv_bytes = tiling.kv_len * (h + hv) * query.dtype.itemsize
   if kv_bytes > MAX_KV_BYTES:
     raise NotImplementedError(
-        f"{who}: one head's keys and values ({kv_bytes} bytes after padding) "
-        f"exceed the single-block budget of {MAX_KV_BYTES} bytes; use the "
-        "reference (implementation='xla')")
+      f"{who}: one head's keys and values ({kv_bytes} bytes after padding) "
+      f"exceed the single-block budget of {MAX_KV_BYTES} bytes; use the "
+      "reference (implementation='xla')"
+    )
   mask_b = mask_n = False
   mask_arr = None
   if mask is not None:
     mask = jnp.asarray(mask)
     if mask.dtype != jnp.bool_:
-      raise TypeError(f"{who}: mask must be boolean (True attends), got "
-                      f"{mask.dtype=}")
+      raise TypeError(
+        f"{who}: mask must be boolean (True attends), got {mask.dtype=}"
+      )
     target = (b, n, tq, s)
-    if mask.ndim != 4 or any(a not in (1, e) for a, e in
-                             zip(mask.shape, target)):
-      raise ValueError(f"{who}: mask must be broadcastable to (batch, heads,"
-                       f" q_len, kv_len)={target}, got {mask.shape=}")
+    if mask.ndim != 4 or any(
+      a not in (1, e) for a, e in zip(mask.shape, target)
+    ):
+      raise ValueError(
+        f"{who}: mask must be broadcastable to (batch, heads,"
+        f" q_len, kv_len)={target}, got {mask.shape=}"
+      )
     mask_b, mask_n = mask.shape[0] == b > 1, mask.shape[1] == n > 1
     full = jnp.broadcast_to(mask, (mask.shape[0], mask.shape[1], tq, s))
-    mask_arr = jnp.pad(full.astype(jnp.int32),
-                       ((0, 0), (0, 0), (0, tiling.q_len - tq),
-                        (0, tiling.kv_len - s)), constant_values=1)
+    mask_arr = jnp.pad(
+      full.astype(jnp.int32),
+      ((0, 0), (0, 0), (0, tiling.q_len - tq), (0, tiling.kv_len - s)),
+      constant_values=1,
+    )
   sink = None
   if use_sink:
     if sinks is None:
@@ -499,32 +588,48 @@ def _attention(who, query, key, value, bias, mask, sinks, use_sink, scale,
       _checks.check_shape(who, "sinks", sinks, (n,), "one per query head")
       sink = jnp.asarray(sinks)
   scale = 1.0 / math.sqrt(h) if scale is None else float(scale)
-  st = _Static(tiling, interpret, scale, bool(is_causal), mask is not None,
-               use_sink, tq, s, n // kh, mask_b, mask_n)
+  st = _Static(
+    tiling,
+    interpret,
+    scale,
+    bool(is_causal),
+    mask is not None,
+    use_sink,
+    tq,
+    s,
+    n // kh,
+    mask_b,
+    mask_n,
+  )
 
   def heads_first(x, length):
     x = jnp.swapaxes(x, 1, 2)
     return jnp.pad(x, ((0, 0), (0, 0), (0, length - x.shape[2]), (0, 0)))
 
-  out = _flash(heads_first(query, tiling.q_len),
-               heads_first(key, tiling.kv_len),
-               heads_first(value, tiling.kv_len), sink, mask_arr, st)
+  out = _flash(
+    heads_first(query, tiling.q_len),
+    heads_first(key, tiling.kv_len),
+    heads_first(value, tiling.kv_len),
+    sink,
+    mask_arr,
+    st,
+  )
   out = jnp.swapaxes(out[:, :, :tq], 1, 2)
   return out[0] if unbatched else out
 
 
 def dot_product_attention_pallas(
-    query: Float[Array, "B T N H"],
-    key: Float[Array, "B S K H"],
-    value: Float[Array, "B S K Hv"],
-    bias: Float[Array, "B N T S"] | None = None,
-    mask: Bool[Array, "B N T S"] | None = None,
-    *,
-    scale: float | None = None,
-    is_causal: bool = False,
-    block_q: int | None = None,
-    block_k: int | None = None,
-    interpret: Any = False,
+  query: Float[Array, "B T N H"],
+  key: Float[Array, "B S K H"],
+  value: Float[Array, "B S K Hv"],
+  bias: Float[Array, "B N T S"] | None = None,
+  mask: Bool[Array, "B N T S"] | None = None,
+  *,
+  scale: float | None = None,
+  is_causal: bool = False,
+  block_q: int | None = None,
+  block_k: int | None = None,
+  interpret: Any = False,
 ) -> Float[Array, "B T N Hv"]:
   r"""Flash attention kernel of `jaxnorm.attention.dot_product_attention`.
 
@@ -556,24 +661,36 @@ def dot_product_attention_pallas(
     Dao, *FlashAttention-2: Faster Attention with Better Parallelism and
     Work Partitioning*, arXiv:2307.08691 (2023).
   """
-  return _attention("dot_product_attention_pallas", query, key, value, bias,
-                    mask, None, False, scale, is_causal, block_q, block_k,
-                    interpret)
+  return _attention(
+    "dot_product_attention_pallas",
+    query,
+    key,
+    value,
+    bias,
+    mask,
+    None,
+    False,
+    scale,
+    is_causal,
+    block_q,
+    block_k,
+    interpret,
+  )
 
 
 def sink_attention_pallas(
-    query: Float[Array, "B T N H"],
-    key: Float[Array, "B S K H"],
-    value: Float[Array, "B S K Hv"],
-    bias: Float[Array, "B N T S"] | None = None,
-    mask: Bool[Array, "B N T S"] | None = None,
-    *,
-    sinks: Float[Array, " N"] | None = None,
-    scale: float | None = None,
-    is_causal: bool = False,
-    block_q: int | None = None,
-    block_k: int | None = None,
-    interpret: Any = False,
+  query: Float[Array, "B T N H"],
+  key: Float[Array, "B S K H"],
+  value: Float[Array, "B S K Hv"],
+  bias: Float[Array, "B N T S"] | None = None,
+  mask: Bool[Array, "B N T S"] | None = None,
+  *,
+  sinks: Float[Array, " N"] | None = None,
+  scale: float | None = None,
+  is_causal: bool = False,
+  block_q: int | None = None,
+  block_k: int | None = None,
+  interpret: Any = False,
 ) -> Float[Array, "B T N Hv"]:
   r"""Flash attention kernel of `jaxnorm.attention.sink_attention`.
 
@@ -609,27 +726,39 @@ def sink_attention_pallas(
     Xiao et al., *Efficient Streaming Language Models with Attention Sinks*,
     arXiv:2309.17453 (2023); Dao, arXiv:2307.08691 (2023).
   """
-  return _attention("sink_attention_pallas", query, key, value, bias, mask,
-                    sinks, True, scale, is_causal, block_q, block_k,
-                    interpret)
+  return _attention(
+    "sink_attention_pallas",
+    query,
+    key,
+    value,
+    bias,
+    mask,
+    sinks,
+    True,
+    scale,
+    is_causal,
+    block_q,
+    block_k,
+    interpret,
+  )
 
 
 def affine_scaled_attention_pallas(
-    query: Float[Array, "B T N H"],
-    key: Float[Array, "B S K H"],
-    value: Float[Array, "B S K Hv"],
-    bias: Float[Array, "B N T S"] | None = None,
-    mask: Bool[Array, "B N T S"] | None = None,
-    *,
-    alpha: Float[Array, "B T N"],
-    alpha_ma: Float[Array, "..."],
-    scale: float | None = None,
-    is_causal: bool = False,
-    training: bool = False,
-    rho: float = 0.9,
-    block_q: int | None = None,
-    block_k: int | None = None,
-    interpret: Any = False,
+  query: Float[Array, "B T N H"],
+  key: Float[Array, "B S K H"],
+  value: Float[Array, "B S K Hv"],
+  bias: Float[Array, "B N T S"] | None = None,
+  mask: Bool[Array, "B N T S"] | None = None,
+  *,
+  alpha: Float[Array, "B T N"],
+  alpha_ma: Float[Array, "..."],
+  scale: float | None = None,
+  is_causal: bool = False,
+  training: bool = False,
+  rho: float = 0.9,
+  block_q: int | None = None,
+  block_k: int | None = None,
+  interpret: Any = False,
 ) -> tuple[Float[Array, "B T N Hv"], Float[Array, "..."]]:
   r"""Affine-scaled attention with the softmax part as the flash kernel.
 
@@ -679,18 +808,33 @@ def affine_scaled_attention_pallas(
   who = "affine_scaled_attention_pallas"
   query, key, value = map(jnp.asarray, (query, key, value))
   if query.ndim != 4:
-    raise ValueError(f"{who}: query must be batched (B, T, N, H), got "
-                     f"{query.shape=}")
-  soft = _attention(who, query, key, value, bias, mask, None, False, scale,
-                    is_causal, block_q, block_k, interpret)
+    raise ValueError(
+      f"{who}: query must be batched (B, T, N, H), got {query.shape=}"
+    )
+  soft = _attention(
+    who,
+    query,
+    key,
+    value,
+    bias,
+    mask,
+    None,
+    False,
+    scale,
+    is_causal,
+    block_q,
+    block_k,
+    interpret,
+  )
   b, t, n, _ = query.shape
   s, kh = key.shape[1], key.shape[2]
   _checks.check_floating(who, "alpha", alpha)
   _checks.check_shape(who, "alpha", alpha, (b, t, n), "(batch, q_len, heads)")
   alpha_ma = jnp.asarray(alpha_ma)
   if alpha_ma.shape not in ((n,), ()):
-    raise ValueError(f"{who}: alpha_ma must have shape ({n},) or (), got "
-                     f"{alpha_ma.shape=}")
+    raise ValueError(
+      f"{who}: alpha_ma must have shape ({n},) or (), got {alpha_ma.shape=}"
+    )
   if not 0.0 <= rho <= 1.0:
     raise ValueError(f"{who}: rho must be in [0, 1], got {rho=}")
   f32 = jnp.float32
@@ -709,12 +853,12 @@ def affine_scaled_attention_pallas(
       allowed = jnp.logical_and(allowed, tri)
     w = allowed.astype(f32)
     count = jnp.transpose(jnp.sum(w, axis=-1), (0, 2, 1))[..., None]
-    vsum = jnp.einsum("bnts,bsnh->btnh",
-                      jnp.broadcast_to(w, (b, n, t, s)), v)
+    vsum = jnp.einsum("bnts,bsnh->btnh", jnp.broadcast_to(w, (b, n, t, s)), v)
   a = alpha.astype(f32)[..., None]  # (B, T, N, 1)
   valid = jnp.broadcast_to(count > 0, a.shape)
   new_ma = attention_ref.affine_scale_running_estimate(
-      a, valid, alpha_ma, head_axis=2, training=training, rho=rho)
+    a, valid, alpha_ma, head_axis=2, training=training, rho=rho
+  )
   ma = new_ma.reshape((1, 1, n, 1) if new_ma.ndim else (1, 1, 1, 1))
   beta = (ma - a) / jnp.maximum(count, 1.0)
   out = a * soft.astype(f32) + beta * vsum

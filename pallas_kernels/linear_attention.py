@@ -38,17 +38,18 @@ from jaxnorm import attention as reference
 from pallas_kernels import _rows
 
 _FEATURE_MAPS = {
-    "elu_plus_one": lambda x: jax.nn.elu(x) + 1.0,
-    "relu": lambda x: jax.nn.relu(x) + 1e-6,
-    "identity": lambda x: x,
+  "elu_plus_one": lambda x: jax.nn.elu(x) + 1.0,
+  "relu": lambda x: jax.nn.relu(x) + 1e-6,
+  "identity": lambda x: x,
 }
 # q, k, v of one head sit in one block (the kernel slices the chunks).
 MAX_HEAD_BYTES = 8 << 20
 
 
 def _dot(a, b):
-  return jax.lax.dot_general(a, b, (((1,), (0,)), ((), ())),
-                             preferred_element_type=jnp.float32)
+  return jax.lax.dot_general(
+    a, b, (((1,), (0,)), ((), ())), preferred_element_type=jnp.float32
+  )
 
 
 def _kernel(chunk, num_chunks, normalize, eps, q_ref, k_ref, v_ref, o_ref):
@@ -66,24 +67,30 @@ def _kernel(chunk, num_chunks, normalize, eps, q_ref, k_ref, v_ref, o_ref):
     w = jnp.where(tri, _dot(q, k.T), 0.0)
     num = _dot(w, v) + _dot(q, state)
     if normalize:
-      den = (jnp.sum(w, axis=1, keepdims=True)
-             + jnp.sum(q * z, axis=1, keepdims=True))
+      den = jnp.sum(w, axis=1, keepdims=True) + jnp.sum(
+        q * z, axis=1, keepdims=True
+      )
       num = num / (den + eps)
     o_ref[sl, :] = num.astype(o_ref.dtype)
     return state + _dot(k.T, v), z + jnp.sum(k, axis=0, keepdims=True)
 
-  jax.lax.fori_loop(0, num_chunks, body,
-                    (jnp.zeros((f, e), jnp.float32),
-                     jnp.zeros((1, f), jnp.float32)))
+  jax.lax.fori_loop(
+    0,
+    num_chunks,
+    body,
+    (jnp.zeros((f, e), jnp.float32), jnp.zeros((1, f), jnp.float32)),
+  )
 
 
 def _forward(fq, fk, v, *, chunk, group, normalize, eps, lowering, interpret):
   b, n, tp, f = fq.shape
   e = v.shape[-1]
   spec = lambda w, kv: pl.BlockSpec(  # noqa: E731
-      (pl.squeezed, pl.squeezed, tp, w),
-      (lambda b, h: (b, jax.lax.div(h, group), 0, 0)) if kv
-      else (lambda b, h: (b, h, 0, 0)))
+    (pl.squeezed, pl.squeezed, tp, w),
+    (lambda b, h: (b, jax.lax.div(h, group), 0, 0))
+    if kv
+    else (lambda b, h: (b, h, 0, 0)),
+  )
   if lowering == "gpu":
     params = plgpu.CompilerParams(num_warps=4, num_stages=1)
   elif isinstance(interpret, pltpu.InterpretParams):
@@ -91,27 +98,27 @@ def _forward(fq, fk, v, *, chunk, group, normalize, eps, lowering, interpret):
   else:
     params = pltpu.CompilerParams(dimension_semantics=("parallel",) * 2)
   return pl.pallas_call(
-      functools.partial(_kernel, chunk, tp // chunk, normalize, eps),
-      out_shape=jax.ShapeDtypeStruct((b, n, tp, e), v.dtype),
-      grid=(b, n),
-      in_specs=[spec(f, False), spec(f, True), spec(e, True)],
-      out_specs=spec(e, False),
-      compiler_params=params,
-      interpret=interpret,
-      name="jaxnorm_causal_linear_attention_fwd",
+    functools.partial(_kernel, chunk, tp // chunk, normalize, eps),
+    out_shape=jax.ShapeDtypeStruct((b, n, tp, e), v.dtype),
+    grid=(b, n),
+    in_specs=[spec(f, False), spec(f, True), spec(e, True)],
+    out_specs=spec(e, False),
+    compiler_params=params,
+    interpret=interpret,
+    name="jaxnorm_causal_linear_attention_fwd",
   )(fq, fk, v)
 
 
 def causal_linear_attention_pallas(
-    query: Float[Array, "B T N H"],
-    key: Float[Array, "B T K H"],
-    value: Float[Array, "B T K Hv"],
-    *,
-    feature_map: str = "elu_plus_one",
-    normalize: bool = True,
-    eps: float = 1e-6,
-    chunk_size: int = 64,
-    interpret: Any = False,
+  query: Float[Array, "B T N H"],
+  key: Float[Array, "B T K H"],
+  value: Float[Array, "B T K Hv"],
+  *,
+  feature_map: str = "elu_plus_one",
+  normalize: bool = True,
+  eps: float = 1e-6,
+  chunk_size: int = 64,
+  interpret: Any = False,
 ) -> Float[Array, "B T N Hv"]:
   r"""Chunked causal linear attention with a Pallas forward kernel.
 
@@ -154,12 +161,20 @@ def causal_linear_attention_pallas(
     _checks.check_floating(who, name, a)
   query, key, value = map(jnp.asarray, (query, key, value))
   lowering = _rows.lowering_for(who, interpret)
-  if query.ndim != 4 or key.shape[:2] != query.shape[:2] or (
-      key.shape[-1] != query.shape[-1] or query.shape[2] % key.shape[2]
-      or value.shape[:-1] != key.shape[:-1]):
-    raise ValueError(f"{who}: need query (B, T, N, H), key (B, T, K, H) and "
-                     f"value (B, T, K, Hv) with N % K == 0, got "
-                     f"{query.shape=}, {key.shape=}, {value.shape=}")
+  if (
+    query.ndim != 4
+    or key.shape[:2] != query.shape[:2]
+    or (
+      key.shape[-1] != query.shape[-1]
+      or query.shape[2] % key.shape[2]
+      or value.shape[:-1] != key.shape[:-1]
+    )
+  ):
+    raise ValueError(
+      f"{who}: need query (B, T, N, H), key (B, T, K, H) and "
+      f"value (B, T, K, Hv) with N % K == 0, got "
+      f"{query.shape=}, {key.shape=}, {value.shape=}"
+    )
   for a in (query, key, value):
     _rows.check_dtype(who, a.dtype, lowering)
   b, t, n, h = query.shape
@@ -170,20 +185,29 @@ def causal_linear_attention_pallas(
     for name, dim in (("head_dim", h), ("value head_dim", hv)):
       if dim < 16 or dim & (dim - 1):
         raise NotImplementedError(
-            f"{who}: the gpu (Triton) kernel needs a power-of-two {name} "
-            f">= 16, got {dim}; use the reference")
+          f"{who}: the gpu (Triton) kernel needs a power-of-two {name} "
+          f">= 16, got {dim}; use the reference"
+        )
   else:
     c = pl.cdiv(c, 8) * 8
   tp = pl.cdiv(t, c) * c
   nbytes = tp * (2 * h + hv) * query.dtype.itemsize
   if nbytes > MAX_HEAD_BYTES:
     raise NotImplementedError(
-        f"{who}: one head's q, k, v ({nbytes} bytes padded) exceed the "
-        f"single-block budget of {MAX_HEAD_BYTES} bytes; use the reference")
-  static = dict(chunk=c, group=n // key.shape[2], normalize=bool(normalize),
-                eps=float(eps), lowering=lowering, interpret=interpret)
-  return _linear(query, key, value, feature_map, chunk_size, tuple(
-      sorted(static.items())))
+      f"{who}: one head's q, k, v ({nbytes} bytes padded) exceed the "
+      f"single-block budget of {MAX_HEAD_BYTES} bytes; use the reference"
+    )
+  static = dict(
+    chunk=c,
+    group=n // key.shape[2],
+    normalize=bool(normalize),
+    eps=float(eps),
+    lowering=lowering,
+    interpret=interpret,
+  )
+  return _linear(
+    query, key, value, feature_map, chunk_size, tuple(sorted(static.items()))
+  )
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))
@@ -214,8 +238,15 @@ def _linear_bwd(feature_map, chunk_size, static, res, g):
 
   def ref(q, k, v):
     return reference.causal_linear_attention(
-        q, k, v, feature_map=feature_map, normalize=st["normalize"],
-        eps=st["eps"], chunk_size=chunk_size, implementation="chunked")
+      q,
+      k,
+      v,
+      feature_map=feature_map,
+      normalize=st["normalize"],
+      eps=st["eps"],
+      chunk_size=chunk_size,
+      implementation="chunked",
+    )
 
   _, vjp = jax.vjp(ref, *res)
   return vjp(g)

@@ -53,9 +53,9 @@ class _Static:
   div_dim: bool = False
 
 
-def _prepare(who: str, x: Any, axis: Axis, block_rows: int | None,
-             interpret: Any) -> tuple[jax.Array, tuple[int, ...],
-                                      _rows.RowTiling]:
+def _prepare(
+  who: str, x: Any, axis: Axis, block_rows: int | None, interpret: Any
+) -> tuple[jax.Array, tuple[int, ...], _rows.RowTiling]:
   """Validates the kernel-specific facts and builds the tiling."""
   _checks.check_floating(who, "x", x)
   x = jnp.asarray(x)
@@ -65,20 +65,24 @@ def _prepare(who: str, x: Any, axis: Axis, block_rows: int | None,
   _rows.check_dtype(who, x.dtype, lowering)
   if x.size == 0:
     raise NotImplementedError(
-        f"{who}: kernels need a non-empty input, got x.shape={x.shape}")
+      f"{who}: kernels need a non-empty input, got x.shape={x.shape}"
+    )
   rows, feats = _rows.flatten_rows(x, len(axes))
-  tiling = _rows.norm_block_heuristic(who, lowering, rows, feats, x.dtype,
-                                      block_rows)
+  tiling = _rows.norm_block_heuristic(
+    who, lowering, rows, feats, x.dtype, block_rows
+  )
   return x, axes, tiling
 
 
-def _check_param(who: str, name: str, p: Any, x: jax.Array,
-                 axes: tuple[int, ...]) -> None:
+def _check_param(
+  who: str, name: str, p: Any, x: jax.Array, axes: tuple[int, ...]
+) -> None:
   if p is None:
     return
   _checks.check_floating(who, name, p)
-  _checks.check_shape(who, name, p, tuple(x.shape[a] for a in axes),
-                      "x.shape[axis]")
+  _checks.check_shape(
+    who, name, p, tuple(x.shape[a] for a in axes), "x.shape[axis]"
+  )
 
 
 def _flat(p: Any, feats: int) -> jax.Array:
@@ -129,6 +133,7 @@ def _rms_fwd_body(st: _Static):
   def body(xs, ps, colmask):
     del colmask
     return [_rms_fwd_math(xs[0], ps, st)], []
+
   return body
 
 
@@ -137,6 +142,7 @@ def _rms_bwd_body(st: _Static):
     del colmask
     dx, contribs = _rms_bwd_math(xs[0], xs[1], ps, st)
     return [dx], contribs
+
   return body
 
 
@@ -147,9 +153,16 @@ def _rms_core(x2, scale, st):
 
 def _rms_core_fwd(x2, scale, st):
   params = [] if scale is None else [scale]
-  (y,), _ = _rows.row_call(_rms_fwd_body(st), st.tiling, [x2], params,
-                           [x2.dtype], 0, interpret=st.interpret,
-                           name="jaxnorm_rms_norm_fwd")
+  (y,), _ = _rows.row_call(
+    _rms_fwd_body(st),
+    st.tiling,
+    [x2],
+    params,
+    [x2.dtype],
+    0,
+    interpret=st.interpret,
+    name="jaxnorm_rms_norm_fwd",
+  )
   return y, (x2, scale)
 
 
@@ -157,8 +170,15 @@ def _rms_core_bwd(st, res, dy):
   x2, scale = res
   params = [] if scale is None else [scale]
   (dx,), sums = _rows.row_call(
-      _rms_bwd_body(st), st.tiling, [x2, dy], params, [x2.dtype],
-      len(params), interpret=st.interpret, name="jaxnorm_rms_norm_bwd")
+    _rms_bwd_body(st),
+    st.tiling,
+    [x2, dy],
+    params,
+    [x2.dtype],
+    len(params),
+    interpret=st.interpret,
+    name="jaxnorm_rms_norm_bwd",
+  )
   dscale = None if scale is None else sums[0].astype(scale.dtype)
   return dx, dscale
 
@@ -167,15 +187,15 @@ _rms_core.defvjp(_rms_core_fwd, _rms_core_bwd)
 
 
 def rms_norm_pallas(
-    x: Float[ArrayLike, "..."],
-    scale: Float[ArrayLike, " *d"] | None = None,
-    *,
-    eps: float = 1e-6,
-    axis: Axis = -1,
-    eps_mode: str = "inside",
-    scale_offset: float = 0.0,
-    block_rows: int | None = None,
-    interpret: Any = False,
+  x: Float[ArrayLike, "..."],
+  scale: Float[ArrayLike, " *d"] | None = None,
+  *,
+  eps: float = 1e-6,
+  axis: Axis = -1,
+  eps_mode: str = "inside",
+  scale_offset: float = 0.0,
+  block_rows: int | None = None,
+  interpret: Any = False,
 ) -> Float[Array, "..."]:
   r"""RMSNorm as a fused Pallas kernel (forward and backward).
 
@@ -213,8 +233,14 @@ def rms_norm_pallas(
   _checks.check_choice(who, "eps_mode", eps_mode, ("inside", "outside"))
   x, axes, tiling = _prepare(who, x, axis, block_rows, interpret)
   _check_param(who, "scale", scale, x, axes)
-  st = _Static(tiling, interpret, float(eps), float(scale_offset), eps_mode,
-               has_scale=scale is not None)
+  st = _Static(
+    tiling,
+    interpret,
+    float(eps),
+    float(scale_offset),
+    eps_mode,
+    has_scale=scale is not None,
+  )
   s = None if scale is None else _flat(scale, tiling.features)
   y = _rms_core(x.reshape(tiling.rows, tiling.features), s, st)
   return y.reshape(x.shape)
@@ -224,8 +250,9 @@ def rms_norm_pallas(
 # LayerNorm.
 
 
-def _ln_stats(x: jax.Array, colmask: jax.Array | None, st: _Static
-              ) -> tuple[jax.Array, jax.Array]:
+def _ln_stats(
+  x: jax.Array, colmask: jax.Array | None, st: _Static
+) -> tuple[jax.Array, jax.Array]:
   """Centered rows (zero in padded columns) and ``rstd``, two-pass."""
   n = st.tiling.features
   xc = x - _rows.row_mean(x, n)
@@ -261,6 +288,7 @@ def _ln_bwd_math(x, dy, ps, colmask, st):
 def _ln_fwd_body(st: _Static):
   def body(xs, ps, colmask):
     return [_ln_fwd_math(xs[0], ps, colmask, st)], []
+
   return body
 
 
@@ -268,6 +296,7 @@ def _ln_bwd_body(st: _Static):
   def body(xs, ps, colmask):
     dx, contribs = _ln_bwd_math(xs[0], xs[1], ps, colmask, st)
     return [dx], contribs
+
   return body
 
 
@@ -281,10 +310,16 @@ def _ln_core(x2, scale, bias, st):
 
 
 def _ln_core_fwd(x2, scale, bias, st):
-  (y,), _ = _rows.row_call(_ln_fwd_body(st), st.tiling, [x2],
-                           _params(scale, bias), [x2.dtype], 0,
-                           interpret=st.interpret,
-                           name="jaxnorm_layer_norm_fwd")
+  (y,), _ = _rows.row_call(
+    _ln_fwd_body(st),
+    st.tiling,
+    [x2],
+    _params(scale, bias),
+    [x2.dtype],
+    0,
+    interpret=st.interpret,
+    name="jaxnorm_layer_norm_fwd",
+  )
   return y, (x2, scale, bias)
 
 
@@ -292,8 +327,15 @@ def _ln_core_bwd(st, res, dy):
   x2, scale, bias = res
   params = _params(scale, bias)
   (dx,), sums = _rows.row_call(
-      _ln_bwd_body(st), st.tiling, [x2, dy], params, [x2.dtype],
-      len(params), interpret=st.interpret, name="jaxnorm_layer_norm_bwd")
+    _ln_bwd_body(st),
+    st.tiling,
+    [x2, dy],
+    params,
+    [x2.dtype],
+    len(params),
+    interpret=st.interpret,
+    name="jaxnorm_layer_norm_bwd",
+  )
   sums = iter(sums)
   dscale = None if scale is None else next(sums).astype(scale.dtype)
   dbias = None if bias is None else next(sums).astype(bias.dtype)
@@ -304,15 +346,15 @@ _ln_core.defvjp(_ln_core_fwd, _ln_core_bwd)
 
 
 def layer_norm_pallas(
-    x: Float[ArrayLike, "..."],
-    scale: Float[ArrayLike, " *d"] | None = None,
-    bias: Float[ArrayLike, " *d"] | None = None,
-    *,
-    eps: float = 1e-6,
-    axis: Axis = -1,
-    scale_offset: float = 0.0,
-    block_rows: int | None = None,
-    interpret: Any = False,
+  x: Float[ArrayLike, "..."],
+  scale: Float[ArrayLike, " *d"] | None = None,
+  bias: Float[ArrayLike, " *d"] | None = None,
+  *,
+  eps: float = 1e-6,
+  axis: Axis = -1,
+  scale_offset: float = 0.0,
+  block_rows: int | None = None,
+  interpret: Any = False,
 ) -> Float[Array, "..."]:
   r"""LayerNorm as a fused Pallas kernel (forward and backward).
 
@@ -345,8 +387,14 @@ def layer_norm_pallas(
   x, axes, tiling = _prepare(who, x, axis, block_rows, interpret)
   _check_param(who, "scale", scale, x, axes)
   _check_param(who, "bias", bias, x, axes)
-  st = _Static(tiling, interpret, float(eps), float(scale_offset),
-               has_scale=scale is not None, has_bias=bias is not None)
+  st = _Static(
+    tiling,
+    interpret,
+    float(eps),
+    float(scale_offset),
+    has_scale=scale is not None,
+    has_bias=bias is not None,
+  )
   f = tiling.features
   s = None if scale is None else _flat(scale, f)
   b = None if bias is None else _flat(bias, f)
@@ -376,6 +424,7 @@ def _add_fwd_body(st: _Static):
     # The stream is stored in residual.dtype; normalize the stored value.
     h = (x + r).astype(st.h_dtype).astype(jnp.float32)
     return [h, _norm_fwd_math(h, ps, colmask, st)], []
+
   return body
 
 
@@ -384,6 +433,7 @@ def _add_bwd_body(st: _Static):
     h, dy, dh = xs
     dn, contribs = _norm_bwd_math(h, dy, ps, colmask, st)
     return [dn + dh], contribs
+
   return body
 
 
@@ -394,9 +444,15 @@ def _add_core(x2, r2, scale, bias, st):
 
 def _add_core_fwd(x2, r2, scale, bias, st):
   (h, y), _ = _rows.row_call(
-      _add_fwd_body(st), st.tiling, [x2, r2], _params(scale, bias),
-      [r2.dtype, r2.dtype], 0, interpret=st.interpret,
-      name=f"jaxnorm_add_{st.kind}_norm_fwd")
+    _add_fwd_body(st),
+    st.tiling,
+    [x2, r2],
+    _params(scale, bias),
+    [r2.dtype, r2.dtype],
+    0,
+    interpret=st.interpret,
+    name=f"jaxnorm_add_{st.kind}_norm_fwd",
+  )
   return (h, y), (h, scale, bias)
 
 
@@ -405,9 +461,15 @@ def _add_core_bwd(st, res, cts):
   dh, dy = cts
   params = _params(scale, bias)
   (d,), sums = _rows.row_call(
-      _add_bwd_body(st), st.tiling, [h, dy, dh], params, [h.dtype],
-      len(params), interpret=st.interpret,
-      name=f"jaxnorm_add_{st.kind}_norm_bwd")
+    _add_bwd_body(st),
+    st.tiling,
+    [h, dy, dh],
+    params,
+    [h.dtype],
+    len(params),
+    interpret=st.interpret,
+    name=f"jaxnorm_add_{st.kind}_norm_bwd",
+  )
   sums = iter(sums)
   dscale = None if scale is None else next(sums).astype(scale.dtype)
   dbias = None if bias is None else next(sums).astype(bias.dtype)
@@ -417,8 +479,20 @@ def _add_core_bwd(st, res, cts):
 _add_core.defvjp(_add_core_fwd, _add_core_bwd)
 
 
-def _add_norm(who, kind, x, residual, scale, bias, eps, axis, eps_mode,
-              scale_offset, block_rows, interpret):
+def _add_norm(
+  who,
+  kind,
+  x,
+  residual,
+  scale,
+  bias,
+  eps,
+  axis,
+  eps_mode,
+  scale_offset,
+  block_rows,
+  interpret,
+):
   x, axes, tiling = _prepare(who, x, axis, block_rows, interpret)
   _checks.check_floating(who, "residual", residual)
   residual = jnp.asarray(residual)
@@ -426,10 +500,18 @@ def _add_norm(who, kind, x, residual, scale, bias, eps, axis, eps_mode,
   _rows.check_dtype(who, residual.dtype, tiling.lowering)
   _check_param(who, "scale", scale, x, axes)
   _check_param(who, "bias", bias, x, axes)
-  st = _Static(tiling, interpret, float(eps), float(scale_offset), eps_mode,
-               has_scale=scale is not None, has_bias=bias is not None,
-               kind=kind, h_dtype=jnp.dtype(residual.dtype).name,
-               x_dtype=jnp.dtype(x.dtype).name)
+  st = _Static(
+    tiling,
+    interpret,
+    float(eps),
+    float(scale_offset),
+    eps_mode,
+    has_scale=scale is not None,
+    has_bias=bias is not None,
+    kind=kind,
+    h_dtype=jnp.dtype(residual.dtype).name,
+    x_dtype=jnp.dtype(x.dtype).name,
+  )
   f, r = tiling.features, tiling.rows
   s = None if scale is None else _flat(scale, f)
   b = None if bias is None else _flat(bias, f)
@@ -438,16 +520,16 @@ def _add_norm(who, kind, x, residual, scale, bias, eps, axis, eps_mode,
 
 
 def add_rms_norm_pallas(
-    x: Float[ArrayLike, "..."],
-    residual: Float[ArrayLike, "..."],
-    scale: Float[ArrayLike, " *d"] | None = None,
-    *,
-    eps: float = 1e-6,
-    axis: Axis = -1,
-    eps_mode: str = "inside",
-    scale_offset: float = 0.0,
-    block_rows: int | None = None,
-    interpret: Any = False,
+  x: Float[ArrayLike, "..."],
+  residual: Float[ArrayLike, "..."],
+  scale: Float[ArrayLike, " *d"] | None = None,
+  *,
+  eps: float = 1e-6,
+  axis: Axis = -1,
+  eps_mode: str = "inside",
+  scale_offset: float = 0.0,
+  block_rows: int | None = None,
+  interpret: Any = False,
 ) -> tuple[Float[Array, "..."], Float[Array, "..."]]:
   r"""Fused residual add + RMSNorm: one pass returns the stream and its norm.
 
@@ -479,21 +561,33 @@ def add_rms_norm_pallas(
   """
   who = "add_rms_norm_pallas"
   _checks.check_choice(who, "eps_mode", eps_mode, ("inside", "outside"))
-  return _add_norm(who, "rms", x, residual, scale, None, eps, axis, eps_mode,
-                   scale_offset, block_rows, interpret)
+  return _add_norm(
+    who,
+    "rms",
+    x,
+    residual,
+    scale,
+    None,
+    eps,
+    axis,
+    eps_mode,
+    scale_offset,
+    block_rows,
+    interpret,
+  )
 
 
 def add_layer_norm_pallas(
-    x: Float[ArrayLike, "..."],
-    residual: Float[ArrayLike, "..."],
-    scale: Float[ArrayLike, " *d"] | None = None,
-    bias: Float[ArrayLike, " *d"] | None = None,
-    *,
-    eps: float = 1e-6,
-    axis: Axis = -1,
-    scale_offset: float = 0.0,
-    block_rows: int | None = None,
-    interpret: Any = False,
+  x: Float[ArrayLike, "..."],
+  residual: Float[ArrayLike, "..."],
+  scale: Float[ArrayLike, " *d"] | None = None,
+  bias: Float[ArrayLike, " *d"] | None = None,
+  *,
+  eps: float = 1e-6,
+  axis: Axis = -1,
+  scale_offset: float = 0.0,
+  block_rows: int | None = None,
+  interpret: Any = False,
 ) -> tuple[Float[Array, "..."], Float[Array, "..."]]:
   r"""Fused residual add + LayerNorm (see `add_rms_norm_pallas`).
 
@@ -519,8 +613,20 @@ def add_layer_norm_pallas(
     ValueError: for mismatched shapes, a bad axis or ``block_rows``.
     NotImplementedError: for a case the kernel does not cover.
   """
-  return _add_norm("add_layer_norm_pallas", "ln", x, residual, scale, bias,
-                   eps, axis, "inside", scale_offset, block_rows, interpret)
+  return _add_norm(
+    "add_layer_norm_pallas",
+    "ln",
+    x,
+    residual,
+    scale,
+    bias,
+    eps,
+    axis,
+    "inside",
+    scale_offset,
+    block_rows,
+    interpret,
+  )
 
 
 # ---------------------------------------------------------------------------
@@ -537,6 +643,7 @@ def _dyt_fwd_body(st: _Static):
     if st.has_bias:
       y = y + rest[-1]
     return [y], []
+
   return body
 
 
@@ -556,6 +663,7 @@ def _dyt_bwd_body(st: _Static):
     if st.has_bias:
       contribs.append(dy)
     return [u * a], contribs
+
   return body
 
 
@@ -565,15 +673,22 @@ def _dyt_core(x2, alpha, scale, bias, st):
 
 
 def _alpha_row(alpha, st):
-  return jnp.broadcast_to(alpha.astype(jnp.float32).reshape(()),
-                          (st.tiling.features,))
+  return jnp.broadcast_to(
+    alpha.astype(jnp.float32).reshape(()), (st.tiling.features,)
+  )
 
 
 def _dyt_core_fwd(x2, alpha, scale, bias, st):
   (y,), _ = _rows.row_call(
-      _dyt_fwd_body(st), st.tiling, [x2],
-      [_alpha_row(alpha, st), *_params(scale, bias)], [x2.dtype], 0,
-      interpret=st.interpret, name="jaxnorm_dyt_fwd")
+    _dyt_fwd_body(st),
+    st.tiling,
+    [x2],
+    [_alpha_row(alpha, st), *_params(scale, bias)],
+    [x2.dtype],
+    0,
+    interpret=st.interpret,
+    name="jaxnorm_dyt_fwd",
+  )
   return y, (x2, alpha, scale, bias)
 
 
@@ -581,8 +696,15 @@ def _dyt_core_bwd(st, res, dy):
   x2, alpha, scale, bias = res
   params = [_alpha_row(alpha, st), *_params(scale, bias)]
   (dx,), sums = _rows.row_call(
-      _dyt_bwd_body(st), st.tiling, [x2, dy], params, [x2.dtype],
-      len(params), interpret=st.interpret, name="jaxnorm_dyt_bwd")
+    _dyt_bwd_body(st),
+    st.tiling,
+    [x2, dy],
+    params,
+    [x2.dtype],
+    len(params),
+    interpret=st.interpret,
+    name="jaxnorm_dyt_bwd",
+  )
   dalpha, *sums = sums
   dalpha = jnp.sum(dalpha).reshape(alpha.shape).astype(alpha.dtype)
   sums = iter(sums)
@@ -595,14 +717,14 @@ _dyt_core.defvjp(_dyt_core_fwd, _dyt_core_bwd)
 
 
 def dyt_pallas(
-    x: Float[ArrayLike, "..."],
-    alpha: Float[ArrayLike, " "],
-    scale: Float[ArrayLike, " *d"] | None = None,
-    bias: Float[ArrayLike, " *d"] | None = None,
-    *,
-    axis: Axis = -1,
-    block_rows: int | None = None,
-    interpret: Any = False,
+  x: Float[ArrayLike, "..."],
+  alpha: Float[ArrayLike, " "],
+  scale: Float[ArrayLike, " *d"] | None = None,
+  bias: Float[ArrayLike, " *d"] | None = None,
+  *,
+  axis: Axis = -1,
+  block_rows: int | None = None,
+  interpret: Any = False,
 ) -> Float[Array, "..."]:
   r"""Dynamic Tanh as a fused Pallas kernel (forward and backward).
 
@@ -637,13 +759,16 @@ def dyt_pallas(
   who = "dyt_pallas"
   _checks.check_floating(who, "alpha", alpha)
   if jnp.size(alpha) != 1 or jnp.ndim(alpha) > 1:
-    raise ValueError(f"{who}: alpha must be a scalar of shape () or (1,), "
-                     f"got alpha.shape={jnp.shape(alpha)}")
+    raise ValueError(
+      f"{who}: alpha must be a scalar of shape () or (1,), "
+      f"got alpha.shape={jnp.shape(alpha)}"
+    )
   x, axes, tiling = _prepare(who, x, axis, block_rows, interpret)
   _check_param(who, "scale", scale, x, axes)
   _check_param(who, "bias", bias, x, axes)
-  st = _Static(tiling, interpret, has_scale=scale is not None,
-               has_bias=bias is not None)
+  st = _Static(
+    tiling, interpret, has_scale=scale is not None, has_bias=bias is not None
+  )
   f = tiling.features
   s = None if scale is None else _flat(scale, f)
   b = None if bias is None else _flat(bias, f)
@@ -663,8 +788,10 @@ MAX_SEED_HEADS = 64
 def _head_masks(st: _Static, width: int) -> list[jax.Array]:
   hd = st.tiling.features // st.num_heads
   col = jax.lax.broadcasted_iota(jnp.int32, (1, width), 1)
-  return [jnp.logical_and(col >= h * hd, col < (h + 1) * hd)
-          for h in range(st.num_heads)]
+  return [
+    jnp.logical_and(col >= h * hd, col < (h + 1) * hd)
+    for h in range(st.num_heads)
+  ]
 
 
 def _per_head(v: jax.Array, masks: list[jax.Array], fn) -> jax.Array:
@@ -690,6 +817,7 @@ def _seed_fwd_body(st: _Static):
     del colmask
     s, _, k, _, _ = _seed_terms(xs[0], ps, st)
     return [s * xs[0] * k], []
+
   return body
 
 
@@ -709,6 +837,7 @@ def _seed_bwd_body(st: _Static):
     ddot = ddot * scale_dot
     dx = k * g - gx * k * k * k * x + ddot * beta
     return [dx], [ds, ds * t, ddot * x]
+
   return body
 
 
@@ -719,16 +848,30 @@ def _seed_core(x2, scale, dyn_scale, dyn_proj, st):
 
 def _seed_core_fwd(x2, scale, dyn_scale, dyn_proj, st):
   (y,), _ = _rows.row_call(
-      _seed_fwd_body(st), st.tiling, [x2], [scale, dyn_scale, dyn_proj],
-      [x2.dtype], 0, interpret=st.interpret, name="jaxnorm_seed_norm_fwd")
+    _seed_fwd_body(st),
+    st.tiling,
+    [x2],
+    [scale, dyn_scale, dyn_proj],
+    [x2.dtype],
+    0,
+    interpret=st.interpret,
+    name="jaxnorm_seed_norm_fwd",
+  )
   return y, (x2, scale, dyn_scale, dyn_proj)
 
 
 def _seed_core_bwd(st, res, dy):
   x2, *params = res
   (dx,), sums = _rows.row_call(
-      _seed_bwd_body(st), st.tiling, [x2, dy], params, [x2.dtype], 3,
-      interpret=st.interpret, name="jaxnorm_seed_norm_bwd")
+    _seed_bwd_body(st),
+    st.tiling,
+    [x2, dy],
+    params,
+    [x2.dtype],
+    3,
+    interpret=st.interpret,
+    name="jaxnorm_seed_norm_bwd",
+  )
   return (dx, *(g.astype(p.dtype) for g, p in zip(sums, params)))
 
 
@@ -736,17 +879,17 @@ _seed_core.defvjp(_seed_core_fwd, _seed_core_bwd)
 
 
 def seed_norm_pallas(
-    x: Float[ArrayLike, "... d"],
-    scale: Float[ArrayLike, " d"],
-    dyn_scale: Float[ArrayLike, " d"],
-    dyn_proj: Float[ArrayLike, " d"],
-    *,
-    eps: float = 1e-6,
-    num_heads: int = 1,
-    axis: int = -1,
-    dyn_scale_div_dim: bool = False,
-    block_rows: int | None = None,
-    interpret: Any = False,
+  x: Float[ArrayLike, "... d"],
+  scale: Float[ArrayLike, " d"],
+  dyn_scale: Float[ArrayLike, " d"],
+  dyn_proj: Float[ArrayLike, " d"],
+  *,
+  eps: float = 1e-6,
+  num_heads: int = 1,
+  axis: int = -1,
+  dyn_scale_div_dim: bool = False,
+  block_rows: int | None = None,
+  interpret: Any = False,
 ) -> Float[Array, "... d"]:
   r"""SeeDNorm as a fused Pallas kernel (forward and backward).
 
@@ -792,15 +935,23 @@ def seed_norm_pallas(
       raise ValueError(f"{who}: {name} is required, got None")
     _check_param(who, name, p, x, axes)
   _checks.check_positive_int(who, "num_heads", num_heads)
-  _checks.check_divisible(who, "x.shape[axis]", tiling.features,
-                          "num_heads", num_heads)
+  _checks.check_divisible(
+    who, "x.shape[axis]", tiling.features, "num_heads", num_heads
+  )
   if num_heads > MAX_SEED_HEADS:
     raise NotImplementedError(
-        f"{who}: the kernel unrolls at most {MAX_SEED_HEADS} heads, got "
-        f"num_heads={num_heads}; use the reference (implementation='xla')")
-  st = _Static(tiling, interpret, float(eps), num_heads=num_heads,
-               div_dim=bool(dyn_scale_div_dim))
+      f"{who}: the kernel unrolls at most {MAX_SEED_HEADS} heads, got "
+      f"num_heads={num_heads}; use the reference (implementation='xla')"
+    )
+  st = _Static(
+    tiling,
+    interpret,
+    float(eps),
+    num_heads=num_heads,
+    div_dim=bool(dyn_scale_div_dim),
+  )
   f = tiling.features
-  y = _seed_core(x.reshape(tiling.rows, f),
-                 *(_flat(p, f) for p in params.values()), st)
+  y = _seed_core(
+    x.reshape(tiling.rows, f), *(_flat(p, f) for p in params.values()), st
+  )
   return y.reshape(x.shape)

@@ -26,10 +26,15 @@ import jax
 from jax.sharding import Mesh, PartitionSpec
 
 
-def shard_rows(kernel: Callable[..., Any], mesh: Mesh,
-               row_spec: PartitionSpec, *, num_row_args: int = 1,
-               num_feature_axes: int = 1, **kernel_kwargs: Any
-               ) -> Callable[..., Any]:
+def shard_rows(
+  kernel: Callable[..., Any],
+  mesh: Mesh,
+  row_spec: PartitionSpec,
+  *,
+  num_row_args: int = 1,
+  num_feature_axes: int = 1,
+  **kernel_kwargs: Any,
+) -> Callable[..., Any]:
   """Wraps a row kernel to run per device on ``mesh`` via `jax.shard_map`.
 
   Args:
@@ -54,29 +59,37 @@ def shard_rows(kernel: Callable[..., Any], mesh: Mesh,
   """
   who = "shard_rows"
   specs = tuple(row_spec)
-  trailing = specs[len(specs) - num_feature_axes:] if len(specs) >= (
-      num_feature_axes) else specs
+  trailing = (
+    specs[len(specs) - num_feature_axes :]
+    if len(specs) >= (num_feature_axes)
+    else specs
+  )
   if any(s is not None for s in trailing):
     raise ValueError(
-        f"{who}: the {num_feature_axes} normalized trailing axes must be "
-        f"unsharded (None), got {row_spec=}; a row must live on one device")
+      f"{who}: the {num_feature_axes} normalized trailing axes must be "
+      f"unsharded (None), got {row_spec=}; a row must live on one device"
+    )
   names = set()
   for s in specs:
     names.update(s if isinstance(s, tuple) else () if s is None else (s,))
   missing = names - set(mesh.axis_names)
   if missing:
-    raise ValueError(f"{who}: row_spec names axes {sorted(missing)} that "
-                     f"mesh.axis_names={mesh.axis_names} lacks")
+    raise ValueError(
+      f"{who}: row_spec names axes {sorted(missing)} that "
+      f"mesh.axis_names={mesh.axis_names} lacks"
+    )
 
   def run(*args):
     rows, params = args[:num_row_args], args[num_row_args:]
     for i, a in enumerate(rows):
       if len(specs) != a.ndim:
         raise ValueError(
-            f"{who}: row_spec has {len(specs)} entries but row argument {i} "
-            f"has shape {a.shape}; give one entry per axis")
+          f"{who}: row_spec has {len(specs)} entries but row argument {i} "
+          f"has shape {a.shape}; give one entry per axis"
+        )
     in_specs = (row_spec,) * num_row_args + tuple(
-        None if p is None else PartitionSpec() for p in params)
+      None if p is None else PartitionSpec() for p in params
+    )
 
     def local(*local_args):
       return kernel(*local_args, **kernel_kwargs)
@@ -85,16 +98,21 @@ def shard_rows(kernel: Callable[..., Any], mesh: Mesh,
     out_specs = jax.tree.map(lambda _: row_spec, out)
     # Pallas calls carry no varying-manual-axes rules, so the type check of
     # shard_map is off; outputs are row-sharded exactly like the inputs.
-    return jax.shard_map(local, mesh=mesh, in_specs=in_specs,
-                         out_specs=out_specs, check_vma=False)(*args)
+    return jax.shard_map(
+      local, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=False
+    )(*args)
 
   return run
 
 
-def shard_heads(kernel: Callable[..., Any], mesh: Mesh, *,
-                batch_axis: str | None = "data",
-                head_axis: str | None = "tensor", **kernel_kwargs: Any
-                ) -> Callable[..., Any]:
+def shard_heads(
+  kernel: Callable[..., Any],
+  mesh: Mesh,
+  *,
+  batch_axis: str | None = "data",
+  head_axis: str | None = "tensor",
+  **kernel_kwargs: Any,
+) -> Callable[..., Any]:
   """Wraps an attention kernel to run per device: batch and heads split.
 
   Attention is independent across batch elements and heads, so ``query``,
@@ -123,23 +141,30 @@ def shard_heads(kernel: Callable[..., Any], mesh: Mesh, *,
   who = "shard_heads"
   for a in (batch_axis, head_axis):
     if a is not None and a not in mesh.axis_names:
-      raise ValueError(f"{who}: axis {a!r} is not in "
-                       f"mesh.axis_names={mesh.axis_names}")
+      raise ValueError(
+        f"{who}: axis {a!r} is not in mesh.axis_names={mesh.axis_names}"
+      )
   qkv = PartitionSpec(batch_axis, None, head_axis, None)
 
   def run(query, key, value, *, mask=None, sinks=None):
     heads = 1 if head_axis is None else mesh.shape[head_axis]
     if key.shape[2] % heads:
       raise ValueError(
-          f"{who}: the {key.shape[2]} key heads must be divisible by the "
-          f"{head_axis!r} axis size {heads} (each device holds whole GQA "
-          "groups)")
+        f"{who}: the {key.shape[2]} key heads must be divisible by the "
+        f"{head_axis!r} axis size {heads} (each device holds whole GQA "
+        "groups)"
+      )
     arrays = {"mask": mask, "sinks": sinks}
     specs = {
-        "mask": None if mask is None else PartitionSpec(
-            batch_axis if mask.shape[0] > 1 else None,
-            head_axis if mask.shape[1] > 1 else None, None, None),
-        "sinks": None if sinks is None else PartitionSpec(head_axis),
+      "mask": None
+      if mask is None
+      else PartitionSpec(
+        batch_axis if mask.shape[0] > 1 else None,
+        head_axis if mask.shape[1] > 1 else None,
+        None,
+        None,
+      ),
+      "sinks": None if sinks is None else PartitionSpec(head_axis),
     }
 
     def local(q, k, v, m, s):
@@ -147,9 +172,11 @@ def shard_heads(kernel: Callable[..., Any], mesh: Mesh, *,
       return kernel(q, k, v, **extra, **kernel_kwargs)
 
     return jax.shard_map(
-        local, mesh=mesh,
-        in_specs=(qkv, qkv, qkv, specs["mask"], specs["sinks"]),
-        out_specs=qkv, check_vma=False)(query, key, value, arrays["mask"],
-                                        arrays["sinks"])
+      local,
+      mesh=mesh,
+      in_specs=(qkv, qkv, qkv, specs["mask"], specs["sinks"]),
+      out_specs=qkv,
+      check_vma=False,
+    )(query, key, value, arrays["mask"], arrays["sinks"])
 
   return run

@@ -9,7 +9,8 @@ import os
 _DEVICE_FLAG = "--xla_force_host_platform_device_count=8"
 if _DEVICE_FLAG not in os.environ.get("XLA_FLAGS", ""):
   os.environ["XLA_FLAGS"] = (
-      os.environ.get("XLA_FLAGS", "") + " " + _DEVICE_FLAG).strip()
+    os.environ.get("XLA_FLAGS", "") + " " + _DEVICE_FLAG
+  ).strip()
 
 import jax  # noqa: E402
 import pytest  # noqa: E402

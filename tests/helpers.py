@@ -12,25 +12,37 @@ import jax.numpy as jnp
 import numpy as np
 
 
-def assert_close(actual: Any, expected: Any, *, atol: float,
-                 rtol: float = 0.0) -> None:
+def assert_close(
+  actual: Any, expected: Any, *, atol: float, rtol: float = 0.0
+) -> None:
   """Trees equal within tolerance, compared in float64 NumPy."""
   chex.assert_trees_all_equal_structs(actual, expected)
   for a, e in zip(jax.tree.leaves(actual), jax.tree.leaves(expected)):
-    np.testing.assert_allclose(np.asarray(a, np.float64),
-                               np.asarray(e, np.float64),
-                               atol=atol, rtol=rtol)
+    np.testing.assert_allclose(
+      np.asarray(a, np.float64), np.asarray(e, np.float64), atol=atol, rtol=rtol
+    )
 
 
-def assert_matches_oracle(fn: Callable[..., Any], oracle: Callable[..., Any],
-                          *args: Any, atol: float, rtol: float = 0.0) -> None:
+def assert_matches_oracle(
+  fn: Callable[..., Any],
+  oracle: Callable[..., Any],
+  *args: Any,
+  atol: float,
+  rtol: float = 0.0,
+) -> None:
   """``fn(*args)`` equals an independent implementation ``oracle(*args)``."""
   assert_close(fn(*args), oracle(*args), atol=atol, rtol=rtol)
 
 
-def assert_vjp_matches(fn: Callable[..., Any], oracle: Callable[..., Any],
-                       args: Sequence[Any], *, key: jax.Array, atol: float,
-                       rtol: float = 0.0) -> None:
+def assert_vjp_matches(
+  fn: Callable[..., Any],
+  oracle: Callable[..., Any],
+  args: Sequence[Any],
+  *,
+  key: jax.Array,
+  atol: float,
+  rtol: float = 0.0,
+) -> None:
   """Forward values and VJPs (random cotangent) of two functions agree.
 
   ``args`` are the differentiable inputs of both callables; the cotangent is a
@@ -41,29 +53,42 @@ def assert_vjp_matches(fn: Callable[..., Any], oracle: Callable[..., Any],
   assert_close(out, out_ref, atol=atol, rtol=rtol)
   leaves, treedef = jax.tree.flatten(out)
   keys = jax.random.split(key, len(leaves))
-  cot = jax.tree.unflatten(treedef, [
+  cot = jax.tree.unflatten(
+    treedef,
+    [
       jax.random.normal(k, leaf.shape, jnp.float32).astype(leaf.dtype)
-      for k, leaf in zip(keys, leaves)])
+      for k, leaf in zip(keys, leaves)
+    ],
+  )
   assert_close(vjp_fn(cot), vjp_ref(cot), atol=atol, rtol=rtol)
 
 
-def assert_jit_matches_eager(fn: Callable[..., Any], *args: Any,
-                             atol: float = 1e-6, **kwargs: Any) -> None:
+def assert_jit_matches_eager(
+  fn: Callable[..., Any], *args: Any, atol: float = 1e-6, **kwargs: Any
+) -> None:
   """``jax.jit(fn)`` gives the eager result (static kwargs closed over)."""
   eager = fn(*args, **kwargs)
   jitted = jax.jit(lambda *a: fn(*a, **kwargs))(*args)
   assert_close(jitted, eager, atol=atol)
 
 
-def assert_grads_numerical(fn: Callable[..., Any], args: Sequence[Any], *,
-                           atol: float = 1e-2, rtol: float = 1e-2,
-                           eps: float = 1e-3) -> None:
+def assert_grads_numerical(
+  fn: Callable[..., Any],
+  args: Sequence[Any],
+  *,
+  atol: float = 1e-2,
+  rtol: float = 1e-2,
+  eps: float = 1e-3,
+) -> None:
   """Reverse-mode gradients agree with finite differences (float32 inputs)."""
-  jax.test_util.check_grads(fn, tuple(args), order=1, modes=("rev",),
-                            atol=atol, rtol=rtol, eps=eps)
+  jax.test_util.check_grads(
+    fn, tuple(args), order=1, modes=("rev",), atol=atol, rtol=rtol, eps=eps
+  )
 
 
 def all_finite(tree: Any) -> bool:
   """True when every leaf of ``tree`` is free of NaN and Inf."""
-  return all(bool(jnp.all(jnp.isfinite(jnp.asarray(leaf, jnp.float32))))
-             for leaf in jax.tree.leaves(tree))
+  return all(
+    bool(jnp.all(jnp.isfinite(jnp.asarray(leaf, jnp.float32))))
+    for leaf in jax.tree.leaves(tree)
+  )

@@ -40,26 +40,39 @@ def _corpus():
 
 
 def _batches(n, batch=8, seed=0):
-  it = iter(data.text_windows(_corpus().train, SEQ, batch_size=batch,
-                              seed=seed).to_iter_dataset())
+  it = iter(
+    data.text_windows(
+      _corpus().train, SEQ, batch_size=batch, seed=seed
+    ).to_iter_dataset()
+  )
   return [jnp.asarray(next(it)) for _ in range(n)]
 
 
 def _val():
-  return jnp.asarray(data.eval_windows(_corpus().val, SEQ, batch_size=8,
-                                       max_batches=1)[0])
+  return jnp.asarray(
+    data.eval_windows(_corpus().val, SEQ, batch_size=8, max_batches=1)[0]
+  )
 
 
 def _config(**kw):
-  base = dict(vocab_size=256, width=16, depth=2, num_heads=2, max_len=SEQ,
-              norm="layernorm", tie_embeddings=False, use_bias=True)
+  base = dict(
+    vocab_size=256,
+    width=16,
+    depth=2,
+    num_heads=2,
+    max_len=SEQ,
+    norm="layernorm",
+    tie_embeddings=False,
+    use_bias=True,
+  )
   return models.LMConfig(**{**base, **kw})
 
 
 def _loss(model, batch):
   logits = model(batch[:, :-1]).astype(jnp.float32)
-  return jnp.mean(optax.softmax_cross_entropy_with_integer_labels(
-      logits, batch[:, 1:]))
+  return jnp.mean(
+    optax.softmax_cross_entropy_with_integer_labels(logits, batch[:, 1:])
+  )
 
 
 def _train(model, batches, lr=3e-3):
@@ -73,6 +86,7 @@ def _train(model, batches, lr=3e-3):
     def loss_fn(p):
       m = nnx.merge(graphdef, p, rest, copy=True)
       return _loss(m, batch), nnx.state(m, nnx.Not(nnx.Param))
+
     (loss, rest), g = jax.value_and_grad(loss_fn, has_aux=True)(params)
     updates, opt = tx.update(g, opt, params)
     return optax.apply_updates(params, updates), rest, opt, loss
@@ -100,8 +114,13 @@ def _perturb_norms(params, key, amount=0.3):
 
 @functools.cache
 def _trained(depth, width, heads, use_bias, tie=False, steps=25):
-  cfg = _config(depth=depth, width=width, num_heads=heads, use_bias=use_bias,
-                tie_embeddings=tie)
+  cfg = _config(
+    depth=depth,
+    width=width,
+    num_heads=heads,
+    use_bias=use_bias,
+    tie_embeddings=tie,
+  )
   model = models.DecoderLM(cfg, rngs=nnx.Rngs(depth * 100 + width))
   params = _perturb_norms(convert.lm_params(model), jax.random.key(width))
   model = convert.load_lm(cfg, params)
@@ -172,15 +191,18 @@ def test_tied_model_converts_after_untie():
   p, c = convert.to_pre_crmsnorm(up, uc)
   assert_close(convert.load_lm(c, p)(tokens), ref, atol=1e-5)
   # use_bias models get a zero head bias.
-  bp, bc = convert.untie_embeddings(params, dataclasses.replace(
-      cfg, use_bias=True))
+  bp, bc = convert.untie_embeddings(
+    params, dataclasses.replace(cfg, use_bias=True)
+  )
   assert bc.use_bias and float(jnp.abs(bp["head"]["bias"]).max()) == 0.0
 
 
 def test_rope_and_affine_free_layernorm_convert():
-  cfg = _config(positional="rope", use_bias=False,
-                norm_kwargs=(("use_scale", False), ("use_bias", False),
-                             ("eps", 1e-5)))
+  cfg = _config(
+    positional="rope",
+    use_bias=False,
+    norm_kwargs=(("use_scale", False), ("use_bias", False), ("eps", 1e-5)),
+  )
   model = models.DecoderLM(cfg, rngs=nnx.Rngs(3))
   params = convert.lm_params(model)
   tokens = _val()[:, :-1]
@@ -205,8 +227,9 @@ def test_zero_mean_rmsnorm_model_converts_to_crmsnorm():
 
 
 def test_pre_rmsnorm_trains_like_pre_ln():
-  cfg = _config(depth=2, width=16, use_bias=True,
-                norm_kwargs=(("use_bias", False),))
+  cfg = _config(
+    depth=2, width=16, use_bias=True, norm_kwargs=(("use_bias", False),)
+  )
   model = models.DecoderLM(cfg, rngs=nnx.Rngs(7))
   params = _perturb_norms(convert.lm_params(model), jax.random.key(7))
   rms_p, rms_c = convert.to_pre_rmsnorm(params, cfg, reparameterize=True)
@@ -224,8 +247,7 @@ def test_pre_rmsnorm_trains_like_pre_ln():
   assert_close(back["embed"], after["embed"], atol=2e-4)
   # A model trained with stored-centered weights is a different model: the
   # plain (inference) conversion does not keep the parameterization.
-  inf_p, _ = convert.to_pre_rmsnorm(*convert.untie_embeddings(
-      params, cfg))
+  inf_p, _ = convert.to_pre_rmsnorm(*convert.untie_embeddings(params, cfg))
   assert float(jnp.abs(inf_p["embed"] - params["embed"]).max()) > 1e-3
 
 
@@ -236,22 +258,25 @@ def test_pre_rmsnorm_trains_like_pre_ln():
 def test_unsupported_models_are_refused():
   cfg, params = _trained(1, 16, 2, True)
   with pytest.raises(ValueError, match="only pre-norm models"):
-    convert.to_pre_rmsnorm(params, dataclasses.replace(
-        cfg, residual="postnorm"))
-  with pytest.raises(ValueError, match="must be one of layernorm, got "
-                     "norm='dyt'"):
+    convert.to_pre_rmsnorm(
+      params, dataclasses.replace(cfg, residual="postnorm")
+    )
+  with pytest.raises(
+    ValueError, match="must be one of layernorm, got norm='dyt'"
+  ):
     convert.to_pre_rmsnorm(params, dataclasses.replace(cfg, norm="dyt"))
-  with pytest.raises(ValueError, match="layernorm, rmsnorm, got "
-                     "norm='crmsnorm'"):
+  with pytest.raises(
+    ValueError, match="layernorm, rmsnorm, got norm='crmsnorm'"
+  ):
     convert.to_pre_crmsnorm(params, dataclasses.replace(cfg, norm="crmsnorm"))
   with pytest.raises(ValueError, match="attention='gated'"):
-    convert.center_writers(params, dataclasses.replace(
-        cfg, attention="gated"))
+    convert.center_writers(params, dataclasses.replace(cfg, attention="gated"))
   with pytest.raises(ValueError, match="must be a jaxnorm.nn.models.LMConfig"):
     convert.to_pre_rmsnorm(params, models.ViTConfig())
   with pytest.raises(ValueError, match=r"norm_kwargs \['eps_mode'\]"):
-    convert.to_pre_rmsnorm(params, dataclasses.replace(
-        cfg, norm_kwargs=(("eps_mode", "outside"),)))
+    convert.to_pre_rmsnorm(
+      params, dataclasses.replace(cfg, norm_kwargs=(("eps_mode", "outside"),))
+    )
   with pytest.raises(ValueError, match="RMSNorm has no bias"):
     convert.to_pre_rmsnorm(params, cfg, reparameterize=True)
   # An RMSNorm model whose stream is not zero-mean has no CRMSNorm form.
@@ -259,8 +284,15 @@ def test_unsupported_models_are_refused():
   rms_params = convert.lm_params(models.DecoderLM(rms_cfg, rngs=nnx.Rngs(0)))
   with pytest.raises(ValueError, match="zero mean"):
     convert.to_pre_crmsnorm(rms_params, rms_cfg)
-  one = models.LMConfig(vocab_size=5, width=1, depth=1, num_heads=1,
-                        max_len=4, norm="layernorm", tie_embeddings=False)
+  one = models.LMConfig(
+    vocab_size=5,
+    width=1,
+    depth=1,
+    num_heads=1,
+    max_len=4,
+    norm="layernorm",
+    tie_embeddings=False,
+  )
   one_p = convert.lm_params(models.DecoderLM(one, rngs=nnx.Rngs(0)))
   with pytest.raises(ValueError, match="width must be at least 2"):
     convert.to_pre_crmsnorm(one_p, one)
@@ -278,8 +310,9 @@ def test_load_lm_checks_the_tree():
 
 def test_norm_free_decoder_needs_prenorm():
   with pytest.raises(ValueError, match="needs residual='prenorm'"):
-    models.DecoderLM(_config(norm="none", residual="postnorm"),
-                     rngs=nnx.Rngs(0))
+    models.DecoderLM(
+      _config(norm="none", residual="postnorm"), rngs=nnx.Rngs(0)
+    )
 
 
 # ---------------------------------------------------------------------------
@@ -292,11 +325,15 @@ def test_fake_layer_norm_with_true_std_is_layer_norm(key):
   bias = jnp.linspace(-1.0, 1.0, 8)
   xc = x - x.mean(-1, keepdims=True)
   true = jnp.sqrt(jnp.mean(xc * xc, -1) + 1e-6)
-  assert_close(convert.fake_layer_norm(x, scale, bias, std=true),
-               norms.layer_norm(x, scale, bias, eps=1e-6), atol=1e-5)
+  assert_close(
+    convert.fake_layer_norm(x, scale, bias, std=true),
+    norms.layer_norm(x, scale, bias, eps=1e-6),
+    atol=1e-5,
+  )
   # A constant std makes it linear (affine) in x.
-  f = functools.partial(convert.fake_layer_norm, scale=scale, bias=None,
-                        std=jnp.asarray(2.0))
+  f = functools.partial(
+    convert.fake_layer_norm, scale=scale, bias=None, std=jnp.asarray(2.0)
+  )
   assert_close(f(2.0 * x), 2.0 * f(x), atol=1e-5)
   assert_close(convert.fake_layer_norm(x, std=jnp.ones((5,))), xc, atol=1e-6)
   with pytest.raises(ValueError, match="std must broadcast"):
@@ -329,8 +366,9 @@ def test_fake_ln_module_real_then_frozen(key):
   ln = nn_norms.LayerNorm(8, rngs=nnx.Rngs(0))
   ln.scale[...] = jnp.linspace(0.5, 1.5, 8)
   ln.bias[...] = jnp.linspace(-1.0, 1.0, 8)
-  fake = fakeln.FakeLayerNorm.from_layer_norm(ln, remove_at=2, bos_off_at=3,
-                                              momentum=0.5)
+  fake = fakeln.FakeLayerNorm.from_layer_norm(
+    ln, remove_at=2, bos_off_at=3, momentum=0.5
+  )
   k1, k2, k3 = jax.random.split(key, 3)
   x1 = jax.random.normal(k1, (2, 4, 8)) * 2.0
   x2 = jax.random.normal(k2, (2, 4, 8)) * 4.0
@@ -345,23 +383,32 @@ def test_fake_ln_module_real_then_frozen(key):
   assert_close(fake.std[...], jnp.mean(tok_std(x1)[:, 1:]), atol=1e-6)
   assert_close(fake.bos_std[...], jnp.mean(tok_std(x1)[:, 0]), atol=1e-6)
   assert_close(fake(x2), ln(x2), atol=1e-5)
-  expected = (0.5 * 0.5 * jnp.mean(tok_std(x1)[:, 1:]) +
-              0.5 * jnp.mean(tok_std(x2)[:, 1:])) / 0.75
+  expected = (
+    0.5 * 0.5 * jnp.mean(tok_std(x1)[:, 1:])
+    + 0.5 * jnp.mean(tok_std(x2)[:, 1:])
+  ) / 0.75
   assert_close(fake.std[...], expected, atol=1e-5)
   frozen, frozen_bos = fake.std[...], fake.bos_std[...]
   # Step 2: fake; position 0 uses its own std, the rest the shared one.
   x3 = jax.random.normal(k3, (2, 4, 8))
   std = jnp.broadcast_to(
-      jnp.where(jnp.arange(4) == 0, frozen_bos, frozen), (2, 4))
-  assert_close(fake(x3), convert.fake_layer_norm(
-      x3, ln.scale[...], ln.bias[...], std=std), atol=1e-6)
+    jnp.where(jnp.arange(4) == 0, frozen_bos, frozen), (2, 4)
+  )
+  assert_close(
+    fake(x3),
+    convert.fake_layer_norm(x3, ln.scale[...], ln.bias[...], std=std),
+    atol=1e-6,
+  )
   assert_close(fake.std[...], frozen, atol=0.0)
   # Step 3: position-0 std off. Eval mode reads without counting.
   fake.eval()
   y = fake(x3)
   assert int(fake.step[...]) == 3
-  assert_close(y, convert.fake_layer_norm(
-      x3, ln.scale[...], ln.bias[...], std=frozen), atol=1e-6)
+  assert_close(
+    y,
+    convert.fake_layer_norm(x3, ln.scale[...], ln.bias[...], std=frozen),
+    atol=1e-6,
+  )
   with pytest.raises(ValueError, match="num_features=8"):
     fake(jnp.ones((2, 4, 7)))
   with pytest.raises(ValueError, match="remove_at must be a non-negative"):
@@ -369,15 +416,17 @@ def test_fake_ln_module_real_then_frozen(key):
   with pytest.raises(ValueError, match="momentum must be in"):
     fakeln.FakeLayerNorm(8, momentum=1.0, rngs=nnx.Rngs(0))
   with pytest.raises(ValueError, match="must be a jaxnorm.nn.LayerNorm"):
-    fakeln.FakeLayerNorm.from_layer_norm(nn_norms.RMSNorm(8,
-                                                          rngs=nnx.Rngs(0)))
+    fakeln.FakeLayerNorm.from_layer_norm(nn_norms.RMSNorm(8, rngs=nnx.Rngs(0)))
   with pytest.raises(ValueError, match="scale_offset must be 0"):
-    fakeln.FakeLayerNorm.from_layer_norm(nn_norms.LayerNorm(
-        8, scale_offset=1.0, rngs=nnx.Rngs(0)))
-  with pytest.raises(ValueError, match="pre-norm DecoderLM with "
-                     "norm='layernorm'"):
-    fakeln.install_fake_ln(models.DecoderLM(_config(norm="rmsnorm"),
-                                            rngs=nnx.Rngs(0)))
+    fakeln.FakeLayerNorm.from_layer_norm(
+      nn_norms.LayerNorm(8, scale_offset=1.0, rngs=nnx.Rngs(0))
+    )
+  with pytest.raises(
+    ValueError, match="pre-norm DecoderLM with norm='layernorm'"
+  ):
+    fakeln.install_fake_ln(
+      models.DecoderLM(_config(norm="rmsnorm"), rngs=nnx.Rngs(0))
+    )
 
 
 def test_layernorm_removal_by_fine_tuning_then_export(tmp_path):
@@ -391,10 +440,18 @@ def test_layernorm_removal_by_fine_tuning_then_export(tmp_path):
   with pytest.raises(ValueError, match="no FakeLN state"):
     convert.remove_fake_ln(params, cfg)
   run = config_lib.TrainConfig(
-      seq_len=SEQ, batch_size=8, steps=total, eval_every=total,
-      eval_batches=1, checkpoint_every=total, log_every=total,
-      warmup_steps=2, learning_rate=1e-3, out_dir=str(tmp_path / "rm"),
-      progress=False)
+    seq_len=SEQ,
+    batch_size=8,
+    steps=total,
+    eval_every=total,
+    eval_batches=1,
+    checkpoint_every=total,
+    log_every=total,
+    warmup_steps=2,
+    learning_rate=1e-3,
+    out_dir=str(tmp_path / "rm"),
+    progress=False,
+  )
   summary = trainer.train(run, model=model)
   assert np.isfinite(summary["val_loss"])
   state = convert.lm_params(model)
@@ -403,12 +460,14 @@ def test_layernorm_removal_by_fine_tuning_then_export(tmp_path):
   assert ln_free_c.norm == "none" and "final_norm" not in ln_free_p
   tokens = _val()[:, :-1]
   # Claim 2: the exported weights compute the fake-mode logits.
-  assert_close(convert.load_lm(ln_free_c, ln_free_p)(tokens), model(tokens),
-               atol=1e-4)
+  assert_close(
+    convert.load_lm(ln_free_c, ln_free_p)(tokens), model(tokens), atol=1e-4
+  )
   p64 = jax.tree.map(lambda x: np.asarray(x, np.float64), state)
   e64, c64 = convert.remove_fake_ln(p64, cfg)
-  assert_close(lm_numpy.lm_logits(e64, c64, np.asarray(tokens)),
-               model(tokens), atol=1e-4)
+  assert_close(
+    lm_numpy.lm_logits(e64, c64, np.asarray(tokens)), model(tokens), atol=1e-4
+  )
 
 
 def test_remove_fake_ln_refuses_position_zero_std():

@@ -20,10 +20,10 @@ def _xr(key, shape, dtype):
 
 def _params(key, d):
   ks, kb = jax.random.split(jax.random.fold_in(key, 7))
-  return (jax.random.normal(ks, (d,)) * 0.5 + 1.0,
-          jax.random.normal(kb, (d,)) * 0.5)
-
-
+  return (
+    jax.random.normal(ks, (d,)) * 0.5 + 1.0,
+    jax.random.normal(kb, (d,)) * 0.5,
+  )
 
 
 def _oracle(x, r, s, b=None, *, rms, eps=1e-6):
@@ -42,20 +42,27 @@ def _oracle(x, r, s, b=None, *, rms, eps=1e-6):
 def test_references_match_float64_oracle(key):
   x, r = _xr(key, (6, 48), jnp.float32)
   s, b = _params(key, 48)
-  helpers.assert_close(fused_norms.add_rms_norm(x, r, s),
-                       _oracle(x, r, s, rms=True), atol=1e-5)
-  helpers.assert_close(fused_norms.add_layer_norm(x, r, s, b),
-                       _oracle(x, r, s, b, rms=False), atol=1e-5)
+  helpers.assert_close(
+    fused_norms.add_rms_norm(x, r, s), _oracle(x, r, s, rms=True), atol=1e-5
+  )
+  helpers.assert_close(
+    fused_norms.add_layer_norm(x, r, s, b),
+    _oracle(x, r, s, b, rms=False),
+    atol=1e-5,
+  )
 
 
 def test_reference_normalizes_the_stored_stream(key):
   x, r = _xr(key, (6, 48), jnp.bfloat16)
   h, y = fused_norms.add_rms_norm(x, r)
   assert h.dtype == y.dtype == jnp.bfloat16
-  np.testing.assert_array_equal(np.asarray(y, np.float32),
-                                np.asarray(norms.rms_norm(h), np.float32))
-  grads = jax.grad(lambda x, r: jnp.sum(fused_norms.add_rms_norm(
-      x, r)[1].astype(jnp.float32)), argnums=(0, 1))(x, r)
+  np.testing.assert_array_equal(
+    np.asarray(y, np.float32), np.asarray(norms.rms_norm(h), np.float32)
+  )
+  grads = jax.grad(
+    lambda x, r: jnp.sum(fused_norms.add_rms_norm(x, r)[1].astype(jnp.float32)),
+    argnums=(0, 1),
+  )(x, r)
   assert grads[0].dtype == jnp.bfloat16
   helpers.assert_close(grads[0], grads[1], atol=0.0)
 
@@ -75,6 +82,7 @@ def test_dispatch_on_cpu():
   ref = fused_norms.add_rms_norm(x, x, implementation="xla")
   helpers.assert_close(fused_norms.add_rms_norm(x, x), ref, atol=0.0)
   with pytest.raises(
-      NotImplementedError,
-      match=r"add_layer_norm\(implementation='pallas'\): .*backend 'cpu'"):
+    NotImplementedError,
+    match=r"add_layer_norm\(implementation='pallas'\): .*backend 'cpu'",
+  ):
     fused_norms.add_layer_norm(x, x, implementation="pallas")

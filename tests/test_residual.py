@@ -41,8 +41,9 @@ def test_pre_post_sandwich_wiring(key):
   f = _linear(w)
   helpers.assert_close(R.pre_norm(x, f, _rms), x + f(_rms(x)), atol=1e-6)
   helpers.assert_close(R.post_norm(x, f, _rms), _rms(x + f(x)), atol=1e-6)
-  helpers.assert_close(R.sandwich_norm(x, f, _rms, jnp.tanh),
-                       x + jnp.tanh(f(_rms(x))), atol=1e-6)
+  helpers.assert_close(
+    R.sandwich_norm(x, f, _rms, jnp.tanh), x + jnp.tanh(f(_rms(x))), atol=1e-6
+  )
 
 
 @pytest.mark.parametrize("layer_index", [0, 3, 11])
@@ -79,14 +80,19 @@ def test_residual_scale_rules():
 def test_scaled_residual_forms(key):
   x = jax.random.normal(key, (2, 5, 6))
   f = _linear(jax.random.normal(jax.random.key(2), (6, 6)))
-  helpers.assert_close(R.scaled_residual(x, f, 0.25), x + 0.25 * f(x),
-                       atol=1e-6)
+  helpers.assert_close(
+    R.scaled_residual(x, f, 0.25), x + 0.25 * f(x), atol=1e-6
+  )
   alpha = jnp.asarray([0.3])
-  helpers.assert_close(R.scaled_residual(x, f, alpha), x + 0.3 * f(x),
-                       atol=1e-6)
+  helpers.assert_close(
+    R.scaled_residual(x, f, alpha), x + 0.3 * f(x), atol=1e-6
+  )
   gamma = jnp.arange(6, dtype=jnp.float32)
-  helpers.assert_close(R.scaled_residual(x, f, gamma, norm=_rms),
-                       x + gamma.reshape(1, 1, 6) * f(_rms(x)), atol=1e-5)
+  helpers.assert_close(
+    R.scaled_residual(x, f, gamma, norm=_rms),
+    x + gamma.reshape(1, 1, 6) * f(_rms(x)),
+    atol=1e-5,
+  )
   # SkipInit / ReZero at init: the identity.
   helpers.assert_close(R.scaled_residual(x, f, jnp.zeros((1,))), x, atol=0)
   xb = x.astype(jnp.bfloat16)
@@ -95,8 +101,11 @@ def test_scaled_residual_forms(key):
 
 def test_scaled_residual_errors(key):
   x = jax.random.normal(key, (2, 6))
-  with pytest.raises(ValueError, match=r"scale must be a scalar or have "
-                     r"shape \(x.shape\[-1\],\)=\(6,\)"):
+  with pytest.raises(
+    ValueError,
+    match=r"scale must be a scalar or have "
+    r"shape \(x.shape\[-1\],\)=\(6,\)",
+  ):
     R.scaled_residual(x, jnp.tanh, jnp.ones((3,)))
   with pytest.raises(TypeError, match="scale must have a floating dtype"):
     R.scaled_residual(x, jnp.tanh, jnp.ones((6,), jnp.int32))
@@ -116,11 +125,12 @@ def test_depth_rule_linear_path_expansion():
       v = x0
       for k in subset:
         v = mats[k] @ v
-      expected += lam ** size * v
+      expected += lam**size * v
   x = jnp.asarray(x0, jnp.float32)
   for a in mats:
-    x = R.scaled_residual(x, lambda h, a=a: jnp.asarray(a, h.dtype) @ h,
-                          R.residual_scale(n))
+    x = R.scaled_residual(
+      x, lambda h, a=a: jnp.asarray(a, h.dtype) @ h, R.residual_scale(n)
+    )
   np.testing.assert_allclose(np.asarray(x), expected, atol=1e-5)
 
 
@@ -133,6 +143,7 @@ def test_depth_rule_bounded_with_orthogonal_branches():
   def tower(lam):
     def step(x, q):
       return R.scaled_residual(x, lambda h: q @ h, lam), None
+
     return jax.lax.scan(step, x0, qs)[0]
 
   ratio = jnp.linalg.norm(tower(R.residual_scale(n))) / jnp.linalg.norm(x0)
@@ -146,11 +157,15 @@ def test_depth_rule_bounded_with_orthogonal_branches():
 
 def _hc_params(data, case, k, d):
   p = lambda name: jnp.asarray(data[f"hc/{case}/p{k}/{name}"])  # noqa: E731
-  return dict(static_alpha=p("static_alpha"), static_beta=p("static_beta"),
-              dynamic_alpha=p("dynamic_alpha_fn"),
-              dynamic_beta=p("dynamic_beta_fn"),
-              alpha_scale=p("dynamic_alpha_scale"),
-              beta_scale=p("dynamic_beta_scale"), norm_scale=p("norm.gamma"))
+  return dict(
+    static_alpha=p("static_alpha"),
+    static_beta=p("static_beta"),
+    dynamic_alpha=p("dynamic_alpha_fn"),
+    dynamic_beta=p("dynamic_beta_fn"),
+    alpha_scale=p("dynamic_alpha_scale"),
+    beta_scale=p("dynamic_beta_scale"),
+    norm_scale=p("norm.gamma"),
+  )
 
 
 def _hc_net(data, case):
@@ -158,11 +173,13 @@ def _hc_net(data, case):
   d = x.shape[-1]
   h = R.expand_streams(x, hc_golden.N)
   for k in range(2):
-    maps = R.hc_maps(h, tanh=case != "dynamic_notanh",
-                     **_hc_params(data, case, k, d))
+    maps = R.hc_maps(
+      h, tanh=case != "dynamic_notanh", **_hc_params(data, case, k, d)
+    )
     w = data[f"hc/{case}/w{k}"].T  # torch (out, in) -> (in, out)
-    h = R.hyper_connection(h, _linear(w), h_pre=maps[0], h_post=maps[1],
-                           h_res=maps[2])
+    h = R.hyper_connection(
+      h, _linear(w), h_pre=maps[0], h_post=maps[1], h_res=maps[2]
+    )
   return R.reduce_streams(h)
 
 
@@ -188,8 +205,9 @@ def test_static_hc_without_dynamic_weights():
   h = R.expand_streams(x, 4)
   p = _hc_params(data, "static", 0, x.shape[-1])
   full = R.hc_maps(h, **p)
-  static = R.hc_maps(h, static_alpha=p["static_alpha"],
-                     static_beta=p["static_beta"])
+  static = R.hc_maps(
+    h, static_alpha=p["static_alpha"], static_beta=p["static_beta"]
+  )
   assert static[2].shape == (4, 4)
   for a, b in zip(full, static):
     helpers.assert_close(a, jnp.broadcast_to(b, a.shape), atol=0)
@@ -204,12 +222,15 @@ def test_hc_init_is_n_copies_of_prenorm(key):
   plain = x
   for k, w in enumerate(ws):
     alpha, beta = R.hc_static_init(n, k)
-    maps = R.hc_maps(h, static_alpha=alpha, static_beta=beta,
-                     dynamic_alpha=jnp.zeros((d, n + 1)),
-                     dynamic_beta=jnp.zeros((d,)))
+    maps = R.hc_maps(
+      h,
+      static_alpha=alpha,
+      static_beta=beta,
+      dynamic_alpha=jnp.zeros((d, n + 1)),
+      dynamic_beta=jnp.zeros((d,)),
+    )
     f = lambda v, w=w: _linear(w)(_rms(v))  # noqa: E731
-    h = R.hyper_connection(h, f, h_pre=maps[0], h_post=maps[1],
-                           h_res=maps[2])
+    h = R.hyper_connection(h, f, h_pre=maps[0], h_post=maps[1], h_res=maps[2])
     plain = plain + f(plain)
   helpers.assert_close(R.reduce_streams(h), n * plain, atol=1e-5)
   helpers.assert_close(R.reduce_streams(h, readout="mean"), plain, atol=1e-6)
@@ -219,10 +240,10 @@ def test_hc_single_stream_is_plain_residual(key):
   # Spec 1 test 3: n = 1, alpha = [[1, 1]], B = [1] gives x + T(x).
   x = jax.random.normal(key, (3, 8))
   h = R.expand_streams(x, 1)
-  maps = R.hc_maps(h, static_alpha=jnp.ones((1, 2)),
-                   static_beta=jnp.ones((1,)))
-  out = R.hyper_connection(h, jnp.sin, h_pre=maps[0], h_post=maps[1],
-                           h_res=maps[2])
+  maps = R.hc_maps(h, static_alpha=jnp.ones((1, 2)), static_beta=jnp.ones((1,)))
+  out = R.hyper_connection(
+    h, jnp.sin, h_pre=maps[0], h_post=maps[1], h_res=maps[2]
+  )
   helpers.assert_close(out[..., 0, :], x + jnp.sin(x), atol=0)
 
 
@@ -230,53 +251,82 @@ def test_hyper_connection_keeps_dtype_and_jits(key):
   h = jax.random.normal(key, (2, 4, 8)).astype(jnp.bfloat16)
   alpha, beta = R.hc_static_init(4, 1)
   maps = R.hc_maps(h, static_alpha=alpha, static_beta=beta)
-  out = R.hyper_connection(h, jnp.tanh, h_pre=maps[0], h_post=maps[1],
-                           h_res=maps[2])
+  out = R.hyper_connection(
+    h, jnp.tanh, h_pre=maps[0], h_post=maps[1], h_res=maps[2]
+  )
   assert out.dtype == jnp.bfloat16
   helpers.assert_jit_matches_eager(
-      lambda h: R.hyper_connection(h, jnp.tanh, h_pre=maps[0],
-                                   h_post=maps[1], h_res=maps[2]),
-      h.astype(jnp.float32))
+    lambda h: R.hyper_connection(
+      h, jnp.tanh, h_pre=maps[0], h_post=maps[1], h_res=maps[2]
+    ),
+    h.astype(jnp.float32),
+  )
 
 
 def test_hc_errors(key):
   h = jax.random.normal(key, (2, 4, 8))
   alpha, beta = R.hc_static_init(4, 0)
-  with pytest.raises(ValueError, match=r"static_alpha must have shape "
-                     r"\(3, 4\).*got static_alpha.shape=\(4, 5\)"):
+  with pytest.raises(
+    ValueError,
+    match=r"static_alpha must have shape "
+    r"\(3, 4\).*got static_alpha.shape=\(4, 5\)",
+  ):
     R.hc_maps(h[:, :3], static_alpha=alpha, static_beta=beta[:3])
   with pytest.raises(ValueError, match="static_beta must have shape"):
     R.hc_maps(h, static_alpha=alpha, static_beta=beta[:3])
   with pytest.raises(ValueError, match="give both dynamic_alpha"):
-    R.hc_maps(h, static_alpha=alpha, static_beta=beta,
-              dynamic_alpha=jnp.zeros((8, 5)))
+    R.hc_maps(
+      h, static_alpha=alpha, static_beta=beta, dynamic_alpha=jnp.zeros((8, 5))
+    )
   with pytest.raises(ValueError, match="dynamic_alpha must have shape"):
-    R.hc_maps(h, static_alpha=alpha, static_beta=beta,
-              dynamic_alpha=jnp.zeros((8, 4)), dynamic_beta=jnp.zeros(8))
+    R.hc_maps(
+      h,
+      static_alpha=alpha,
+      static_beta=beta,
+      dynamic_alpha=jnp.zeros((8, 4)),
+      dynamic_beta=jnp.zeros(8),
+    )
   with pytest.raises(ValueError, match="dynamic_beta must have shape"):
-    R.hc_maps(h, static_alpha=alpha, static_beta=beta,
-              dynamic_alpha=jnp.zeros((8, 5)), dynamic_beta=jnp.zeros(4))
+    R.hc_maps(
+      h,
+      static_alpha=alpha,
+      static_beta=beta,
+      dynamic_alpha=jnp.zeros((8, 5)),
+      dynamic_beta=jnp.zeros(4),
+    )
   with pytest.raises(ValueError, match="norm_scale must have shape"):
-    R.hc_maps(h, static_alpha=alpha, static_beta=beta,
-              dynamic_alpha=jnp.zeros((8, 5)), dynamic_beta=jnp.zeros(8),
-              norm_scale=jnp.zeros(4))
+    R.hc_maps(
+      h,
+      static_alpha=alpha,
+      static_beta=beta,
+      dynamic_alpha=jnp.zeros((8, 5)),
+      dynamic_beta=jnp.zeros(8),
+      norm_scale=jnp.zeros(4),
+    )
   with pytest.raises(ValueError, match="alpha_scale must be a scalar"):
-    R.hc_maps(h, static_alpha=alpha, static_beta=beta,
-              dynamic_alpha=jnp.zeros((8, 5)), dynamic_beta=jnp.zeros(8),
-              alpha_scale=jnp.zeros(2))
+    R.hc_maps(
+      h,
+      static_alpha=alpha,
+      static_beta=beta,
+      dynamic_alpha=jnp.zeros((8, 5)),
+      dynamic_beta=jnp.zeros(8),
+      alpha_scale=jnp.zeros(2),
+    )
   with pytest.raises(ValueError, match="h must have rank >= 2"):
     R.hc_maps(h[0, 0], static_alpha=alpha, static_beta=beta)
   with pytest.raises(ValueError, match="layer_index must be a non-negative"):
     R.hc_static_init(4, -1)
   pre, post, res = R.hc_maps(h, static_alpha=alpha, static_beta=beta)
   with pytest.raises(ValueError, match=r"h_res must have shape \(3, 3\)"):
-    R.hyper_connection(h[:, :3], jnp.tanh, h_pre=pre[:3], h_post=post[:3],
-                       h_res=res)
+    R.hyper_connection(
+      h[:, :3], jnp.tanh, h_pre=pre[:3], h_post=post[:3], h_res=res
+    )
   with pytest.raises(ValueError, match=r"h_pre must have shape \(4,\)"):
     R.hyper_connection(h, jnp.tanh, h_pre=pre[:2], h_post=post, h_res=res)
   with pytest.raises(ValueError, match="sublayer must map"):
-    R.hyper_connection(h, lambda v: v[..., :2], h_pre=pre, h_post=post,
-                       h_res=res)
+    R.hyper_connection(
+      h, lambda v: v[..., :2], h_pre=pre, h_post=post, h_res=res
+    )
   with pytest.raises(ValueError, match="num_streams must be a positive"):
     R.expand_streams(h, 0)
   with pytest.raises(ValueError, match="readout must be one of"):
@@ -290,10 +340,10 @@ def test_hc_errors(key):
 def test_sinkhorn_matches_hyper_connections_golden():
   data = np.load(SK_GOLDEN)
   logits = jnp.asarray(data["logits"])
-  helpers.assert_close(R.sinkhorn_knopp(logits), data["log_domain"],
-                       atol=1e-5)
-  helpers.assert_close(R.sinkhorn_knopp(logits, log_domain=False),
-                       data["direct"], atol=1e-5)
+  helpers.assert_close(R.sinkhorn_knopp(logits), data["log_domain"], atol=1e-5)
+  helpers.assert_close(
+    R.sinkhorn_knopp(logits, log_domain=False), data["direct"], atol=1e-5
+  )
 
 
 def test_sinkhorn_live_oracle_matches_committed_golden():
@@ -313,8 +363,7 @@ def test_sinkhorn_doubly_stochastic(key, log_domain):
   np.testing.assert_allclose(m.sum(-1), 1.0, atol=1e-6)
   np.testing.assert_allclose(m.sum(-2), 1.0, atol=1e-3)
   assert float(jnp.max(jnp.linalg.norm(m, ord=2, axis=(-2, -1)))) <= 1 + 1e-4
-  ms = R.sinkhorn_knopp(
-      2.0 * jax.random.normal(jax.random.key(9), (64, 4, 4)))
+  ms = R.sinkhorn_knopp(2.0 * jax.random.normal(jax.random.key(9), (64, 4, 4)))
   prod = jnp.eye(4)
   for k in range(64):
     prod = ms[k] @ prod
@@ -324,10 +373,16 @@ def test_sinkhorn_doubly_stochastic(key, log_domain):
 
 def test_sinkhorn_direct_and_log_domain_agree_and_temperature(key):
   logits = jax.random.normal(key, (5, 4, 4))
-  helpers.assert_close(R.sinkhorn_knopp(logits),
-                       R.sinkhorn_knopp(logits, log_domain=False), atol=1e-6)
-  helpers.assert_close(R.sinkhorn_knopp(logits, temperature=0.5),
-                       R.sinkhorn_knopp(2.0 * logits), atol=1e-6)
+  helpers.assert_close(
+    R.sinkhorn_knopp(logits),
+    R.sinkhorn_knopp(logits, log_domain=False),
+    atol=1e-6,
+  )
+  helpers.assert_close(
+    R.sinkhorn_knopp(logits, temperature=0.5),
+    R.sinkhorn_knopp(2.0 * logits),
+    atol=1e-6,
+  )
   assert R.sinkhorn_knopp(logits.astype(jnp.bfloat16)).dtype == jnp.bfloat16
 
 
@@ -338,8 +393,9 @@ def test_sinkhorn_gradients_flow_through_iterations(key):
   def loss(z, iters):
     return jnp.sum(R.sinkhorn_knopp(z, num_iters=iters) * target)
 
-  helpers.assert_grads_numerical(lambda z: loss(z, 20), [logits],
-                                 atol=2e-2, rtol=2e-2)
+  helpers.assert_grads_numerical(
+    lambda z: loss(z, 20), [logits], atol=2e-2, rtol=2e-2
+  )
   # The gradient depends on the iteration count: it is not cut after one.
   g1, g20 = jax.grad(loss)(logits, 1), jax.grad(loss)(logits, 20)
   assert float(jnp.max(jnp.abs(g1 - g20))) > 1e-4
@@ -368,10 +424,14 @@ def test_sinkhorn_errors():
 def _hamilton(a, b):
   a0, a1, a2, a3 = a
   b0, b1, b2, b3 = b
-  return np.array([a0 * b0 - a1 * b1 - a2 * b2 - a3 * b3,
-                   a0 * b1 + a1 * b0 + a2 * b3 - a3 * b2,
-                   a0 * b2 - a1 * b3 + a2 * b0 + a3 * b1,
-                   a0 * b3 + a1 * b2 - a2 * b1 + a3 * b0])
+  return np.array(
+    [
+      a0 * b0 - a1 * b1 - a2 * b2 - a3 * b3,
+      a0 * b1 + a1 * b0 + a2 * b3 - a3 * b2,
+      a0 * b2 - a1 * b3 + a2 * b0 + a3 * b1,
+      a0 * b3 + a1 * b2 - a2 * b1 + a3 * b0,
+    ]
+  )
 
 
 def test_quaternion_rotation_is_so4(key):
@@ -393,13 +453,16 @@ def test_quaternion_rotation_is_so4(key):
     np.testing.assert_allclose(np.asarray(m[i]) @ x, expected, atol=1e-5)
   lp, rq = R.quaternion_left_matrix(p), R.quaternion_right_matrix(q)
   helpers.assert_close(lp @ rq, rq @ lp, atol=1e-4)
-  helpers.assert_close(R.quaternion_rotation(jnp.array([1.0, 0, 0, 0]),
-                                             jnp.array([1.0, 0, 0, 0])),
-                       jnp.eye(4), atol=0)
+  helpers.assert_close(
+    R.quaternion_rotation(jnp.array([1.0, 0, 0, 0]), jnp.array([1.0, 0, 0, 0])),
+    jnp.eye(4),
+    atol=0,
+  )
   helpers.assert_close(R.quaternion_rotation(-p, -q), m, atol=1e-6)
   xs = jax.random.normal(kx, (4, 16))
-  np.testing.assert_allclose(jnp.linalg.norm(m[0] @ xs),
-                             jnp.linalg.norm(xs), rtol=1e-5)
+  np.testing.assert_allclose(
+    jnp.linalg.norm(m[0] @ xs), jnp.linalg.norm(xs), rtol=1e-5
+  )
   prod = jnp.eye(4)
   for k in range(100):
     prod = m[k] @ prod
@@ -426,7 +489,7 @@ def _mhc_numpy(h, phis, bs, gates, eps):
   h = np.asarray(h, np.float64)
   n, d = h.shape[-2:]
   xv = h.reshape(*h.shape[:-2], n * d)
-  xn = xv / np.sqrt(np.mean(xv ** 2, -1, keepdims=True) + eps)
+  xn = xv / np.sqrt(np.mean(xv**2, -1, keepdims=True) + eps)
   sig = lambda t: 1 / (1 + np.exp(-t))  # noqa: E731
   pre = sig(gates[0] * xn @ phis[0] + bs[0])
   post = 2 * sig(gates[1] * xn @ phis[1] + bs[1])
@@ -441,16 +504,31 @@ def test_mhc_maps_match_numpy(key):
   n, d = 4, 8
   ks = jax.random.split(key, 8)
   h = jax.random.normal(ks[0], (2, 3, n, d))
-  phis = [jax.random.normal(ks[1 + i], (n * d, o)) / math.sqrt(n * d)
-          for i, o in enumerate((n, n, n * n))]
-  bs = [jax.random.normal(ks[4], (n,)), jax.random.normal(ks[5], (n,)),
-        jax.random.normal(ks[6], (n, n))]
+  phis = [
+    jax.random.normal(ks[1 + i], (n * d, o)) / math.sqrt(n * d)
+    for i, o in enumerate((n, n, n * n))
+  ]
+  bs = [
+    jax.random.normal(ks[4], (n,)),
+    jax.random.normal(ks[5], (n,)),
+    jax.random.normal(ks[6], (n, n)),
+  ]
   gates = (0.3, 0.2, 0.5)
-  got = R.mhc_maps(h, phi_pre=phis[0], phi_post=phis[1], phi_res=phis[2],
-                   b_pre=bs[0], b_post=bs[1], b_res=bs[2], a_pre=gates[0],
-                   a_post=gates[1], a_res=jnp.asarray(gates[2]))
-  want = _mhc_numpy(h, [np.asarray(p) for p in phis],
-                    [np.asarray(b) for b in bs], gates, 1e-6)
+  got = R.mhc_maps(
+    h,
+    phi_pre=phis[0],
+    phi_post=phis[1],
+    phi_res=phis[2],
+    b_pre=bs[0],
+    b_post=bs[1],
+    b_res=bs[2],
+    a_pre=gates[0],
+    a_post=gates[1],
+    a_res=jnp.asarray(gates[2]),
+  )
+  want = _mhc_numpy(
+    h, [np.asarray(p) for p in phis], [np.asarray(b) for b in bs], gates, 1e-6
+  )
   for g, w in zip(got, want):
     np.testing.assert_allclose(np.asarray(g), w, atol=2e-5)
   assert bool(jnp.all(got[1] > 0)) and bool(jnp.all(got[1] < 2))
@@ -465,18 +543,26 @@ def test_mhc_init_maps(key, residual):
   b_pre, b_post, b_res = R.mhc_static_init(n, residual=residual)
   res_out = {"sinkhorn": 16, "quaternion": 8, "identity": None}[residual]
   pre, post, res = R.mhc_maps(
-      h, phi_pre=jnp.zeros((n * d, n)), phi_post=jnp.zeros((n * d, n)),
-      phi_res=None if res_out is None else jnp.zeros((n * d, res_out)),
-      b_pre=b_pre, b_post=b_post, b_res=b_res, residual=residual)
+    h,
+    phi_pre=jnp.zeros((n * d, n)),
+    phi_post=jnp.zeros((n * d, n)),
+    phi_res=None if res_out is None else jnp.zeros((n * d, res_out)),
+    b_pre=b_pre,
+    b_post=b_post,
+    b_res=b_res,
+    residual=residual,
+  )
   np.testing.assert_allclose(pre, 1 / n, atol=1e-6)
   np.testing.assert_allclose(post, 1.0, atol=1e-6)
   if residual == "sinkhorn":
     expected = 0.99 * np.eye(n) + 0.01 / (n - 1) * (1 - np.eye(n))
-    np.testing.assert_allclose(res, np.broadcast_to(expected, res.shape),
-                               atol=1e-6)
+    np.testing.assert_allclose(
+      res, np.broadcast_to(expected, res.shape), atol=1e-6
+    )
   else:  # oHC is the identity at init, iHC always.
-    np.testing.assert_allclose(res, np.broadcast_to(np.eye(n), res.shape),
-                               atol=1e-6)
+    np.testing.assert_allclose(
+      res, np.broadcast_to(np.eye(n), res.shape), atol=1e-6
+    )
 
 
 def test_ohc_maps_orthogonal_for_random_generators(key):
@@ -485,10 +571,16 @@ def test_ohc_maps_orthogonal_for_random_generators(key):
   h = jax.random.normal(ks[0], (5, n, d))
   b_pre, b_post, _ = R.mhc_static_init(n)
   _, _, res = R.mhc_maps(
-      h, phi_pre=None, phi_post=None,
-      phi_res=jax.random.normal(ks[1], (n * d, 8)),
-      b_pre=b_pre, b_post=b_post, b_res=jax.random.normal(ks[2], (8,)),
-      residual="quaternion", a_res=1.0)
+    h,
+    phi_pre=None,
+    phi_post=None,
+    phi_res=jax.random.normal(ks[1], (n * d, 8)),
+    b_pre=b_pre,
+    b_post=b_post,
+    b_res=jax.random.normal(ks[2], (8,)),
+    residual="quaternion",
+    a_res=1.0,
+  )
   eye = jnp.broadcast_to(jnp.eye(4), res.shape)
   helpers.assert_close(res @ jnp.swapaxes(res, -1, -2), eye, atol=1e-5)
   np.testing.assert_allclose(jnp.linalg.det(res), 1.0, atol=1e-5)
@@ -503,15 +595,20 @@ def test_ihc_is_n_copies_of_plain_stream(key):
   b_pre, b_post, b_res = R.mhc_static_init(n, residual="identity")
   h, plain = R.expand_streams(x, n), x
   for w in ws:
-    maps = R.mhc_maps(h, phi_pre=None, phi_post=None, phi_res=None,
-                      b_pre=b_pre, b_post=b_post, b_res=b_res,
-                      residual="identity")
+    maps = R.mhc_maps(
+      h,
+      phi_pre=None,
+      phi_post=None,
+      phi_res=None,
+      b_pre=b_pre,
+      b_post=b_post,
+      b_res=b_res,
+      residual="identity",
+    )
     f = lambda v, w=w: _linear(w)(_rms(v))  # noqa: E731
-    h = R.hyper_connection(h, f, h_pre=maps[0], h_post=maps[1],
-                           h_res=maps[2])
+    h = R.hyper_connection(h, f, h_pre=maps[0], h_post=maps[1], h_res=maps[2])
     plain = plain + f(plain)
-  helpers.assert_close(h, jnp.broadcast_to(plain[:, None], h.shape),
-                       atol=1e-5)
+  helpers.assert_close(h, jnp.broadcast_to(plain[:, None], h.shape), atol=1e-5)
 
 
 def test_mhc_errors(key):
@@ -521,11 +618,18 @@ def test_mhc_errors(key):
   kw = dict(phi_pre=None, phi_post=None, b_pre=b_pre, b_post=b_post)
   with pytest.raises(ValueError, match="residual must be one of"):
     R.mhc_maps(h, phi_res=None, b_res=b_res, residual="cayley", **kw)
-  with pytest.raises(ValueError, match="needs n = 4 streams, got "
-                     r"h.shape\[-2\]=3"):
-    R.mhc_maps(h[:, :3], phi_res=None, b_res=jnp.zeros(8),
-               residual="quaternion", **dict(kw, b_pre=b_pre[:3],
-                                             b_post=b_post[:3]))
+  with pytest.raises(
+    ValueError,
+    match="needs n = 4 streams, got "
+    r"h.shape\[-2\]=3",
+  ):
+    R.mhc_maps(
+      h[:, :3],
+      phi_res=None,
+      b_res=jnp.zeros(8),
+      residual="quaternion",
+      **dict(kw, b_pre=b_pre[:3], b_post=b_post[:3]),
+    )
   with pytest.raises(ValueError, match="takes no phi_res or b_res"):
     R.mhc_maps(h, phi_res=None, b_res=b_res, residual="identity", **kw)
   with pytest.raises(ValueError, match="needs b_res of shape"):
@@ -572,8 +676,9 @@ def test_attn_res_one_hot_limit(key):
   j = 2
   k = np.asarray(_rms(v[j]))
   w = 1e3 * k / np.linalg.norm(k)
-  helpers.assert_close(R.attn_res(v[:, None], jnp.asarray(w))[0], v[j],
-                       atol=1e-3)
+  helpers.assert_close(
+    R.attn_res(v[:, None], jnp.asarray(w))[0], v[j], atol=1e-3
+  )
 
 
 def test_attn_res_matches_numpy_with_key_scale(key):
@@ -582,11 +687,12 @@ def test_attn_res_matches_numpy_with_key_scale(key):
   w = jax.random.normal(kw, (8,))
   g = jax.random.normal(kg, (8,))
   vn = np.asarray(v, np.float64)
-  keys = vn / np.sqrt(np.mean(vn ** 2, -1, keepdims=True) + 1e-6)
+  keys = vn / np.sqrt(np.mean(vn**2, -1, keepdims=True) + 1e-6)
   s = (keys * np.asarray(g)) @ np.asarray(w)
   a = np.exp(s - s.max(0)) / np.exp(s - s.max(0)).sum(0)
-  helpers.assert_close(R.attn_res(v, w, key_scale=g),
-                       np.sum(a[..., None] * vn, 0), atol=1e-5)
+  helpers.assert_close(
+    R.attn_res(v, w, key_scale=g), np.sum(a[..., None] * vn, 0), atol=1e-5
+  )
   assert R.attn_res(v.astype(jnp.bfloat16), w).dtype == jnp.bfloat16
 
 
@@ -596,5 +702,4 @@ def test_attn_res_errors():
   with pytest.raises(ValueError, match="sources must have rank >= 2"):
     R.attn_res(jnp.zeros(8), jnp.zeros(8))
   with pytest.raises(ValueError, match=r"key_scale must have shape \(8,\)"):
-    R.attn_res_weights(jnp.zeros((3, 8)), jnp.zeros(8),
-                       key_scale=jnp.ones(3))
+    R.attn_res_weights(jnp.zeros((3, 8)), jnp.zeros(8), key_scale=jnp.ones(3))

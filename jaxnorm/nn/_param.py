@@ -10,8 +10,11 @@ from flax import nnx
 from jaxnorm import sharding
 
 
-def param(value: jax.Array, names: Sequence[str | None] | None,
-          variable_type: type[nnx.Variable] = nnx.Param) -> nnx.Variable:
+def param(
+  value: jax.Array,
+  names: Sequence[str | None] | None,
+  variable_type: type[nnx.Variable] = nnx.Param,
+) -> nnx.Variable:
   """Wraps ``value`` as an nnx variable that carries logical axis names.
 
   The names are always stored as ``out_sharding`` metadata, so
@@ -23,7 +26,9 @@ def param(value: jax.Array, names: Sequence[str | None] | None,
     return variable_type(value)
   if len(names) != value.ndim:
     raise ValueError(
-        f"param: axis names must have one entry per axis, got {names=} for "
-        f"shape {value.shape}")
-  return variable_type(value, out_sharding=tuple(names),
-                       eager_sharding=sharding.has_mesh())
+      f"param: axis names must have one entry per axis, got {names=} for "
+      f"shape {value.shape}"
+    )
+  return variable_type(
+    value, out_sharding=tuple(names), eager_sharding=sharding.has_mesh()
+  )

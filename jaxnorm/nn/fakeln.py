@@ -57,8 +57,9 @@ class FakeLNStat(nnx.BatchStat):
 
 def _check_step(who: str, name: str, value: Any) -> None:
   if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-    raise ValueError(f"{who}: {name} must be a non-negative integer step, "
-                     f"got {name}={value!r}")
+    raise ValueError(
+      f"{who}: {name} must be a non-negative integer step, got {name}={value!r}"
+    )
 
 
 class FakeLayerNorm(nnx.Module):
@@ -74,12 +75,21 @@ class FakeLayerNorm(nnx.Module):
   on axis -2.
   """
 
-  def __init__(self, num_features: int, *, eps: float = 1e-6,
-               remove_at: int = 0, bos_off_at: int = 0,
-               momentum: float = 0.9, use_scale: bool = True,
-               use_bias: bool = True, dtype: Any = None,
-               param_dtype: Any = jnp.float32,
-               axis_names: Any = ("norm",), rngs: nnx.Rngs):
+  def __init__(
+    self,
+    num_features: int,
+    *,
+    eps: float = 1e-6,
+    remove_at: int = 0,
+    bos_off_at: int = 0,
+    momentum: float = 0.9,
+    use_scale: bool = True,
+    use_bias: bool = True,
+    dtype: Any = None,
+    param_dtype: Any = jnp.float32,
+    axis_names: Any = ("norm",),
+    rngs: nnx.Rngs,
+  ):
     who = "FakeLayerNorm"
     _checks.check_positive_int(who, "num_features", num_features)
     _check_step(who, "remove_at", remove_at)
@@ -89,10 +99,16 @@ class FakeLayerNorm(nnx.Module):
     del rngs  # Constant initialization only.
     self.num_features, self.eps, self.momentum = num_features, eps, momentum
     self.dtype = dtype
-    self.scale = (_param.param(jnp.ones((num_features,), param_dtype),
-                               axis_names) if use_scale else None)
-    self.bias = (_param.param(jnp.zeros((num_features,), param_dtype),
-                              axis_names) if use_bias else None)
+    self.scale = (
+      _param.param(jnp.ones((num_features,), param_dtype), axis_names)
+      if use_scale
+      else None
+    )
+    self.bias = (
+      _param.param(jnp.zeros((num_features,), param_dtype), axis_names)
+      if use_bias
+      else None
+    )
     self.std = FakeLNStat(jnp.ones((), jnp.float32))
     self.bos_std = FakeLNStat(jnp.ones((), jnp.float32))
     self.count = FakeLNStat(jnp.zeros((), jnp.int32))
@@ -102,8 +118,9 @@ class FakeLayerNorm(nnx.Module):
     self.use_running_average = False
 
   @classmethod
-  def from_layer_norm(cls, norm: nn_norms.LayerNorm, **kwargs: Any
-                      ) -> FakeLayerNorm:
+  def from_layer_norm(
+    cls, norm: nn_norms.LayerNorm, **kwargs: Any
+  ) -> FakeLayerNorm:
     """A FakeLN with the parameters and ``eps`` of ``norm``.
 
     Raises:
@@ -111,14 +128,24 @@ class FakeLayerNorm(nnx.Module):
         ``scale_offset``.
     """
     if not isinstance(norm, nn_norms.LayerNorm):
-      raise ValueError(f"FakeLayerNorm.from_layer_norm: norm must be a "
-                       f"jaxnorm.nn.LayerNorm, got {type(norm).__name__}")
+      raise ValueError(
+        f"FakeLayerNorm.from_layer_norm: norm must be a "
+        f"jaxnorm.nn.LayerNorm, got {type(norm).__name__}"
+      )
     if norm.scale_offset:
-      raise ValueError(f"FakeLayerNorm.from_layer_norm: scale_offset must be "
-                       f"0, got {norm.scale_offset=}")
-    out = cls(norm.num_features, eps=norm.eps, use_scale=norm.scale is not
-              None, use_bias=norm.bias is not None, dtype=norm.dtype,
-              rngs=nnx.Rngs(0), **kwargs)
+      raise ValueError(
+        f"FakeLayerNorm.from_layer_norm: scale_offset must be "
+        f"0, got {norm.scale_offset=}"
+      )
+    out = cls(
+      norm.num_features,
+      eps=norm.eps,
+      use_scale=norm.scale is not None,
+      use_bias=norm.bias is not None,
+      dtype=norm.dtype,
+      rngs=nnx.Rngs(0),
+      **kwargs,
+    )
     if norm.scale is not None:
       out.scale[...] = norm.scale[...]
     if norm.bias is not None:
@@ -131,8 +158,10 @@ class FakeLayerNorm(nnx.Module):
     _checks.check_floating(who, "x", x)
     _checks.check_ndim(who, "x", x, minimum=2)
     if x.shape[-1] != self.num_features:
-      raise ValueError(f"{who}: x must have num_features={self.num_features}"
-                       f" features on its last axis, got {x.shape=}")
+      raise ValueError(
+        f"{who}: x must have num_features={self.num_features}"
+        f" features on its last axis, got {x.shape=}"
+      )
     cdt = jnp.promote_types(x.dtype, jnp.float32)
     xf = x.astype(cdt)
     xc = xf - jnp.mean(xf, axis=-1, keepdims=True)
@@ -143,8 +172,11 @@ class FakeLayerNorm(nnx.Module):
     num_pos = x.shape[-2]
     if not self.use_running_average:
       t = jax.lax.stop_gradient(tok).astype(jnp.float32)
-      shared = (jnp.where(bos_on, jnp.mean(t[..., 1:]), jnp.mean(t))
-                if num_pos > 1 else jnp.mean(t))
+      shared = (
+        jnp.where(bos_on, jnp.mean(t[..., 1:]), jnp.mean(t))
+        if num_pos > 1
+        else jnp.mean(t)
+      )
       count = self.count[...]
       record = jnp.logical_or(jnp.logical_not(fake), count == 0)
       m = self.momentum
@@ -152,26 +184,36 @@ class FakeLayerNorm(nnx.Module):
       total = 1.0 - jnp.power(m, (count + 1).astype(jnp.float32))
 
       def update(old, batch):
-        return jnp.where(record, (m * old * done + (1.0 - m) * batch) / total,
-                         old)
+        return jnp.where(
+          record, (m * old * done + (1.0 - m) * batch) / total, old
+        )
 
       self.std[...] = update(self.std[...], shared)
       self.bos_std[...] = update(self.bos_std[...], jnp.mean(t[..., 0]))
       self.count[...] = count + record.astype(jnp.int32)
       self.step[...] = step + 1
     first = jnp.arange(num_pos) == 0
-    frozen = jnp.where(jnp.logical_and(bos_on, first), self.bos_std[...],
-                       self.std[...]).astype(cdt)
+    frozen = jnp.where(
+      jnp.logical_and(bos_on, first), self.bos_std[...], self.std[...]
+    ).astype(cdt)
     std = jnp.where(fake, jnp.broadcast_to(frozen, tok.shape), tok)
     y = convert.fake_layer_norm(
-        xf, None if self.scale is None else self.scale[...],
-        None if self.bias is None else self.bias[...], std=std)
+      xf,
+      None if self.scale is None else self.scale[...],
+      None if self.bias is None else self.bias[...],
+      std=std,
+    )
     return y.astype(self.dtype or x.dtype)
 
 
-def install_fake_ln(model: nn_models.DecoderLM, *, start: int = 20,
-                    gap: int = 1, bos: bool = True, momentum: float = 0.9
-                    ) -> dict[tuple[str, int | None], int]:
+def install_fake_ln(
+  model: nn_models.DecoderLM,
+  *,
+  start: int = 20,
+  gap: int = 1,
+  bos: bool = True,
+  momentum: float = 0.9,
+) -> dict[tuple[str, int | None], int]:
   """Replaces every LayerNorm of ``model`` by a scheduled `FakeLayerNorm`.
 
   Layer ``i``'s attention norm (``ln_1``) goes fake at the ``ln_1v`` step,
@@ -195,20 +237,28 @@ def install_fake_ln(model: nn_models.DecoderLM, *, start: int = 20,
   """
   who = "install_fake_ln"
   config = getattr(model, "config", None)
-  if (not isinstance(model, nn_models.DecoderLM) or config.norm != "layernorm"
-      or config.residual != "prenorm"):
-    raise ValueError(f"{who}: model must be a pre-norm DecoderLM with "
-                     f"norm='layernorm', got {type(model).__name__} with "
-                     f"config={config}")
+  if (
+    not isinstance(model, nn_models.DecoderLM)
+    or config.norm != "layernorm"
+    or config.residual != "prenorm"
+  ):
+    raise ValueError(
+      f"{who}: model must be a pre-norm DecoderLM with "
+      f"norm='layernorm', got {type(model).__name__} with "
+      f"config={config}"
+    )
   steps = convert.removal_steps(config.depth, start=start, gap=gap)
   bos_off = steps[("bos_off", None)] if bos else 0
   kw = {"bos_off_at": bos_off, "momentum": momentum}
   for i in range(config.depth):
     attn, mlp = model.net.steps[2 * i], model.net.steps[2 * i + 1]
     attn.norm = FakeLayerNorm.from_layer_norm(
-        attn.norm, remove_at=steps[("ln_1v", i)], **kw)
+      attn.norm, remove_at=steps[("ln_1v", i)], **kw
+    )
     mlp.norm = FakeLayerNorm.from_layer_norm(
-        mlp.norm, remove_at=steps[("ln_2", i)], **kw)
+      mlp.norm, remove_at=steps[("ln_2", i)], **kw
+    )
   model.final_norm = FakeLayerNorm.from_layer_norm(
-      model.final_norm, remove_at=steps[("ln_f", None)], **kw)
+    model.final_norm, remove_at=steps[("ln_f", None)], **kw
+  )
   return steps

@@ -41,23 +41,34 @@ from jaxnorm.nn import residual as nn_residual
 # Variants whose pure function has no causal mask are bidirectional only
 # (SOFT, NaLaFormer and LINA come from vision); they build into the ViT.
 CAUSAL_ATTENTIONS: tuple[str, ...] = tuple(
-    n for n in nn_attention.ATTENTION_NAMES
-    if n not in ("soft", "nala", "lina"))
+  n for n in nn_attention.ATTENTION_NAMES if n not in ("soft", "nala", "lina")
+)
 
 
 class Dense(nnx.Module):
   """``y = x @ kernel (+ bias)`` with a ``(in, out)`` kernel and axis names."""
 
-  def __init__(self, in_features: int, out_features: int, *,
-               names: tuple[str | None, str | None], use_bias: bool = True,
-               kernel_init: Callable[..., jax.Array] | None = None,
-               dtype: Any = jnp.float32, param_dtype: Any = jnp.float32,
-               rngs: nnx.Rngs):
+  def __init__(
+    self,
+    in_features: int,
+    out_features: int,
+    *,
+    names: tuple[str | None, str | None],
+    use_bias: bool = True,
+    kernel_init: Callable[..., jax.Array] | None = None,
+    dtype: Any = jnp.float32,
+    param_dtype: Any = jnp.float32,
+    rngs: nnx.Rngs,
+  ):
     init = kernel_init or nnx.initializers.lecun_normal()
     self.kernel = _param.param(
-        init(rngs.params(), (in_features, out_features), param_dtype), names)
-    self.bias = (_param.param(jnp.zeros((out_features,), param_dtype),
-                              names[1:]) if use_bias else None)
+      init(rngs.params(), (in_features, out_features), param_dtype), names
+    )
+    self.bias = (
+      _param.param(jnp.zeros((out_features,), param_dtype), names[1:])
+      if use_bias
+      else None
+    )
     self.dtype = dtype
 
   def __call__(self, x: jax.Array) -> jax.Array:
@@ -72,21 +83,33 @@ class Dense(nnx.Module):
 class Conv(nnx.Module):
   """NHWC convolution with a ``(kh, kw, in, out)`` kernel, SAME padding."""
 
-  def __init__(self, in_features: int, out_features: int, *,
-               kernel_size: int = 3, stride: int = 1, dtype: Any = jnp.float32,
-               param_dtype: Any = jnp.float32, rngs: nnx.Rngs):
+  def __init__(
+    self,
+    in_features: int,
+    out_features: int,
+    *,
+    kernel_size: int = 3,
+    stride: int = 1,
+    dtype: Any = jnp.float32,
+    param_dtype: Any = jnp.float32,
+    rngs: nnx.Rngs,
+  ):
     init = nnx.initializers.he_normal(in_axis=(0, 1, 2), out_axis=3)
     shape = (kernel_size, kernel_size, in_features, out_features)
-    self.kernel = _param.param(init(rngs.params(), shape, param_dtype),
-                               (None, None, None, "channels"))
+    self.kernel = _param.param(
+      init(rngs.params(), shape, param_dtype), (None, None, None, "channels")
+    )
     self.stride, self.dtype = stride, dtype
 
   def __call__(self, x: jax.Array) -> jax.Array:
     """Convolves ``x`` of shape ``(n, h, w, in)``."""
     return jax.lax.conv_general_dilated(
-        x.astype(self.dtype), self.kernel[...].astype(self.dtype),
-        (self.stride, self.stride), "SAME",
-        dimension_numbers=("NHWC", "HWIO", "NHWC"))
+      x.astype(self.dtype),
+      self.kernel[...].astype(self.dtype),
+      (self.stride, self.stride),
+      "SAME",
+      dimension_numbers=("NHWC", "HWIO", "NHWC"),
+    )
 
 
 def _gelu(x):
@@ -94,7 +117,8 @@ def _gelu(x):
 
 
 # name -> (elementwise function or module class, gated)
-ACTIVATIONS: Mapping[str, tuple[Any, bool]] = types.MappingProxyType({
+ACTIVATIONS: Mapping[str, tuple[Any, bool]] = types.MappingProxyType(
+  {
     "gelu": (_gelu, False),
     "relu": (jax.nn.relu, False),
     "silu": (jax.nn.silu, False),
@@ -105,26 +129,46 @@ ACTIVATIONS: Mapping[str, tuple[Any, bool]] = types.MappingProxyType({
     "salu": (nn_activations.SALU, False),
     "swalu": (nn_activations.SWALU, False),
     "galu": (nn_activations.GALU, False),
-})
+  }
+)
 
 
 class MLP(nnx.Module):
   """Position-wise MLP ``down(act(up(x)))``; gated names use ``a(x) * b``."""
 
-  def __init__(self, width: int, hidden: int, *, activation: str,
-               dtype: Any, use_bias: bool = True, rngs: nnx.Rngs):
+  def __init__(
+    self,
+    width: int,
+    hidden: int,
+    *,
+    activation: str,
+    dtype: Any,
+    use_bias: bool = True,
+    rngs: nnx.Rngs,
+  ):
     fn, gated = ACTIVATIONS[activation]
     self.gated = gated
-    self.up = Dense(width, hidden * (2 if gated else 1),
-                    names=("embed", "mlp"), use_bias=use_bias, dtype=dtype,
-                    rngs=rngs)
+    self.up = Dense(
+      width,
+      hidden * (2 if gated else 1),
+      names=("embed", "mlp"),
+      use_bias=use_bias,
+      dtype=dtype,
+      rngs=rngs,
+    )
     if isinstance(fn, type):
       kwargs = {"experimental": True} if fn is not nn_activations.SALU else {}
       self.act = fn(hidden, rngs=rngs, **kwargs)
     else:
       self.act = fn
-    self.down = Dense(hidden, width, names=("mlp", "embed"),
-                      use_bias=use_bias, dtype=dtype, rngs=rngs)
+    self.down = Dense(
+      hidden,
+      width,
+      names=("mlp", "embed"),
+      use_bias=use_bias,
+      dtype=dtype,
+      rngs=rngs,
+    )
 
   def __call__(self, x: jax.Array) -> jax.Array:
     """Applies the MLP over the last axis."""
@@ -137,8 +181,9 @@ class MLP(nnx.Module):
     return self.down(h)
 
 
-def _residual_kwargs(name: str, norm: str, norm_kwargs: Mapping[str, Any]
-                     ) -> dict[str, Any]:
+def _residual_kwargs(
+  name: str, norm: str, norm_kwargs: Mapping[str, Any]
+) -> dict[str, Any]:
   if name in ("skipinit", "rezero"):  # The papers' branches have no norm.
     return {}
   kwargs: dict[str, Any] = {"norm": norm, "norm_kwargs": dict(norm_kwargs)}
@@ -154,7 +199,8 @@ def _residual_kwargs(name: str, norm: str, norm_kwargs: Mapping[str, Any]
 # Grouped norms keep their paper's group count when it divides the width,
 # else the largest divisor of the width below it.
 _GROUP_DEFAULTS = types.MappingProxyType(
-    {"groupnorm": 32, "evonorms0": 32, "timestepdecaynorm": 64})
+  {"groupnorm": 32, "evonorms0": 32, "timestepdecaynorm": 64}
+)
 
 # Norms whose statistics need an image (NHWC) or a sequence layout.
 IMAGE_ONLY_NORMS: tuple[str, ...] = ("regionnorml",)
@@ -244,63 +290,112 @@ class DecoderLM(nnx.Module):
   and keys inside attention, ``"none"`` relies on causality alone.
   """
 
-  def __init__(self, config: LMConfig, *, dtype: Any = jnp.float32,
-               rngs: nnx.Rngs):
+  def __init__(
+    self, config: LMConfig, *, dtype: Any = jnp.float32, rngs: nnx.Rngs
+  ):
     c = self.config = config
     if c.attention not in CAUSAL_ATTENTIONS:
       raise ValueError(
-          f"DecoderLM: attention {c.attention!r} has no causal form, so a "
-          f"decoder would see future tokens; choose one of "
-          f"{', '.join(CAUSAL_ATTENTIONS)}")
+        f"DecoderLM: attention {c.attention!r} has no causal form, so a "
+        f"decoder would see future tokens; choose one of "
+        f"{', '.join(CAUSAL_ATTENTIONS)}"
+      )
     self.dtype = dtype
     d = c.width
     # Unit-norm rows: the tied head then starts with logits of std ~1.
     embed_init = nnx.initializers.normal(1.0 / math.sqrt(d))
     self.embed = _param.param(
-        embed_init(rngs.params(), (c.vocab_size, d), jnp.float32),
-        ("vocab", "embed"))
-    self.pos = (_param.param(
-        nnx.initializers.normal(0.02)(rngs.params(), (c.max_len, d),
-                                      jnp.float32), (None, "embed"))
-                if c.positional == "learned" else None)
+      embed_init(rngs.params(), (c.vocab_size, d), jnp.float32),
+      ("vocab", "embed"),
+    )
+    self.pos = (
+      _param.param(
+        nnx.initializers.normal(0.02)(
+          rngs.params(), (c.max_len, d), jnp.float32
+        ),
+        (None, "embed"),
+      )
+      if c.positional == "learned"
+      else None
+    )
     norm_kwargs = {**_norm_kwargs(c.norm, d), **dict(c.norm_kwargs)}
     blocks = []
     for _ in range(c.depth):
-      blocks.append(nn_attention.make_attention(
-          c.attention, d, c.num_heads, head_dim=c.head_dim, is_causal=True,
-          use_rope=c.positional == "rope", use_bias=c.use_bias, dtype=dtype,
-          rngs=rngs))
-      blocks.append(MLP(d, c.mlp_hidden or c.mlp_ratio * d,
-                        activation=c.activation, use_bias=c.use_bias,
-                        dtype=dtype, rngs=rngs))
+      blocks.append(
+        nn_attention.make_attention(
+          c.attention,
+          d,
+          c.num_heads,
+          head_dim=c.head_dim,
+          is_causal=True,
+          use_rope=c.positional == "rope",
+          use_bias=c.use_bias,
+          dtype=dtype,
+          rngs=rngs,
+        )
+      )
+      blocks.append(
+        MLP(
+          d,
+          c.mlp_hidden or c.mlp_ratio * d,
+          activation=c.activation,
+          use_bias=c.use_bias,
+          dtype=dtype,
+          rngs=rngs,
+        )
+      )
     if c.zero_mean_writers:
       blocks = [ZeroMeanOutput(b) for b in blocks]
     if c.norm == "none" and c.residual != "prenorm":
-      raise ValueError(f"DecoderLM: norm='none' is the norm-free pre-norm "
-                       f"stack x + f(x); it needs residual='prenorm', got "
-                       f"residual={c.residual!r}")
-    self.net = (nn_residual.make_residual(
-        "scaled", blocks, num_features=d, rngs=rngs, norm=None, scale=1.0)
-                if c.norm == "none" else nn_residual.make_residual(
-        c.residual, blocks, num_features=d, rngs=rngs,
-        **_residual_kwargs(c.residual, c.norm, norm_kwargs)))
-    self.final_norm = (None if c.norm == "none" else
-                       nn_norms.make_norm(c.norm, d, rngs=rngs, **norm_kwargs))
-    self.head = (None if c.tie_embeddings else
-                 Dense(d, c.vocab_size, names=("embed", "vocab"),
-                       use_bias=c.use_bias, dtype=dtype, rngs=rngs))
+      raise ValueError(
+        f"DecoderLM: norm='none' is the norm-free pre-norm "
+        f"stack x + f(x); it needs residual='prenorm', got "
+        f"residual={c.residual!r}"
+      )
+    self.net = (
+      nn_residual.make_residual(
+        "scaled", blocks, num_features=d, rngs=rngs, norm=None, scale=1.0
+      )
+      if c.norm == "none"
+      else nn_residual.make_residual(
+        c.residual,
+        blocks,
+        num_features=d,
+        rngs=rngs,
+        **_residual_kwargs(c.residual, c.norm, norm_kwargs),
+      )
+    )
+    self.final_norm = (
+      None
+      if c.norm == "none"
+      else nn_norms.make_norm(c.norm, d, rngs=rngs, **norm_kwargs)
+    )
+    self.head = (
+      None
+      if c.tie_embeddings
+      else Dense(
+        d,
+        c.vocab_size,
+        names=("embed", "vocab"),
+        use_bias=c.use_bias,
+        dtype=dtype,
+        rngs=rngs,
+      )
+    )
 
-  def __call__(self, tokens: jax.Array, *,
-               rngs: jax.Array | None = None) -> jax.Array:
+  def __call__(
+    self, tokens: jax.Array, *, rngs: jax.Array | None = None
+  ) -> jax.Array:
     """Logits ``(batch, seq, vocab)`` (in ``dtype``) for int tokens."""
     del rngs  # No dropout in the LM.
     if tokens.ndim != 2 or tokens.shape[1] > self.config.max_len:
       raise ValueError(
-          f"DecoderLM: tokens must have shape (batch, seq) with seq <= "
-          f"max_len={self.config.max_len}, got tokens.shape={tokens.shape}")
+        f"DecoderLM: tokens must have shape (batch, seq) with seq <= "
+        f"max_len={self.config.max_len}, got tokens.shape={tokens.shape}"
+      )
     x = jnp.take(self.embed[...], tokens, axis=0)
     if self.pos is not None:
-      x = x + self.pos[...][None, :tokens.shape[1]]
+      x = x + self.pos[...][None, : tokens.shape[1]]
     if self.config.zero_mean_writers:
       x = _center(x)
     x = sharding.constrain(x.astype(self.dtype), ("batch", "seq", "embed"))
@@ -340,49 +435,75 @@ def _vit_attention_kwargs(name: str, tokens: int) -> dict[str, Any]:
 class ViT(nnx.Module):
   """Patch embedding, [CLS] token, learned positions, blocks, CLS head."""
 
-  def __init__(self, config: ViTConfig, *, dtype: Any = jnp.float32,
-               rngs: nnx.Rngs):
+  def __init__(
+    self, config: ViTConfig, *, dtype: Any = jnp.float32, rngs: nnx.Rngs
+  ):
     c = self.config = config
     h, w, ch = c.image_shape
     if h % c.patch_size or w % c.patch_size:
-      raise ValueError(f"ViT: patch_size={c.patch_size} must divide the "
-                       f"image size {h}x{w}")
+      raise ValueError(
+        f"ViT: patch_size={c.patch_size} must divide the image size {h}x{w}"
+      )
     self.dtype = dtype
     d = c.width
     num_patches = (h // c.patch_size) * (w // c.patch_size)
-    self.patch = Dense(c.patch_size * c.patch_size * ch, d,
-                       names=(None, "embed"), dtype=dtype, rngs=rngs)
+    self.patch = Dense(
+      c.patch_size * c.patch_size * ch,
+      d,
+      names=(None, "embed"),
+      dtype=dtype,
+      rngs=rngs,
+    )
     self.cls = _param.param(jnp.zeros((d,), jnp.float32), ("embed",))
     self.pos = _param.param(
-        nnx.initializers.normal(0.02)(rngs.params(), (num_patches + 1, d),
-                                      jnp.float32), (None, "embed"))
+      nnx.initializers.normal(0.02)(
+        rngs.params(), (num_patches + 1, d), jnp.float32
+      ),
+      (None, "embed"),
+    )
     norm_kwargs = _norm_kwargs(c.norm, d)
     blocks = []
     for _ in range(c.depth):
-      blocks.append(nn_attention.make_attention(
-          c.attention, d, c.num_heads, dtype=dtype, rngs=rngs,
-          **_vit_attention_kwargs(c.attention, num_patches + 1)))
-      blocks.append(MLP(d, c.mlp_ratio * d, activation=c.activation,
-                        dtype=dtype, rngs=rngs))
+      blocks.append(
+        nn_attention.make_attention(
+          c.attention,
+          d,
+          c.num_heads,
+          dtype=dtype,
+          rngs=rngs,
+          **_vit_attention_kwargs(c.attention, num_patches + 1),
+        )
+      )
+      blocks.append(
+        MLP(d, c.mlp_ratio * d, activation=c.activation, dtype=dtype, rngs=rngs)
+      )
     self.net = nn_residual.make_residual(
-        c.residual, blocks, num_features=d, rngs=rngs,
-        **_residual_kwargs(c.residual, c.norm, norm_kwargs))
+      c.residual,
+      blocks,
+      num_features=d,
+      rngs=rngs,
+      **_residual_kwargs(c.residual, c.norm, norm_kwargs),
+    )
     self.final_norm = nn_norms.make_norm(c.norm, d, rngs=rngs, **norm_kwargs)
-    self.head = Dense(d, c.num_classes, names=("embed", None), dtype=dtype,
-                      rngs=rngs)
+    self.head = Dense(
+      d, c.num_classes, names=("embed", None), dtype=dtype, rngs=rngs
+    )
 
-  def __call__(self, images: jax.Array, *,
-               rngs: jax.Array | None = None) -> jax.Array:
+  def __call__(
+    self, images: jax.Array, *, rngs: jax.Array | None = None
+  ) -> jax.Array:
     """Class logits ``(batch, num_classes)`` for NHWC images."""
     del rngs
     n, h, w, ch = images.shape
     p = self.config.patch_size
-    patches = images.reshape(n, h // p, p, w // p, p, ch).transpose(
-        0, 1, 3, 2, 4, 5).reshape(n, (h // p) * (w // p), p * p * ch)
+    patches = (
+      images.reshape(n, h // p, p, w // p, p, ch)
+      .transpose(0, 1, 3, 2, 4, 5)
+      .reshape(n, (h // p) * (w // p), p * p * ch)
+    )
     x = self.patch(patches)
     cls = jnp.broadcast_to(self.cls[...].astype(x.dtype), (n, 1, x.shape[-1]))
-    x = jnp.concatenate([cls, x], axis=1) + self.pos[...][None].astype(
-        x.dtype)
+    x = jnp.concatenate([cls, x], axis=1) + self.pos[...][None].astype(x.dtype)
     h = self.final_norm(self.net(x))
     return self.head(h[:, 0])
 
@@ -403,12 +524,14 @@ class CNNConfig:
 class ConvBlock(nnx.Module):
   """The residual branch ``conv3x3(act(conv3x3(x)))`` at constant width."""
 
-  def __init__(self, width: int, *, activation: str, dtype: Any,
-               rngs: nnx.Rngs):
+  def __init__(
+    self, width: int, *, activation: str, dtype: Any, rngs: nnx.Rngs
+  ):
     fn, gated = ACTIVATIONS[activation]
     if gated or isinstance(fn, type):
-      self.act = MLP(width, width, activation=activation, dtype=dtype,
-                     rngs=rngs)
+      self.act = MLP(
+        width, width, activation=activation, dtype=dtype, rngs=rngs
+      )
     else:
       self.act = fn
     self.conv1 = Conv(width, width, dtype=dtype, rngs=rngs)
@@ -422,30 +545,40 @@ class ConvBlock(nnx.Module):
 class CNN(nnx.Module):
   """ResNet-style classifier; norms normalize the channel (last) axis."""
 
-  def __init__(self, config: CNNConfig, *, dtype: Any = jnp.float32,
-               rngs: nnx.Rngs):
+  def __init__(
+    self, config: CNNConfig, *, dtype: Any = jnp.float32, rngs: nnx.Rngs
+  ):
     c = self.config = config
     ch = c.image_shape[-1]
     stride = 2 if min(c.image_shape[:2]) >= 16 else 1
     self.stem = Conv(ch, c.width, stride=stride, dtype=dtype, rngs=rngs)
     norm_kwargs = _norm_kwargs(c.norm, c.width)
-    blocks = [ConvBlock(c.width, activation=c.activation, dtype=dtype,
-                        rngs=rngs) for _ in range(c.depth)]
+    blocks = [
+      ConvBlock(c.width, activation=c.activation, dtype=dtype, rngs=rngs)
+      for _ in range(c.depth)
+    ]
     self.net = nn_residual.make_residual(
-        c.residual, blocks, num_features=c.width, rngs=rngs,
-        **_residual_kwargs(c.residual, c.norm, norm_kwargs))
-    self.final_norm = nn_norms.make_norm(c.norm, c.width, rngs=rngs,
-                                         **norm_kwargs)
-    self.head = Dense(c.width, c.num_classes, names=("channels", None),
-                      dtype=dtype, rngs=rngs)
+      c.residual,
+      blocks,
+      num_features=c.width,
+      rngs=rngs,
+      **_residual_kwargs(c.residual, c.norm, norm_kwargs),
+    )
+    self.final_norm = nn_norms.make_norm(
+      c.norm, c.width, rngs=rngs, **norm_kwargs
+    )
+    self.head = Dense(
+      c.width, c.num_classes, names=("channels", None), dtype=dtype, rngs=rngs
+    )
     fn, gated = ACTIVATIONS[c.activation]
     # Pre-activation ResNet head: norm -> activation -> global pooling. The
     # activation matters: per-channel spatial statistics (instance-like
     # norms) make the pooled normalized map exactly zero without it.
     self.final_act = jax.nn.relu if gated or isinstance(fn, type) else fn
 
-  def __call__(self, images: jax.Array, *,
-               rngs: jax.Array | None = None) -> jax.Array:
+  def __call__(
+    self, images: jax.Array, *, rngs: jax.Array | None = None
+  ) -> jax.Array:
     """Class logits for NHWC images."""
     del rngs
     h = self.final_act(self.final_norm(self.net(self.stem(images))))
@@ -472,33 +605,49 @@ class SNN(nnx.Module):
   arXiv:1706.02515, 2017).
   """
 
-  def __init__(self, config: SNNConfig, *, dtype: Any = jnp.float32,
-               rngs: nnx.Rngs):
+  def __init__(
+    self, config: SNNConfig, *, dtype: Any = jnp.float32, rngs: nnx.Rngs
+  ):
     c = self.config = config
     fn, gated = ACTIVATIONS[c.activation]
     if gated or isinstance(fn, type):
-      raise ValueError(f"SNN: activation must be elementwise, got "
-                       f"{c.activation!r}; choose one of selu, elu, gelu, "
-                       f"relu, silu")
+      raise ValueError(
+        f"SNN: activation must be elementwise, got "
+        f"{c.activation!r}; choose one of selu, elu, gelu, "
+        f"relu, silu"
+      )
     self.act = fn
     init = activations.lecun_normal("normal")
     sizes = [math.prod(c.image_shape)] + [c.width] * c.depth
-    self.layers = nnx.List([
-        Dense(a, b, names=(None, "mlp"), kernel_init=init, dtype=dtype,
-              rngs=rngs) for a, b in zip(sizes[:-1], sizes[1:])])
+    self.layers = nnx.List(
+      [
+        Dense(
+          a, b, names=(None, "mlp"), kernel_init=init, dtype=dtype, rngs=rngs
+        )
+        for a, b in zip(sizes[:-1], sizes[1:])
+      ]
+    )
     self.dropout = nn_activations.AlphaDropout(c.dropout)
-    self.head = Dense(c.width, c.num_classes, names=("mlp", None),
-                      kernel_init=init, dtype=dtype, rngs=rngs)
+    self.head = Dense(
+      c.width,
+      c.num_classes,
+      names=("mlp", None),
+      kernel_init=init,
+      dtype=dtype,
+      rngs=rngs,
+    )
 
-  def __call__(self, images: jax.Array, *,
-               rngs: jax.Array | None = None) -> jax.Array:
+  def __call__(
+    self, images: jax.Array, *, rngs: jax.Array | None = None
+  ) -> jax.Array:
     """Class logits; alpha dropout is active when ``rngs`` is a key."""
     x = images.reshape(images.shape[0], -1)
     for i, layer in enumerate(self.layers):
       x = self.act(layer(x))
       if rngs is not None and self.config.dropout > 0:
-        x = self.dropout(x, deterministic=False,
-                         key=jax.random.fold_in(rngs, i))
+        x = self.dropout(
+          x, deterministic=False, key=jax.random.fold_in(rngs, i)
+        )
     return self.head(x)
 
 
@@ -508,23 +657,33 @@ class SNN(nnx.Module):
 
 def registries(model: str = "lm") -> dict[str, tuple[str, ...]]:
   """Valid part names per config field for ``model``."""
-  attention = (CAUSAL_ATTENTIONS if model == "lm"
-               else nn_attention.ATTENTION_NAMES)
-  excluded = {"lm": IMAGE_ONLY_NORMS, "vit": IMAGE_ONLY_NORMS,
-              "cnn": SEQUENCE_ONLY_NORMS}.get(model, ())
+  attention = (
+    CAUSAL_ATTENTIONS if model == "lm" else nn_attention.ATTENTION_NAMES
+  )
+  excluded = {
+    "lm": IMAGE_ONLY_NORMS,
+    "vit": IMAGE_ONLY_NORMS,
+    "cnn": SEQUENCE_ONLY_NORMS,
+  }.get(model, ())
   norms = [n for n in nn_norms.NORMS if n not in excluded]
   return {
-      "norm": tuple(sorted(norms)),
-      "attention": tuple(sorted(attention)),
-      "residual": tuple(sorted(nn_residual.RESIDUALS)),
-      "activation": tuple(sorted(ACTIVATIONS)),
+    "norm": tuple(sorted(norms)),
+    "attention": tuple(sorted(attention)),
+    "residual": tuple(sorted(nn_residual.RESIDUALS)),
+    "activation": tuple(sorted(ACTIVATIONS)),
   }
 
 
-def build_model(cfg: Any, *, rngs: nnx.Rngs, dtype: Any = jnp.float32,
-                vocab_size: int | None = None, max_len: int | None = None,
-                num_classes: int | None = None,
-                image_shape: tuple[int, ...] | None = None) -> nnx.Module:
+def build_model(
+  cfg: Any,
+  *,
+  rngs: nnx.Rngs,
+  dtype: Any = jnp.float32,
+  vocab_size: int | None = None,
+  max_len: int | None = None,
+  num_classes: int | None = None,
+  image_shape: tuple[int, ...] | None = None,
+) -> nnx.Module:
   """Builds the model a `TrainConfig`-like ``cfg`` names.
 
   ``cfg`` needs ``model``, ``width``, ``depth``, ``num_heads``, ``norm``,
@@ -532,28 +691,68 @@ def build_model(cfg: Any, *, rngs: nnx.Rngs, dtype: Any = jnp.float32,
   fills in the vocabulary or image shape and classes.
   """
   if cfg.model == "lm":
-    return DecoderLM(LMConfig(
-        vocab_size=vocab_size, width=cfg.width, depth=cfg.depth,
-        num_heads=cfg.num_heads, max_len=max_len, norm=cfg.norm,
-        attention=cfg.attention, residual=cfg.residual,
-        activation=cfg.activation, positional=cfg.positional),
-        dtype=dtype, rngs=rngs)
+    return DecoderLM(
+      LMConfig(
+        vocab_size=vocab_size,
+        width=cfg.width,
+        depth=cfg.depth,
+        num_heads=cfg.num_heads,
+        max_len=max_len,
+        norm=cfg.norm,
+        attention=cfg.attention,
+        residual=cfg.residual,
+        activation=cfg.activation,
+        positional=cfg.positional,
+      ),
+      dtype=dtype,
+      rngs=rngs,
+    )
   image_shape = tuple(int(s) for s in image_shape)
   if cfg.model == "vit":
     patch = 4 if min(image_shape[:2]) >= 16 else 2
-    return ViT(ViTConfig(
-        num_classes=num_classes, image_shape=image_shape, patch_size=patch,
-        width=cfg.width, depth=cfg.depth, num_heads=cfg.num_heads,
-        norm=cfg.norm, attention=cfg.attention, residual=cfg.residual,
-        activation=cfg.activation), dtype=dtype, rngs=rngs)
+    return ViT(
+      ViTConfig(
+        num_classes=num_classes,
+        image_shape=image_shape,
+        patch_size=patch,
+        width=cfg.width,
+        depth=cfg.depth,
+        num_heads=cfg.num_heads,
+        norm=cfg.norm,
+        attention=cfg.attention,
+        residual=cfg.residual,
+        activation=cfg.activation,
+      ),
+      dtype=dtype,
+      rngs=rngs,
+    )
   if cfg.model == "cnn":
-    return CNN(CNNConfig(
-        num_classes=num_classes, image_shape=image_shape, width=cfg.width,
-        depth=cfg.depth, norm=cfg.norm, residual=cfg.residual,
-        activation=cfg.activation), dtype=dtype, rngs=rngs)
+    return CNN(
+      CNNConfig(
+        num_classes=num_classes,
+        image_shape=image_shape,
+        width=cfg.width,
+        depth=cfg.depth,
+        norm=cfg.norm,
+        residual=cfg.residual,
+        activation=cfg.activation,
+      ),
+      dtype=dtype,
+      rngs=rngs,
+    )
   if cfg.model == "mlp":
-    return SNN(SNNConfig(
-        num_classes=num_classes, image_shape=image_shape, width=cfg.width,
-        depth=cfg.depth, activation=cfg.activation), dtype=dtype, rngs=rngs)
-  raise ValueError(f"build_model: unknown model {cfg.model!r}; valid names "
-                   f"are cnn, lm, mlp, vit")
+    return SNN(
+      SNNConfig(
+        num_classes=num_classes,
+        image_shape=image_shape,
+        width=cfg.width,
+        depth=cfg.depth,
+        activation=cfg.activation,
+      ),
+      dtype=dtype,
+      rngs=rngs,
+    )
+  raise ValueError(
+    f"build_model: unknown model {cfg.model!r}; valid names "
+    f"are cnn, lm, mlp, vit"
+  )

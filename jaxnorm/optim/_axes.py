@@ -86,18 +86,22 @@ class Dims(NamedTuple):
     return math.prod(self.batch_shape)
 
 
-def _axis_tuple(who: str, field: str, value: Any, ndim: int,
-                shape: tuple[int, ...]) -> tuple[int, ...]:
+def _axis_tuple(
+  who: str, field: str, value: Any, ndim: int, shape: tuple[int, ...]
+) -> tuple[int, ...]:
   axes = (value,) if isinstance(value, int) else tuple(value)
   if not axes:
-    raise ValueError(f"{who}: MatrixAxes.{field} must name at least one axis, "
-                     f"got {field}={value!r} for a leaf of shape {shape}")
+    raise ValueError(
+      f"{who}: MatrixAxes.{field} must name at least one axis, "
+      f"got {field}={value!r} for a leaf of shape {shape}"
+    )
   out = []
   for a in axes:
     if not isinstance(a, int) or not -ndim <= a < ndim:
       raise ValueError(
-          f"{who}: MatrixAxes.{field} must be axes in [-{ndim}, {ndim}) for a "
-          f"leaf of shape {shape}, got {field}={value!r}")
+        f"{who}: MatrixAxes.{field} must be axes in [-{ndim}, {ndim}) for a "
+        f"leaf of shape {shape}, got {field}={value!r}"
+      )
     out.append(a % ndim)
   return tuple(sorted(out))
 
@@ -113,8 +117,9 @@ def resolve(who: str, axes: MatrixAxes, shape: tuple[int, ...]) -> Dims:
   ndim = len(shape)
   if ndim < 2:
     raise ValueError(
-        f"{who}: matrix axes need a leaf of rank >= 2, got shape {shape}; "
-        f"give it MatrixAxes None (route it to the Adam branch)")
+      f"{who}: matrix axes need a leaf of rank >= 2, got shape {shape}; "
+      f"give it MatrixAxes None (route it to the Adam branch)"
+    )
   output = _axis_tuple(who, "output", axes.output, ndim, shape)
   if axes.reduction is None:
     reduction = tuple(a for a in range(ndim) if a not in output)
@@ -122,22 +127,26 @@ def resolve(who: str, axes: MatrixAxes, shape: tuple[int, ...]) -> Dims:
     reduction = _axis_tuple(who, "reduction", axes.reduction, ndim, shape)
   if set(output) & set(reduction):
     raise ValueError(
-        f"{who}: MatrixAxes output and reduction axes must be disjoint, got "
-        f"output={output} and reduction={reduction} for shape {shape}")
+      f"{who}: MatrixAxes output and reduction axes must be disjoint, got "
+      f"output={output} and reduction={reduction} for shape {shape}"
+    )
   if not reduction:
-    raise ValueError(f"{who}: MatrixAxes leaves no reduction axis for shape "
-                     f"{shape}")
+    raise ValueError(
+      f"{who}: MatrixAxes leaves no reduction axis for shape {shape}"
+    )
   batch = tuple(a for a in range(ndim) if a not in output + reduction)
   return Dims(shape, batch, reduction, output)
 
 
 def _is_spec_leaf(x: Any) -> bool:
-  return (x is None or isinstance(x, MatrixAxes)
-          or isinstance(x, optax.MaskedNode))
+  return (
+    x is None or isinstance(x, MatrixAxes) or isinstance(x, optax.MaskedNode)
+  )
 
 
-def resolve_tree(who: str, axes: AxesSpec, tree: Any, *,
-                 default_if_matrix: bool = True) -> Any:
+def resolve_tree(
+  who: str, axes: AxesSpec, tree: Any, *, default_if_matrix: bool = True
+) -> Any:
   """Per-leaf `Dims` (or None) for every array leaf of ``tree``.
 
   Args:
@@ -157,8 +166,9 @@ def resolve_tree(who: str, axes: AxesSpec, tree: Any, *,
   """
   if axes is None:
     spec = jax.tree.map(
-        lambda x: MatrixAxes() if default_if_matrix and x.ndim >= 2 else None,
-        tree)
+      lambda x: MatrixAxes() if default_if_matrix and x.ndim >= 2 else None,
+      tree,
+    )
   elif isinstance(axes, MatrixAxes):
     spec = jax.tree.map(lambda x: axes if x.ndim >= 2 else None, tree)
   elif callable(axes):
@@ -171,11 +181,15 @@ def resolve_tree(who: str, axes: AxesSpec, tree: Any, *,
       if ax is None or isinstance(ax, optax.MaskedNode):
         return _NONE
       return resolve(who, ax, x.shape)
+
     return jax.tree.map(one, sub)
 
   out = jax.tree.map(fill, spec, tree, is_leaf=_is_spec_leaf)
-  return jax.tree.map(lambda d: None if d is _NONE else d, out,
-                      is_leaf=lambda d: d is _NONE or isinstance(d, Dims))
+  return jax.tree.map(
+    lambda d: None if d is _NONE else d,
+    out,
+    is_leaf=lambda d: d is _NONE or isinstance(d, Dims),
+  )
 
 
 class _NoneMarker:
@@ -191,15 +205,17 @@ def dims_leaves(dims_tree: Any, tree: Any) -> list[Dims | None]:
   return treedef.flatten_up_to(dims_tree)
 
 
-def matrix_labels(axes: AxesSpec, matrix: str, other: str
-                  ) -> Callable[[Any], Any]:
+def matrix_labels(
+  axes: AxesSpec, matrix: str, other: str
+) -> Callable[[Any], Any]:
   """A label function for `optax.partition`: matrix leaves vs the rest."""
+
   def labels(params):
     dims = resolve_tree("matrix_labels", axes, params)
     leaves = dims_leaves(dims, params)
     treedef = jax.tree.structure(params)
-    return treedef.unflatten(
-        [other if d is None else matrix for d in leaves])
+    return treedef.unflatten([other if d is None else matrix for d in leaves])
+
   return labels
 
 

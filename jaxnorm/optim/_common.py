@@ -30,8 +30,15 @@ def increment(count: jax.Array) -> jax.Array:
   return jnp.where(count < big, count + 1, big).astype(jnp.int32)
 
 
-def check_hyper(who: str, name: str, value: Any, *, low: float = 0.0,
-                high: float | None = None, high_open: bool = True) -> None:
+def check_hyper(
+  who: str,
+  name: str,
+  value: Any,
+  *,
+  low: float = 0.0,
+  high: float | None = None,
+  high_open: bool = True,
+) -> None:
   """Checks a static (Python number) hyperparameter; arrays pass unchecked.
 
   Raises:
@@ -39,15 +46,17 @@ def check_hyper(who: str, name: str, value: Any, *, low: float = 0.0,
       ``[low, high)`` (or ``[low, high]`` when ``high_open`` is False).
   """
   if isinstance(value, bool) or not isinstance(
-      value, (int, float, np.integer, np.floating)):
+    value, (int, float, np.integer, np.floating)
+  ):
     return
   bad = value < low
   if high is not None:
     bad = bad or (value >= high if high_open else value > high)
   if bad:
     hi = "inf)" if high is None else (f"{high})" if high_open else f"{high}]")
-    raise ValueError(f"{who}: {name} must lie in [{low}, {hi}, got "
-                     f"{name}={value!r}")
+    raise ValueError(
+      f"{who}: {name} must lie in [{low}, {hi}, got {name}={value!r}"
+    )
 
 
 def standard_promotion(tx: Any) -> Any:
@@ -90,9 +99,9 @@ def in_compute_dtype(tx: Any) -> Any:
     return inner.init(up(params))
 
   def update_fn(updates, state, params=None, **extra_args):
-    out, state = inner.update(up(updates), state,
-                              None if params is None else up(params),
-                              **extra_args)
+    out, state = inner.update(
+      up(updates), state, None if params is None else up(params), **extra_args
+    )
     out = jax.tree.map(lambda o, u: o.astype(u.dtype), out, updates)
     return out, state
 

@@ -46,9 +46,15 @@ class ScaleBySgdpState(NamedTuple):
   momentum: optax.Updates
 
 
-def _project(p: jax.Array, g: jax.Array, u: jax.Array, d: _axes.Dims,
-             delta: jax.Array, wd_ratio: jax.Array, eps: jax.Array
-             ) -> tuple[jax.Array, jax.Array]:
+def _project(
+  p: jax.Array,
+  g: jax.Array,
+  u: jax.Array,
+  d: _axes.Dims,
+  delta: jax.Array,
+  wd_ratio: jax.Array,
+  eps: jax.Array,
+) -> tuple[jax.Array, jax.Array]:
   """AdamP's projection of direction ``u`` of weight ``p`` with gradient ``g``.
 
   Channel view first, layer view second, as ``adamp.AdamP._projection``:
@@ -71,34 +77,39 @@ def _project(p: jax.Array, g: jax.Array, u: jax.Array, d: _axes.Dims,
   one = jnp.ones((), p.dtype)
 
   def cosine(xy, xx, yy):
-    return jnp.abs(xy) / (jnp.maximum(jnp.sqrt(xx), eps)
-                          * jnp.maximum(jnp.sqrt(yy), eps))
+    return jnp.abs(xy) / (
+      jnp.maximum(jnp.sqrt(xx), eps) * jnp.maximum(jnp.sqrt(yy), eps)
+    )
 
   cos_c = jnp.max(cosine(pg, pp, gg), axis=out, keepdims=True)
   fire_c = cos_c < delta / jnp.sqrt(jnp.asarray(d.fan_in, p.dtype))
   lpp, lgg = _axes.reduce_sum(pp, out), _axes.reduce_sum(gg, out)
   lpg, lpu = _axes.reduce_sum(pg, out), _axes.reduce_sum(pu, out)
   cos_l = cosine(lpg, lpp, lgg)
-  fire_l = cos_l < delta / jnp.sqrt(
-      jnp.asarray(d.fan_in * d.fan_out, p.dtype))
+  fire_l = cos_l < delta / jnp.sqrt(jnp.asarray(d.fan_in * d.fan_out, p.dtype))
   fire_l = jnp.logical_and(fire_l, jnp.logical_not(fire_c))
   # The channel coefficient has per-channel shape, the layer one per-batch
   # shape; both broadcast against p after explicit broadcasting.
   coef_c = pu / jnp.square(jnp.sqrt(pp) + eps)
   coef_l = lpu / jnp.square(jnp.sqrt(lpp) + eps)
   fire_cb = jnp.broadcast_to(fire_c, coef_c.shape)
-  coef = jnp.where(fire_cb, coef_c,
-                   jnp.where(jnp.broadcast_to(fire_l, coef_c.shape),
-                             jnp.broadcast_to(coef_l, coef_c.shape),
-                             jnp.zeros((), p.dtype)))
+  coef = jnp.where(
+    fire_cb,
+    coef_c,
+    jnp.where(
+      jnp.broadcast_to(fire_l, coef_c.shape),
+      jnp.broadcast_to(coef_l, coef_c.shape),
+      jnp.zeros((), p.dtype),
+    ),
+  )
   u = u - p * jnp.broadcast_to(coef, p.shape)
-  wd = jnp.where(jnp.logical_or(fire_c, fire_l), wd_ratio.astype(p.dtype),
-                 one)
+  wd = jnp.where(jnp.logical_or(fire_c, fire_l), wd_ratio.astype(p.dtype), one)
   return u, wd
 
 
-def _check_common(who: str, eps: Any, weight_decay: Any, delta: Any,
-                  wd_ratio: Any) -> None:
+def _check_common(
+  who: str, eps: Any, weight_decay: Any, delta: Any, wd_ratio: Any
+) -> None:
   _common.check_hyper(who, "eps", eps)
   _common.check_hyper(who, "weight_decay", weight_decay)
   _common.check_hyper(who, "delta", delta)
@@ -106,16 +117,16 @@ def _check_common(who: str, eps: Any, weight_decay: Any, delta: Any,
 
 
 def scale_by_adamp(
-    b1: ArrayLike = 0.9,
-    b2: ArrayLike = 0.999,
-    eps: ArrayLike = 1e-8,
-    *,
-    weight_decay: ArrayLike = 0.0,
-    delta: ArrayLike = 0.1,
-    wd_ratio: ArrayLike = 0.1,
-    nesterov: bool = False,
-    mu_dtype: Any = None,
-    axes: _axes.AxesSpec = None,
+  b1: ArrayLike = 0.9,
+  b2: ArrayLike = 0.999,
+  eps: ArrayLike = 1e-8,
+  *,
+  weight_decay: ArrayLike = 0.0,
+  delta: ArrayLike = 0.1,
+  wd_ratio: ArrayLike = 0.1,
+  nesterov: bool = False,
+  mu_dtype: Any = None,
+  axes: _axes.AxesSpec = None,
 ) -> optax.GradientTransformation:
   r"""AdamP's direction, projection and (coupled) decoupled weight decay.
 
@@ -171,14 +182,19 @@ def scale_by_adamp(
     def zeros(p):
       dt = mu_dtype or _common.compute_dtype(p)
       return jnp.zeros(p.shape, dt)
+
     return ScaleByAdampState(
-        count=jnp.zeros([], jnp.int32),
-        mu=jax.tree.map(zeros, params), nu=jax.tree.map(zeros, params))
+      count=jnp.zeros([], jnp.int32),
+      mu=jax.tree.map(zeros, params),
+      nu=jax.tree.map(zeros, params),
+    )
 
   def update_fn(updates, state, params=None):
     if params is None:
-      raise ValueError(f"{who}: params are required {_EXPLICIT}; call "
-                       "update(grads, state, params)")
+      raise ValueError(
+        f"{who}: params are required {_EXPLICIT}; call "
+        "update(grads, state, params)"
+      )
     count = _common.increment(state.count)
     dims = _axes.dims_leaves(_axes.resolve_tree(who, axes, params), params)
     treedef = jax.tree.structure(updates)
@@ -188,8 +204,10 @@ def scale_by_adamp(
     vs = treedef.flatten_up_to(state.nu)
     out_u, out_m, out_v = [], [], []
     for g_in, p_in, m_in, v_in, d in zip(gs, ps, ms, vs, dims):
-      g, p = _common.f32(g_in), _common.f32(p_in).astype(
-          _common.compute_dtype(g_in))
+      g, p = (
+        _common.f32(g_in),
+        _common.f32(p_in).astype(_common.compute_dtype(g_in)),
+      )
       m, v = m_in.astype(g.dtype), v_in.astype(g.dtype)
       b1_, b2_ = _common.as_scalar(b1, g), _common.as_scalar(b2, g)
       eps_ = _common.as_scalar(eps, g)
@@ -197,14 +215,21 @@ def scale_by_adamp(
       one = jnp.ones((), g.dtype)
       m = b1_ * m + (one - b1_) * g
       v = b2_ * v + (one - b2_) * g * g
-      bc1 = one - b1_ ** t
-      bc2 = one - b2_ ** t
+      bc1 = one - b1_**t
+      bc2 = one - b2_**t
       denom = jnp.sqrt(v) / jnp.sqrt(bc2) + eps_
       num = b1_ * m + (one - b1_) * g if nesterov else m
       u = num / denom
       if d is not None:
-        u, wd = _project(p, g, u, d, _common.as_scalar(delta, g),
-                         _common.as_scalar(wd_ratio, g), eps_)
+        u, wd = _project(
+          p,
+          g,
+          u,
+          d,
+          _common.as_scalar(delta, g),
+          _common.as_scalar(wd_ratio, g),
+          eps_,
+        )
         wd = jnp.broadcast_to(wd, p.shape)
       else:
         wd = one
@@ -219,17 +244,17 @@ def scale_by_adamp(
 
 
 def adamp(
-    learning_rate: optax.ScalarOrSchedule = 1e-3,
-    b1: ArrayLike = 0.9,
-    b2: ArrayLike = 0.999,
-    eps: ArrayLike = 1e-8,
-    weight_decay: ArrayLike = 0.0,
-    *,
-    delta: ArrayLike = 0.1,
-    wd_ratio: ArrayLike = 0.1,
-    nesterov: bool = False,
-    mu_dtype: Any = None,
-    axes: _axes.AxesSpec = None,
+  learning_rate: optax.ScalarOrSchedule = 1e-3,
+  b1: ArrayLike = 0.9,
+  b2: ArrayLike = 0.999,
+  eps: ArrayLike = 1e-8,
+  weight_decay: ArrayLike = 0.0,
+  *,
+  delta: ArrayLike = 0.1,
+  wd_ratio: ArrayLike = 0.1,
+  nesterov: bool = False,
+  mu_dtype: Any = None,
+  axes: _axes.AxesSpec = None,
 ) -> optax.GradientTransformation:
   r"""AdamP (Heo et al. 2021): Adam with a projection for scale invariance.
 
@@ -258,24 +283,35 @@ def adamp(
     Heo et al., *AdamP: Slowing Down the Slowdown for Momentum Optimizers on
     Scale-invariant Weights*, arXiv:2006.08217 (2021).
   """
-  return _common.standard_promotion(optax.chain(
-      scale_by_adamp(b1, b2, eps, weight_decay=weight_decay, delta=delta,
-                     wd_ratio=wd_ratio, nesterov=nesterov, mu_dtype=mu_dtype,
-                     axes=axes),
-      optax.scale_by_learning_rate(learning_rate)))
+  return _common.standard_promotion(
+    optax.chain(
+      scale_by_adamp(
+        b1,
+        b2,
+        eps,
+        weight_decay=weight_decay,
+        delta=delta,
+        wd_ratio=wd_ratio,
+        nesterov=nesterov,
+        mu_dtype=mu_dtype,
+        axes=axes,
+      ),
+      optax.scale_by_learning_rate(learning_rate),
+    )
+  )
 
 
 def scale_by_sgdp(
-    momentum: ArrayLike = 0.0,
-    *,
-    dampening: ArrayLike = 0.0,
-    weight_decay: ArrayLike = 0.0,
-    nesterov: bool = False,
-    eps: ArrayLike = 1e-8,
-    delta: ArrayLike = 0.1,
-    wd_ratio: ArrayLike = 0.1,
-    mu_dtype: Any = None,
-    axes: _axes.AxesSpec = None,
+  momentum: ArrayLike = 0.0,
+  *,
+  dampening: ArrayLike = 0.0,
+  weight_decay: ArrayLike = 0.0,
+  nesterov: bool = False,
+  eps: ArrayLike = 1e-8,
+  delta: ArrayLike = 0.1,
+  wd_ratio: ArrayLike = 0.1,
+  mu_dtype: Any = None,
+  axes: _axes.AxesSpec = None,
 ) -> optax.GradientTransformation:
   r"""SGDP's direction, projection and coupled weight decay.
 
@@ -318,19 +354,22 @@ def scale_by_sgdp(
   who = "scale_by_sgdp"
   _check_common(who, eps, weight_decay, delta, wd_ratio)
   _common.check_hyper(who, "momentum", momentum, high=1.0)
-  _common.check_hyper(who, "dampening", dampening, high=1.0,
-                      high_open=False)
+  _common.check_hyper(who, "dampening", dampening, high=1.0, high_open=False)
 
   def init_fn(params):
     def zeros(p):
       return jnp.zeros(p.shape, mu_dtype or _common.compute_dtype(p))
-    return ScaleBySgdpState(jnp.zeros([], jnp.int32),
-                            jax.tree.map(zeros, params))
+
+    return ScaleBySgdpState(
+      jnp.zeros([], jnp.int32), jax.tree.map(zeros, params)
+    )
 
   def update_fn(updates, state, params=None):
     if params is None:
-      raise ValueError(f"{who}: params are required {_EXPLICIT}; call "
-                       "update(grads, state, params)")
+      raise ValueError(
+        f"{who}: params are required {_EXPLICIT}; call "
+        "update(grads, state, params)"
+      )
     dims = _axes.dims_leaves(_axes.resolve_tree(who, axes, params), params)
     treedef = jax.tree.structure(updates)
     gs = treedef.flatten_up_to(updates)
@@ -346,38 +385,45 @@ def scale_by_sgdp(
       b = mom * b + (one - _common.as_scalar(dampening, g)) * g
       direction = g + mom * b if nesterov else b
       if d is not None:
-        direction, wd = _project(p, g, direction, d,
-                                 _common.as_scalar(delta, g),
-                                 _common.as_scalar(wd_ratio, g),
-                                 _common.as_scalar(eps, g))
+        direction, wd = _project(
+          p,
+          g,
+          direction,
+          d,
+          _common.as_scalar(delta, g),
+          _common.as_scalar(wd_ratio, g),
+          _common.as_scalar(eps, g),
+        )
         wd = jnp.broadcast_to(wd, p.shape)
         if not nesterov:
           b = direction  # the official in-place aliasing, see docstring
       else:
         wd = one
-      out = direction + _common.as_scalar(weight_decay, g) * wd / (
-          one - mom) * p
+      out = (
+        direction + _common.as_scalar(weight_decay, g) * wd / (one - mom) * p
+      )
       out_u.append(out.astype(p_in.dtype))
       out_b.append(b.astype(b_in.dtype))
     un = treedef.unflatten
-    return un(out_u), ScaleBySgdpState(_common.increment(state.count),
-                                       un(out_b))
+    return un(out_u), ScaleBySgdpState(
+      _common.increment(state.count), un(out_b)
+    )
 
   return optax.GradientTransformation(init_fn, update_fn)
 
 
 def sgdp(
-    learning_rate: optax.ScalarOrSchedule,
-    momentum: ArrayLike = 0.0,
-    *,
-    dampening: ArrayLike = 0.0,
-    weight_decay: ArrayLike = 0.0,
-    nesterov: bool = False,
-    eps: ArrayLike = 1e-8,
-    delta: ArrayLike = 0.1,
-    wd_ratio: ArrayLike = 0.1,
-    mu_dtype: Any = None,
-    axes: _axes.AxesSpec = None,
+  learning_rate: optax.ScalarOrSchedule,
+  momentum: ArrayLike = 0.0,
+  *,
+  dampening: ArrayLike = 0.0,
+  weight_decay: ArrayLike = 0.0,
+  nesterov: bool = False,
+  eps: ArrayLike = 1e-8,
+  delta: ArrayLike = 0.1,
+  wd_ratio: ArrayLike = 0.1,
+  mu_dtype: Any = None,
+  axes: _axes.AxesSpec = None,
 ) -> optax.GradientTransformation:
   r"""SGDP (Heo et al. 2021): SGD with momentum and AdamP's projection.
 
@@ -404,8 +450,19 @@ def sgdp(
     Heo et al., *AdamP: Slowing Down the Slowdown for Momentum Optimizers on
     Scale-invariant Weights*, arXiv:2006.08217 (2021).
   """
-  return _common.standard_promotion(optax.chain(
-      scale_by_sgdp(momentum, dampening=dampening, weight_decay=weight_decay,
-                    nesterov=nesterov, eps=eps, delta=delta,
-                    wd_ratio=wd_ratio, mu_dtype=mu_dtype, axes=axes),
-      optax.scale_by_learning_rate(learning_rate)))
+  return _common.standard_promotion(
+    optax.chain(
+      scale_by_sgdp(
+        momentum,
+        dampening=dampening,
+        weight_decay=weight_decay,
+        nesterov=nesterov,
+        eps=eps,
+        delta=delta,
+        wd_ratio=wd_ratio,
+        mu_dtype=mu_dtype,
+        axes=axes,
+      ),
+      optax.scale_by_learning_rate(learning_rate),
+    )
+  )

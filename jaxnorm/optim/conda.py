@@ -110,22 +110,24 @@ def _check_gap(who: str, gap: Any, offset: Any) -> None:
   if isinstance(gap, (int, np.integer)):
     _checks.check_positive_int(who, "update_proj_gap", gap)
   if isinstance(offset, (int, np.integer)) and offset not in (0, 1):
-    raise ValueError(f"{who}: refresh_offset must be 0 (official schedule) "
-                     f"or 1 (pytorch_optimizer schedule), got "
-                     f"refresh_offset={offset!r}")
+    raise ValueError(
+      f"{who}: refresh_offset must be 0 (official schedule) "
+      f"or 1 (pytorch_optimizer schedule), got "
+      f"refresh_offset={offset!r}"
+    )
 
 
 def scale_by_conda(
-    b1: ArrayLike = 0.9,
-    b2: ArrayLike = 0.999,
-    eps: ArrayLike = 1e-8,
-    *,
-    update_proj_gap: ArrayLike = 2000,
-    scale: ArrayLike = 1.0,
-    projection_type: str = "std",
-    refresh_offset: int = 0,
-    mu_dtype: Any = None,
-    axes: _axes.AxesSpec = None,
+  b1: ArrayLike = 0.9,
+  b2: ArrayLike = 0.999,
+  eps: ArrayLike = 1e-8,
+  *,
+  update_proj_gap: ArrayLike = 2000,
+  scale: ArrayLike = 1.0,
+  projection_type: str = "std",
+  refresh_offset: int = 0,
+  mu_dtype: Any = None,
+  axes: _axes.AxesSpec = None,
 ) -> optax.GradientTransformation:
   r"""Conda's projected, column-normalized Adam direction (matrix leaves).
 
@@ -174,8 +176,9 @@ def scale_by_conda(
     Models Faster*, arXiv:2509.24218 (2025).
   """
   who = "scale_by_conda"
-  _checks.check_choice(who, "projection_type", projection_type,
-                       PROJECTION_TYPES)
+  _checks.check_choice(
+    who, "projection_type", projection_type, PROJECTION_TYPES
+  )
   _check_gap(who, update_proj_gap, refresh_offset)
   _common.check_hyper(who, "b1", b1, high=1.0)
   _common.check_hyper(who, "b2", b2, high=1.0)
@@ -186,9 +189,10 @@ def scale_by_conda(
     for x, d in zip(jax.tree.leaves(tree), dims):
       if d is None:
         raise ValueError(
-            f"{who}: every leaf needs matrix axes, got a leaf of shape "
-            f"{x.shape} without; route it to Adam with conda() or "
-            "optax.partition")
+          f"{who}: every leaf needs matrix axes, got a leaf of shape "
+          f"{x.shape} without; route it to Adam with conda() or "
+          "optax.partition"
+        )
     return dims
 
   def init_fn(params):
@@ -203,8 +207,9 @@ def scale_by_conda(
       k = _basis_size(d, _side(d, projection_type))
       bases.append(jnp.zeros(d.batch_shape + (k, k), dt))
     un = treedef.unflatten
-    return ScaleByCondaState(jnp.zeros([], jnp.int32), un(mus), un(nus),
-                             un(bases))
+    return ScaleByCondaState(
+      jnp.zeros([], jnp.int32), un(mus), un(nus), un(bases)
+    )
 
   def update_fn(updates, state, params=None):
     del params
@@ -228,31 +233,32 @@ def scale_by_conda(
       m = b1_ * m_in.astype(g.dtype) + (one - b1_) * g
       gm, mm = _axes.to_matrix(g, d), _axes.to_matrix(m, d)
       q_old = jnp.reshape(q_in, (d.num_batch,) + q_in.shape[-2:])
-      q = jax.lax.cond(refresh,
-                       lambda mm=mm, side=side: orthogonal_basis(mm, side),
-                       lambda q_old=q_old: q_old.astype(g.dtype))
+      q = jax.lax.cond(
+        refresh,
+        lambda mm=mm, side=side: orthogonal_basis(mm, side),
+        lambda q_old=q_old: q_old.astype(g.dtype),
+      )
       gp, mp = _proj(gm, q, side), _proj(mm, q, side)
-      v = b2_ * _axes.to_matrix(v_in.astype(g.dtype), d) + (
-          one - b2_) * gp * gp
+      v = b2_ * _axes.to_matrix(v_in.astype(g.dtype), d) + (one - b2_) * gp * gp
       n = mp / (jnp.sqrt(v) + _common.as_scalar(eps, g))
       tt = count.astype(g.dtype)
-      step = jnp.sqrt(one - b2_ ** tt) / (one - b1_ ** tt)
+      step = jnp.sqrt(one - b2_**tt) / (one - b1_**tt)
       u = _axes.from_matrix(_back(n, q, side), d) * (
-          _common.as_scalar(scale, g) * step)
+        _common.as_scalar(scale, g) * step
+      )
       out_u.append(u.astype(g_in.dtype))
       out_m.append(m.astype(m_in.dtype))
       out_v.append(_axes.from_matrix(v, d).astype(v_in.dtype))
       out_q.append(jnp.reshape(q, q_in.shape).astype(q_in.dtype))
     un = treedef.unflatten
-    return un(out_u), ScaleByCondaState(count, un(out_m), un(out_v),
-                                        un(out_q))
+    return un(out_u), ScaleByCondaState(count, un(out_m), un(out_v), un(out_q))
 
   return optax.GradientTransformation(init_fn, update_fn)
 
 
 def add_decayed_weights_after_step(
-    learning_rate: optax.ScalarOrSchedule,
-    weight_decay: ArrayLike = 0.0,
+  learning_rate: optax.ScalarOrSchedule,
+  weight_decay: ArrayLike = 0.0,
 ) -> optax.GradientTransformation:
   r"""Decoupled decay applied to the *updated* weight (Conda's order).
 
@@ -286,10 +292,12 @@ def add_decayed_weights_after_step(
     if params is None:
       if isinstance(weight_decay, (int, float)) and weight_decay == 0:
         return updates, PostStepDecayState(count)
-      raise ValueError(f"{who}: params are required; call "
-                       "update(updates, state, params)")
-    lr = (learning_rate(state.count) if callable(learning_rate)
-          else learning_rate)
+      raise ValueError(
+        f"{who}: params are required; call update(updates, state, params)"
+      )
+    lr = (
+      learning_rate(state.count) if callable(learning_rate) else learning_rate
+    )
 
     def one(u, p):
       uc = _common.f32(u)
@@ -302,20 +310,20 @@ def add_decayed_weights_after_step(
 
 
 def conda(
-    learning_rate: optax.ScalarOrSchedule = 1e-3,
-    b1: ArrayLike = 0.9,
-    b2: ArrayLike = 0.999,
-    eps: ArrayLike = 1e-8,
-    weight_decay: ArrayLike = 0.0,
-    *,
-    update_proj_gap: ArrayLike = 2000,
-    scale: ArrayLike = 1.0,
-    projection_type: str = "std",
-    refresh_offset: int = 0,
-    mu_dtype: Any = None,
-    axes: _axes.AxesSpec = None,
-    adam_learning_rate: optax.ScalarOrSchedule | None = None,
-    adam_weight_decay: ArrayLike | None = None,
+  learning_rate: optax.ScalarOrSchedule = 1e-3,
+  b1: ArrayLike = 0.9,
+  b2: ArrayLike = 0.999,
+  eps: ArrayLike = 1e-8,
+  weight_decay: ArrayLike = 0.0,
+  *,
+  update_proj_gap: ArrayLike = 2000,
+  scale: ArrayLike = 1.0,
+  projection_type: str = "std",
+  refresh_offset: int = 0,
+  mu_dtype: Any = None,
+  axes: _axes.AxesSpec = None,
+  adam_learning_rate: optax.ScalarOrSchedule | None = None,
+  adam_weight_decay: ArrayLike | None = None,
 ) -> optax.GradientTransformation:
   r"""Conda for matrix leaves, AdamW for the rest (`optax.partition`).
 
@@ -358,20 +366,41 @@ def conda(
     Wang et al., *Conda: Column-Normalized Adam for Training Large Language
     Models Faster*, arXiv:2509.24218 (2025).
   """
-  return _common.standard_promotion(optax.partition(
+  return _common.standard_promotion(
+    optax.partition(
       {
-          "conda": optax.chain(
-              scale_by_conda(b1, b2, eps, update_proj_gap=update_proj_gap,
-                             scale=scale, projection_type=projection_type,
-                             refresh_offset=refresh_offset,
-                             mu_dtype=mu_dtype, axes=axes),
-              optax.scale_by_learning_rate(learning_rate),
-              add_decayed_weights_after_step(learning_rate, weight_decay)),
-          "adam": _common.in_compute_dtype(optax.adamw(
-              adam_learning_rate if adam_learning_rate is not None
-              else learning_rate, b1=b1, b2=b2, eps=eps,
-              weight_decay=(adam_weight_decay if adam_weight_decay
-                            is not None else weight_decay),
-              mu_dtype=mu_dtype)),
+        "conda": optax.chain(
+          scale_by_conda(
+            b1,
+            b2,
+            eps,
+            update_proj_gap=update_proj_gap,
+            scale=scale,
+            projection_type=projection_type,
+            refresh_offset=refresh_offset,
+            mu_dtype=mu_dtype,
+            axes=axes,
+          ),
+          optax.scale_by_learning_rate(learning_rate),
+          add_decayed_weights_after_step(learning_rate, weight_decay),
+        ),
+        "adam": _common.in_compute_dtype(
+          optax.adamw(
+            adam_learning_rate
+            if adam_learning_rate is not None
+            else learning_rate,
+            b1=b1,
+            b2=b2,
+            eps=eps,
+            weight_decay=(
+              adam_weight_decay
+              if adam_weight_decay is not None
+              else weight_decay
+            ),
+            mu_dtype=mu_dtype,
+          )
+        ),
       },
-      _axes.matrix_labels(axes, "conda", "adam")))
+      _axes.matrix_labels(axes, "conda", "adam"),
+    )
+  )

@@ -46,8 +46,9 @@ class NapProjectState(NamedTuple):
   target: optax.Updates  # norms at init; MaskedNode for unmasked leaves
 
 
-def _reduce_axes(x: jax.Array, d: _axes.Dims | None, granularity: str
-                 ) -> tuple[int, ...]:
+def _reduce_axes(
+  x: jax.Array, d: _axes.Dims | None, granularity: str
+) -> tuple[int, ...]:
   if d is None:
     return tuple(range(x.ndim))
   if granularity == "unit":
@@ -61,12 +62,12 @@ def _norm(x: jax.Array, axes: tuple[int, ...]) -> jax.Array:
 
 
 def nap_project(
-    mask: Any | Callable[[Any], Any],
-    *,
-    eps: ArrayLike = 1e-12,
-    granularity: str = "layer",
-    period: int = 1,
-    axes: _axes.AxesSpec = None,
+  mask: Any | Callable[[Any], Any],
+  *,
+  eps: ArrayLike = 1e-12,
+  granularity: str = "layer",
+  period: int = 1,
+  axes: _axes.AxesSpec = None,
 ) -> optax.GradientTransformation:
   r"""Projects masked weights back to their initial norm after each update.
 
@@ -113,29 +114,34 @@ def nap_project(
     m = mask(params) if callable(mask) else mask
     treedef = jax.tree.structure(params)
     flags = jax.tree.map(
-        lambda flag, sub: jax.tree.map(lambda _: bool(flag), sub), m, params,
-        is_leaf=lambda x: isinstance(x, (bool, np.bool_)))
+      lambda flag, sub: jax.tree.map(lambda _: bool(flag), sub),
+      m,
+      params,
+      is_leaf=lambda x: isinstance(x, (bool, np.bool_)),
+    )
     flags = treedef.flatten_up_to(flags)
     dims = _axes.dims_leaves(_axes.resolve_tree(who, axes, params), params)
     for x, f, d in zip(treedef.flatten_up_to(params), flags, dims):
       if f and granularity == "unit" and d is None:
         raise ValueError(
-            f"{who}: granularity='unit' needs matrix axes, got a masked leaf "
-            f"of shape {x.shape}; use granularity='layer' or unmask it")
+          f"{who}: granularity='unit' needs matrix axes, got a masked leaf "
+          f"of shape {x.shape}; use granularity='layer' or unmask it"
+        )
     return treedef, flags, dims
 
   def init_fn(params):
     treedef, flags, dims = leaf_info(params)
     targets = [
-        _norm(p, _reduce_axes(p, d, granularity)) if f else optax.MaskedNode()
-        for p, f, d in zip(treedef.flatten_up_to(params), flags, dims)]
-    return NapProjectState(jnp.zeros([], jnp.int32),
-                           treedef.unflatten(targets))
+      _norm(p, _reduce_axes(p, d, granularity)) if f else optax.MaskedNode()
+      for p, f, d in zip(treedef.flatten_up_to(params), flags, dims)
+    ]
+    return NapProjectState(jnp.zeros([], jnp.int32), treedef.unflatten(targets))
 
   def update_fn(updates, state, params=None):
     if params is None:
-      raise ValueError(f"{who}: params are required; call "
-                       "update(updates, state, params)")
+      raise ValueError(
+        f"{who}: params are required; call update(updates, state, params)"
+      )
     treedef, flags, dims = leaf_info(params)
     count = _common.increment(state.count)
     fire = count % jnp.int32(period) == 0
@@ -150,7 +156,8 @@ def nap_project(
       new = _common.f32(p) + _common.f32(u).astype(_common.compute_dtype(p))
       norm = _norm(new, _reduce_axes(p, d, granularity))
       factor = tau.astype(new.dtype) / jnp.maximum(
-          norm, _common.as_scalar(eps, new))
+        norm, _common.as_scalar(eps, new)
+      )
       proj = new * jnp.broadcast_to(factor, new.shape) - _common.f32(p)
       out.append(jnp.where(fire, proj.astype(u.dtype), u))
     return treedef.unflatten(out), NapProjectState(count, state.target)

@@ -37,8 +37,9 @@ class ScaleByRmnpState(NamedTuple):
   momentum: optax.Updates
 
 
-def row_normalize(u: jax.Array, d: _axes.Dims, eps: ArrayLike = 1e-12
-                  ) -> jax.Array:
+def row_normalize(
+  u: jax.Array, d: _axes.Dims, eps: ArrayLike = 1e-12
+) -> jax.Array:
   r"""RMNP's direction before the shape factor: unit norm per output unit.
 
   :math:`R = U / \max(\lVert U_{:,j}\rVert_2, \epsilon)` with the norm over the
@@ -63,14 +64,14 @@ def shape_factor(d: _axes.Dims) -> float:
 
 
 def scale_by_rmnp(
-    beta: ArrayLike = 0.95,
-    *,
-    nesterov: bool = True,
-    ema: bool = False,
-    shape_scale: bool = True,
-    eps: ArrayLike = 1e-12,
-    mu_dtype: Any = None,
-    axes: _axes.AxesSpec = None,
+  beta: ArrayLike = 0.95,
+  *,
+  nesterov: bool = True,
+  ema: bool = False,
+  shape_scale: bool = True,
+  eps: ArrayLike = 1e-12,
+  mu_dtype: Any = None,
+  axes: _axes.AxesSpec = None,
 ) -> optax.GradientTransformation:
   r"""RMNP's momentum, row normalization and shape scaling.
 
@@ -120,9 +121,12 @@ def scale_by_rmnp(
 
   def init_fn(params):
     return ScaleByRmnpState(
-        jnp.zeros([], jnp.int32),
-        jax.tree.map(lambda p: jnp.zeros(
-            p.shape, mu_dtype or _common.compute_dtype(p)), params))
+      jnp.zeros([], jnp.int32),
+      jax.tree.map(
+        lambda p: jnp.zeros(p.shape, mu_dtype or _common.compute_dtype(p)),
+        params,
+      ),
+    )
 
   def update_fn(updates, state, params=None):
     del params
@@ -134,9 +138,10 @@ def scale_by_rmnp(
     for g_in, b_in, d in zip(gs, bs, dims):
       if d is None:
         raise ValueError(
-            f"{who}: every leaf needs matrix axes, got a leaf of shape "
-            f"{g_in.shape} without; route it to Adam with rmnp() or "
-            "optax.partition")
+          f"{who}: every leaf needs matrix axes, got a leaf of shape "
+          f"{g_in.shape} without; route it to Adam with rmnp() or "
+          "optax.partition"
+        )
       g = _common.f32(g_in)
       b = b_in.astype(g.dtype)
       beta_ = _common.as_scalar(beta, g)
@@ -150,28 +155,29 @@ def scale_by_rmnp(
       out_u.append(r.astype(g_in.dtype))
       out_b.append(b.astype(b_in.dtype))
     un = treedef.unflatten
-    return un(out_u), ScaleByRmnpState(_common.increment(state.count),
-                                       un(out_b))
+    return un(out_u), ScaleByRmnpState(
+      _common.increment(state.count), un(out_b)
+    )
 
   return optax.GradientTransformation(init_fn, update_fn)
 
 
 def rmnp(
-    learning_rate: optax.ScalarOrSchedule = 0.02,
-    *,
-    beta: ArrayLike = 0.95,
-    nesterov: bool = True,
-    weight_decay: ArrayLike = 0.0,
-    ema: bool = False,
-    shape_scale: bool = True,
-    eps: ArrayLike = 1e-12,
-    mu_dtype: Any = None,
-    axes: _axes.AxesSpec = None,
-    adam_learning_rate: optax.ScalarOrSchedule | None = None,
-    adam_b1: ArrayLike = 0.9,
-    adam_b2: ArrayLike = 0.95,
-    adam_eps: ArrayLike = 1e-8,
-    adam_weight_decay: ArrayLike = 0.0,
+  learning_rate: optax.ScalarOrSchedule = 0.02,
+  *,
+  beta: ArrayLike = 0.95,
+  nesterov: bool = True,
+  weight_decay: ArrayLike = 0.0,
+  ema: bool = False,
+  shape_scale: bool = True,
+  eps: ArrayLike = 1e-12,
+  mu_dtype: Any = None,
+  axes: _axes.AxesSpec = None,
+  adam_learning_rate: optax.ScalarOrSchedule | None = None,
+  adam_b1: ArrayLike = 0.9,
+  adam_b2: ArrayLike = 0.95,
+  adam_eps: ArrayLike = 1e-8,
+  adam_weight_decay: ArrayLike = 0.0,
 ) -> optax.GradientTransformation:
   r"""RMNP for matrix leaves, AdamW for the rest (`optax.partition`).
 
@@ -207,17 +213,35 @@ def rmnp(
     Deng et al., *RMNP: Row-Momentum Normalized Preconditioning for Scalable
     Matrix-Based Optimization*, arXiv:2603.20527 (2026).
   """
-  return _common.standard_promotion(optax.partition(
+  return _common.standard_promotion(
+    optax.partition(
       {
-          "rmnp": optax.chain(
-              scale_by_rmnp(beta, nesterov=nesterov, ema=ema,
-                            shape_scale=shape_scale, eps=eps,
-                            mu_dtype=mu_dtype, axes=axes),
-              optax.add_decayed_weights(weight_decay),
-              optax.scale_by_learning_rate(learning_rate)),
-          "adam": _common.in_compute_dtype(optax.adamw(
-              adam_learning_rate if adam_learning_rate is not None
-              else learning_rate, b1=adam_b1, b2=adam_b2, eps=adam_eps,
-              weight_decay=adam_weight_decay, mu_dtype=mu_dtype)),
+        "rmnp": optax.chain(
+          scale_by_rmnp(
+            beta,
+            nesterov=nesterov,
+            ema=ema,
+            shape_scale=shape_scale,
+            eps=eps,
+            mu_dtype=mu_dtype,
+            axes=axes,
+          ),
+          optax.add_decayed_weights(weight_decay),
+          optax.scale_by_learning_rate(learning_rate),
+        ),
+        "adam": _common.in_compute_dtype(
+          optax.adamw(
+            adam_learning_rate
+            if adam_learning_rate is not None
+            else learning_rate,
+            b1=adam_b1,
+            b2=adam_b2,
+            eps=adam_eps,
+            weight_decay=adam_weight_decay,
+            mu_dtype=mu_dtype,
+          )
+        ),
       },
-      _axes.matrix_labels(axes, "rmnp", "adam")))
+      _axes.matrix_labels(axes, "rmnp", "adam"),
+    )
+  )

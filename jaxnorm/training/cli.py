@@ -38,8 +38,9 @@ def _maybe_initialize_distributed() -> None:
   if env.get("JAX_COORDINATOR_ADDRESS"):
     count, index = env.get("JAX_NUM_PROCESSES"), env.get("JAX_PROCESS_ID")
     jax.distributed.initialize(
-        num_processes=None if count is None else int(count),
-        process_id=None if index is None else int(index))
+      num_processes=None if count is None else int(count),
+      process_id=None if index is None else int(index),
+    )
   elif env.get("SLURM_NTASKS", "1") != "1" or env.get("TPU_WORKER_HOSTNAMES"):
     jax.distributed.initialize()
 
@@ -53,8 +54,9 @@ def _report(rows, plot: pathlib.Path) -> None:
 def train_main(argv: Sequence[str] | None = None) -> int:
   """Entry point of ``jaxnorm-train``."""
   parser = argparse.ArgumentParser(
-      prog="jaxnorm-train",
-      description="Train one jaxnorm model on bundled real data.")
+    prog="jaxnorm-train",
+    description="Train one jaxnorm model on bundled real data.",
+  )
   config_lib.add_arguments(parser)
   args = parser.parse_args(argv)
   cfg = config_lib.from_args(args)
@@ -67,11 +69,15 @@ def train_main(argv: Sequence[str] | None = None) -> int:
   out = pathlib.Path(cfg.out_dir)
   if jax.process_index() != 0:
     return 0
-  _report([(f"{cfg.model}/{cfg.norm}/{cfg.residual}/{cfg.optimizer}",
-            summary)], out / "loss.png")
+  _report(
+    [(f"{cfg.model}/{cfg.norm}/{cfg.residual}/{cfg.optimizer}", summary)],
+    out / "loss.png",
+  )
   if summary["stopped_early"]:
-    print(f"stopped at step {summary['steps']} (SIGTERM); rerun the same "
-          f"command to resume from {out / 'checkpoints'}")
+    print(
+      f"stopped at step {summary['steps']} (SIGTERM); rerun the same "
+      f"command to resume from {out / 'checkpoints'}"
+    )
   return 0
 
 
@@ -82,8 +88,10 @@ def _parse_vary(items: Sequence[str]) -> dict[str, list[str]]:
     name, _, values = item.partition("=")
     name = name.replace("-", "_")
     if name not in fields or not values:
-      raise ValueError(f"--vary takes FIELD=V1,V2,... with FIELD one of "
-                       f"{', '.join(sorted(fields))}; got {item!r}")
+      raise ValueError(
+        f"--vary takes FIELD=V1,V2,... with FIELD one of "
+        f"{', '.join(sorted(fields))}; got {item!r}"
+      )
     grid[name] = values.split(",")
   return grid
 
@@ -101,14 +109,18 @@ def _convert(field: str, text: str, default: object) -> object:
 def sweep_main(argv: Sequence[str] | None = None) -> int:
   """Entry point of ``jaxnorm-sweep``: a grid of variants, same data/seed."""
   parser = argparse.ArgumentParser(
-      prog="jaxnorm-sweep",
-      description="Train a grid of variants on the same data and seed; "
-      "write one comparison table and one plot.")
-  parser.add_argument("--vary", action="append", default=[],
-                      metavar="FIELD=V1,V2",
-                      help="a config field and its values (repeatable)")
-  config_lib.add_arguments(parser, config_lib.TrainConfig(
-      out_dir="runs/sweep"))
+    prog="jaxnorm-sweep",
+    description="Train a grid of variants on the same data and seed; "
+    "write one comparison table and one plot.",
+  )
+  parser.add_argument(
+    "--vary",
+    action="append",
+    default=[],
+    metavar="FIELD=V1,V2",
+    help="a config field and its values (repeatable)",
+  )
+  config_lib.add_arguments(parser, config_lib.TrainConfig(out_dir="runs/sweep"))
   args = parser.parse_args(argv)
   base = config_lib.from_args(args)
   try:
@@ -119,8 +131,9 @@ def sweep_main(argv: Sequence[str] | None = None) -> int:
       for field, value in zip(grid, values):
         changes[field] = _convert(field, value, getattr(base, field))
       name = "-".join(f"{v}" for v in values) or "base"
-      cfg = dataclasses.replace(base, out_dir=str(
-          pathlib.Path(base.out_dir) / name), **changes)
+      cfg = dataclasses.replace(
+        base, out_dir=str(pathlib.Path(base.out_dir) / name), **changes
+      )
       config_lib.validate(cfg, trainer.registries(cfg.model))
       variants.append((name, cfg))
   except ValueError as e:
@@ -135,13 +148,18 @@ def sweep_main(argv: Sequence[str] | None = None) -> int:
   table = metrics.summary_table(rows)
   (out / "sweep.md").write_text(table + "\n")
   first = rows[0][1]
-  metrics.plot_runs([(name, pathlib.Path(cfg.out_dir) / "metrics.jsonl")
-                     for name, cfg in variants], out / "sweep.png",
-                    title=f"{base.model} on {base.data}: "
-                    f"{', '.join(grid) or 'base'}",
-                    baseline=first["baseline"],
-                    baseline_label="unigram entropy" if first["kind"] == "lm"
-                    else "uniform guess")
+  metrics.plot_runs(
+    [
+      (name, pathlib.Path(cfg.out_dir) / "metrics.jsonl")
+      for name, cfg in variants
+    ],
+    out / "sweep.png",
+    title=f"{base.model} on {base.data}: {', '.join(grid) or 'base'}",
+    baseline=first["baseline"],
+    baseline_label="unigram entropy"
+    if first["kind"] == "lm"
+    else "uniform guess",
+  )
   _report(rows, out / "sweep.png")
   return 0
 

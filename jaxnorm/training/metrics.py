@@ -25,8 +25,11 @@ class MetricsLog:
     if truncate_after == 0:
       self.path.write_text("")
     elif self.path.exists():
-      kept = [line for line in self.path.read_text().splitlines()
-              if line and json.loads(line)["step"] <= truncate_after]
+      kept = [
+        line
+        for line in self.path.read_text().splitlines()
+        if line and json.loads(line)["step"] <= truncate_after
+      ]
       self.path.write_text("".join(line + "\n" for line in kept))
 
   def write(self, record: dict[str, Any]) -> None:
@@ -37,16 +40,25 @@ class MetricsLog:
 
 def read_log(path: pathlib.Path) -> list[dict[str, Any]]:
   """All records of a metrics file."""
-  return [json.loads(line) for line in pathlib.Path(path).read_text(
-  ).splitlines() if line]
+  return [
+    json.loads(line)
+    for line in pathlib.Path(path).read_text().splitlines()
+    if line
+  ]
 
 
 class Progress:
   """A tqdm bar showing loss and tokens/s; silent when disabled."""
 
   def __init__(self, total: int, *, initial: int = 0, enabled: bool = True):
-    self._bar = tqdm.tqdm(total=total, initial=initial, disable=not enabled,
-                          unit="step", dynamic_ncols=True, file=sys.stderr)
+    self._bar = tqdm.tqdm(
+      total=total,
+      initial=initial,
+      disable=not enabled,
+      unit="step",
+      dynamic_ncols=True,
+      file=sys.stderr,
+    )
 
   def update(self, step: int, *, loss: float, tokens_per_sec: float) -> None:
     """Moves the bar to ``step``."""
@@ -58,27 +70,33 @@ class Progress:
     self._bar.close()
 
 
-def summarize(path: pathlib.Path, *, config: dict[str, Any], num_params: int,
-              baseline: float | None, kind: str,
-              stopped_early: bool) -> dict[str, Any]:
+def summarize(
+  path: pathlib.Path,
+  *,
+  config: dict[str, Any],
+  num_params: int,
+  baseline: float | None,
+  kind: str,
+  stopped_early: bool,
+) -> dict[str, Any]:
   """Final numbers of a run from its metrics file."""
   records = read_log(path)
   train = [r for r in records if "loss" in r]
   val = [r for r in records if "val_loss" in r]
   speeds = [r["tokens_per_sec"] for r in train[1:]] or [
-      r["tokens_per_sec"] for r in train]
+    r["tokens_per_sec"] for r in train
+  ]
   summary: dict[str, Any] = {
-      "config": config,
-      "steps": train[-1]["step"] if train else 0,
-      "params": num_params,
-      "train_loss": train[-1]["loss"] if train else math.nan,
-      "val_loss": val[-1]["val_loss"] if val else math.nan,
-      "val_accuracy": val[-1]["val_accuracy"] if val else math.nan,
-      "tokens_per_sec": sorted(speeds)[len(speeds) // 2] if speeds
-                        else math.nan,
-      "baseline": baseline,
-      "kind": kind,
-      "stopped_early": stopped_early,
+    "config": config,
+    "steps": train[-1]["step"] if train else 0,
+    "params": num_params,
+    "train_loss": train[-1]["loss"] if train else math.nan,
+    "val_loss": val[-1]["val_loss"] if val else math.nan,
+    "val_accuracy": val[-1]["val_accuracy"] if val else math.nan,
+    "tokens_per_sec": sorted(speeds)[len(speeds) // 2] if speeds else math.nan,
+    "baseline": baseline,
+    "kind": kind,
+    "stopped_early": stopped_early,
   }
   if kind == "lm":
     summary["val_bits_per_byte"] = summary["val_loss"] / math.log(2)
@@ -92,34 +110,57 @@ def write_summary(path: pathlib.Path, summary: dict[str, Any]) -> None:
 
 def summary_table(rows: Sequence[tuple[str, dict[str, Any]]]) -> str:
   """A Markdown table comparing run summaries (one row per variant)."""
-  head = ("| run | params | steps | train loss | val loss | val bits/byte "
-          "or acc | baseline | tokens/s |")
+  head = (
+    "| run | params | steps | train loss | val loss | val bits/byte "
+    "or acc | baseline | tokens/s |"
+  )
   lines = [head, "|---|---|---|---|---|---|---|---|"]
   for name, s in rows:
-    quality = (f"{s['val_bits_per_byte']:.3f} b/B" if s["kind"] == "lm"
-               else f"{100 * s['val_accuracy']:.1f}%")
-    baseline = ("" if s["baseline"] is None else
-                f"{s['baseline']:.3f}" + (" (unigram)" if s["kind"] == "lm"
-                                          else " (uniform)"))
+    quality = (
+      f"{s['val_bits_per_byte']:.3f} b/B"
+      if s["kind"] == "lm"
+      else f"{100 * s['val_accuracy']:.1f}%"
+    )
+    baseline = (
+      ""
+      if s["baseline"] is None
+      else f"{s['baseline']:.3f}"
+      + (" (unigram)" if s["kind"] == "lm" else " (uniform)")
+    )
     lines.append(
-        f"| {name} | {s['params']:,} | {s['steps']} | {s['train_loss']:.3f} "
-        f"| {s['val_loss']:.3f} | {quality} | {baseline} | "
-        f"{s['tokens_per_sec']:,.0f} |")
+      f"| {name} | {s['params']:,} | {s['steps']} | {s['train_loss']:.3f} "
+      f"| {s['val_loss']:.3f} | {quality} | {baseline} | "
+      f"{s['tokens_per_sec']:,.0f} |"
+    )
   return "\n".join(lines)
 
 
-def plot_run(path: pathlib.Path, out: pathlib.Path, *, title: str,
-             baseline: float | None, baseline_label: str = "baseline"
-             ) -> None:
+def plot_run(
+  path: pathlib.Path,
+  out: pathlib.Path,
+  *,
+  title: str,
+  baseline: float | None,
+  baseline_label: str = "baseline",
+) -> None:
   """Train and validation loss against step."""
-  plot_runs([(None, path)], out, title=title, baseline=baseline,
-            baseline_label=baseline_label)
+  plot_runs(
+    [(None, path)],
+    out,
+    title=title,
+    baseline=baseline,
+    baseline_label=baseline_label,
+  )
 
 
-def plot_runs(runs: Sequence[tuple[str | None, pathlib.Path]],
-              out: pathlib.Path, *, title: str,
-              baseline: float | None, baseline_label: str = "baseline"
-              ) -> None:
+def plot_runs(
+  runs: Sequence[tuple[str | None, pathlib.Path]],
+  out: pathlib.Path,
+  *,
+  title: str,
+  baseline: float | None,
+  baseline_label: str = "baseline",
+) -> None:
   """One train curve (solid) and validation curve (dots) per run."""
   import matplotlib
 

@@ -16,82 +16,171 @@ D = 8
 # name -> (constructor kwargs, input shape, the pure function given the
 # module's parameters).
 CASES = {
-    "layernorm": ({}, (2, 3, D),
-                  lambda m, x: norms.layer_norm(x, m.scale[...],
-                                                m.bias[...])),
-    "rmsnorm": ({"eps_mode": "outside", "eps": 1e-8}, (2, 3, D),
-                lambda m, x: norms.rms_norm(x, m.scale[...], eps=1e-8,
-                                            eps_mode="outside")),
-    "crmsnorm": ({}, (2, 3, D),
-                 lambda m, x: norms.crms_norm(x, m.scale[...])),
-    "batchnorm": ({"use_running_average": True}, (4, 3, D),
-                  lambda m, x: norms.batch_norm(
-                      x, m.scale[...], m.bias[...],
-                      norms.BatchNormState(m.mean[...], m.var[...]),
-                      training=False)[0]),
-    "groupnorm": ({"num_groups": 2}, (2, 3, D),
-                  lambda m, x: norms.group_norm(x, m.scale[...], m.bias[...],
-                                                num_groups=2)),
-    "instancenorm": ({}, (2, 3, D),
-                     lambda m, x: norms.instance_norm(x, m.scale[...],
-                                                      m.bias[...])),
-    "dyt": ({"alpha_init": 0.8}, (2, 3, D),
-            lambda m, x: norms.dyt(x, m.alpha[...], m.scale[...],
-                                   m.bias[...])),
-    "seednorm": ({"num_heads": 2}, (2, 3, D),
-                 lambda m, x: norms.seed_norm(
-                     x, m.scale[...], m.dyn_scale[...], m.dyn_proj[...],
-                     num_heads=2)),
-    "evonormb0": ({"use_running_average": True}, (2, 3, 2, D),
-                  lambda m, x: norms.evo_norm_b0(
-                      x, m.scale[...], m.bias[...], m.v[...],
-                      norms.EvoNormB0State(m.var[...]), training=False)[0]),
-    "evonorms0": ({"num_groups": 2}, (2, 3, 2, D),
-                  lambda m, x: norms.evo_norm_s0(
-                      x, m.scale[...], m.bias[...], m.v[...], num_groups=2)),
-    "powernorm": ({"use_running_average": True, "num_groups": 2}, (3, 2, D),
-                  lambda m, x: norms.power_norm(
-                      x, m.scale[...], m.bias[...], m.state_tuple(),
-                      training=False, num_groups=2)[0]),
-    "unifiednorm": ({"use_running_average": True}, (2, 3, D),
-                    lambda m, x: norms.unified_norm(
-                        x, m.scale[...], m.bias[...], m.state_tuple(),
-                        training=False)[0]),
-    "regionnormb": ({}, (2, 3, 2, D),
-                    lambda m, x: norms.region_norm_b(
-                        x, jnp.ones((2, 3, 2, 1)), m.scale_fg[...],
-                        m.bias_fg[...], m.scale_bg[...], m.bias_bg[...])),
-    "regionnorml": ({"kernel_size": 3, "threshold": 0.5}, (2, 4, 4, D),
-                    lambda m, x: norms.region_norm_l(
-                        x, m.mask_kernel[...], m.scale_kernel[...],
-                        m.scale_bias[...], m.bias_kernel[...],
-                        m.bias_bias[...], threshold=0.5)),
-    "unmixtns": ({"num_components": 3, "update_stats": False}, (2, 3, 2, D),
-                 lambda m, x: norms.unmix_tns(
-                     x, m.scale[...], m.bias[...],
-                     norms.UnMixTNSState(m.mean[...], m.var[...]),
-                     update=False)[0]),
-    "l1layernorm": ({"eps_mode": "inside"}, (2, 3, D),
-                    lambda m, x: norms.l1_layer_norm(
-                        x, m.scale[...], m.bias[...], eps_mode="inside")),
-    "l1batchnorm": ({"use_running_average": True}, (4, 3, D),
-                    lambda m, x: norms.l1_batch_norm(
-                        x, m.scale[...], m.bias[...],
-                        norms.L1BatchNormState(m.mean[...], m.dev[...]),
-                        training=False)[0]),
-    "scalevectornorm": ({"reparam": True}, (2, 3, D),
-                        lambda m, x: norms.rms_norm(
-                            x, norms.magnitude_direction_scale(
-                                m.scale_magnitude[...],
-                                m.scale_direction[...]))),
-    "clsnorm": ({}, (2, 3, D),
-                lambda m, x: norms.specialized_layer_norm(
-                    x, jnp.array([1, 0, 0]), m.scale_cls[...],
-                    m.bias_cls[...], m.scale_patch[...], m.bias_patch[...])),
-    "timestepdecaynorm": ({"num_groups": 2}, (2, 3, D),
-                          lambda m, x: norms.timestep_decay_norm(
-                              x, m.scale[...], m.bias[...],
-                              num_groups=2)[0]),
+  "layernorm": (
+    {},
+    (2, 3, D),
+    lambda m, x: norms.layer_norm(x, m.scale[...], m.bias[...]),
+  ),
+  "rmsnorm": (
+    {"eps_mode": "outside", "eps": 1e-8},
+    (2, 3, D),
+    lambda m, x: norms.rms_norm(x, m.scale[...], eps=1e-8, eps_mode="outside"),
+  ),
+  "crmsnorm": ({}, (2, 3, D), lambda m, x: norms.crms_norm(x, m.scale[...])),
+  "batchnorm": (
+    {"use_running_average": True},
+    (4, 3, D),
+    lambda m, x: norms.batch_norm(
+      x,
+      m.scale[...],
+      m.bias[...],
+      norms.BatchNormState(m.mean[...], m.var[...]),
+      training=False,
+    )[0],
+  ),
+  "groupnorm": (
+    {"num_groups": 2},
+    (2, 3, D),
+    lambda m, x: norms.group_norm(x, m.scale[...], m.bias[...], num_groups=2),
+  ),
+  "instancenorm": (
+    {},
+    (2, 3, D),
+    lambda m, x: norms.instance_norm(x, m.scale[...], m.bias[...]),
+  ),
+  "dyt": (
+    {"alpha_init": 0.8},
+    (2, 3, D),
+    lambda m, x: norms.dyt(x, m.alpha[...], m.scale[...], m.bias[...]),
+  ),
+  "seednorm": (
+    {"num_heads": 2},
+    (2, 3, D),
+    lambda m, x: norms.seed_norm(
+      x, m.scale[...], m.dyn_scale[...], m.dyn_proj[...], num_heads=2
+    ),
+  ),
+  "evonormb0": (
+    {"use_running_average": True},
+    (2, 3, 2, D),
+    lambda m, x: norms.evo_norm_b0(
+      x,
+      m.scale[...],
+      m.bias[...],
+      m.v[...],
+      norms.EvoNormB0State(m.var[...]),
+      training=False,
+    )[0],
+  ),
+  "evonorms0": (
+    {"num_groups": 2},
+    (2, 3, 2, D),
+    lambda m, x: norms.evo_norm_s0(
+      x, m.scale[...], m.bias[...], m.v[...], num_groups=2
+    ),
+  ),
+  "powernorm": (
+    {"use_running_average": True, "num_groups": 2},
+    (3, 2, D),
+    lambda m, x: norms.power_norm(
+      x,
+      m.scale[...],
+      m.bias[...],
+      m.state_tuple(),
+      training=False,
+      num_groups=2,
+    )[0],
+  ),
+  "unifiednorm": (
+    {"use_running_average": True},
+    (2, 3, D),
+    lambda m, x: norms.unified_norm(
+      x, m.scale[...], m.bias[...], m.state_tuple(), training=False
+    )[0],
+  ),
+  "regionnormb": (
+    {},
+    (2, 3, 2, D),
+    lambda m, x: norms.region_norm_b(
+      x,
+      jnp.ones((2, 3, 2, 1)),
+      m.scale_fg[...],
+      m.bias_fg[...],
+      m.scale_bg[...],
+      m.bias_bg[...],
+    ),
+  ),
+  "regionnorml": (
+    {"kernel_size": 3, "threshold": 0.5},
+    (2, 4, 4, D),
+    lambda m, x: norms.region_norm_l(
+      x,
+      m.mask_kernel[...],
+      m.scale_kernel[...],
+      m.scale_bias[...],
+      m.bias_kernel[...],
+      m.bias_bias[...],
+      threshold=0.5,
+    ),
+  ),
+  "unmixtns": (
+    {"num_components": 3, "update_stats": False},
+    (2, 3, 2, D),
+    lambda m, x: norms.unmix_tns(
+      x,
+      m.scale[...],
+      m.bias[...],
+      norms.UnMixTNSState(m.mean[...], m.var[...]),
+      update=False,
+    )[0],
+  ),
+  "l1layernorm": (
+    {"eps_mode": "inside"},
+    (2, 3, D),
+    lambda m, x: norms.l1_layer_norm(
+      x, m.scale[...], m.bias[...], eps_mode="inside"
+    ),
+  ),
+  "l1batchnorm": (
+    {"use_running_average": True},
+    (4, 3, D),
+    lambda m, x: norms.l1_batch_norm(
+      x,
+      m.scale[...],
+      m.bias[...],
+      norms.L1BatchNormState(m.mean[...], m.dev[...]),
+      training=False,
+    )[0],
+  ),
+  "scalevectornorm": (
+    {"reparam": True},
+    (2, 3, D),
+    lambda m, x: norms.rms_norm(
+      x,
+      norms.magnitude_direction_scale(
+        m.scale_magnitude[...], m.scale_direction[...]
+      ),
+    ),
+  ),
+  "clsnorm": (
+    {},
+    (2, 3, D),
+    lambda m, x: norms.specialized_layer_norm(
+      x,
+      jnp.array([1, 0, 0]),
+      m.scale_cls[...],
+      m.bias_cls[...],
+      m.scale_patch[...],
+      m.bias_patch[...],
+    ),
+  ),
+  "timestepdecaynorm": (
+    {"num_groups": 2},
+    (2, 3, D),
+    lambda m, x: norms.timestep_decay_norm(
+      x, m.scale[...], m.bias[...], num_groups=2
+    )[0],
+  ),
 }
 
 
@@ -100,8 +189,10 @@ def _perturb(module, key):
   params = nnx.state(module, nnx.Param)
   leaves, treedef = jax.tree.flatten(params)
   keys = jax.random.split(key, len(leaves))
-  new = [leaf + 0.3 * jax.random.normal(k, leaf.shape, leaf.dtype)
-         for k, leaf in zip(keys, leaves)]
+  new = [
+    leaf + 0.3 * jax.random.normal(k, leaf.shape, leaf.dtype)
+    for k, leaf in zip(keys, leaves)
+  ]
   nnx.update(module, jax.tree.unflatten(treedef, new))
 
 
@@ -121,8 +212,14 @@ def test_module_equals_function(key, name):
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_dtypes(name):
   kwargs, shape, _ = CASES[name]
-  module = jnn.make_norm(name, D, rngs=nnx.Rngs(0), param_dtype=jnp.bfloat16,
-                         dtype=jnp.float32, **kwargs)
+  module = jnn.make_norm(
+    name,
+    D,
+    rngs=nnx.Rngs(0),
+    param_dtype=jnp.bfloat16,
+    dtype=jnp.float32,
+    **kwargs,
+  )
   for leaf in jax.tree.leaves(nnx.state(module, nnx.Param)):
     assert leaf.dtype == jnp.bfloat16
   x = jnp.ones(shape, jnp.bfloat16)
@@ -192,7 +289,8 @@ def test_logical_axis_names_and_sharding(key):
   ref = jnn.RMSNorm(D, rngs=nnx.Rngs(0))
   helpers.assert_close(y, ref(x), atol=1e-6)
   assert nnx.get_partition_spec(nnx.state(ref))["scale"].get_value() == P(
-      "norm")
+    "norm"
+  )
 
 
 def test_default_rules_replicate_norm_params():
@@ -203,45 +301,61 @@ def test_default_rules_replicate_norm_params():
 
 
 class TestErrors:
-
   def test_unknown_name_lists_valid_names(self):
-    with pytest.raises(ValueError, match=r"make_norm: unknown norm 'lnorm'; "
-                       r"valid names are batchnorm, clsnorm, crmsnorm, "
-                       r"dyt, evonormb0, evonorms0, groupnorm, "
-                       r"instancenorm, l1batchnorm, l1layernorm, "
-                       r"layernorm, powernorm, regionnormb, regionnorml, "
-                       r"rmsnorm, scalevectornorm, seednorm, "
-                       r"timestepdecaynorm, unifiednorm, unmixtns"):
+    with pytest.raises(
+      ValueError,
+      match=r"make_norm: unknown norm 'lnorm'; "
+      r"valid names are batchnorm, clsnorm, crmsnorm, "
+      r"dyt, evonormb0, evonorms0, groupnorm, "
+      r"instancenorm, l1batchnorm, l1layernorm, "
+      r"layernorm, powernorm, regionnormb, regionnorml, "
+      r"rmsnorm, scalevectornorm, seednorm, "
+      r"timestepdecaynorm, unifiednorm, unmixtns",
+    ):
       jnn.make_norm("lnorm", D, rngs=nnx.Rngs(0))
 
   @pytest.mark.parametrize("name", sorted(CASES))
   def test_num_features(self, name):
-    with pytest.raises(ValueError, match=r"num_features must be a positive "
-                       r"integer, got num_features=0"):
+    with pytest.raises(
+      ValueError,
+      match=r"num_features must be a positive "
+      r"integer, got num_features=0",
+    ):
       jnn.make_norm(name, 0, rngs=nnx.Rngs(0))
 
   def test_wrong_width_at_call(self):
     module = jnn.RMSNorm(D, rngs=nnx.Rngs(0))
-    with pytest.raises(ValueError, match=r"rms_norm: scale must have shape "
-                       r"\(5,\)"):
+    with pytest.raises(
+      ValueError,
+      match=r"rms_norm: scale must have shape "
+      r"\(5,\)",
+    ):
       module(jnp.ones((2, 5)))
 
   def test_group_config(self):
-    with pytest.raises(ValueError, match=r"num_features=8 must be divisible "
-                       r"by num_groups=3"):
+    with pytest.raises(
+      ValueError,
+      match=r"num_features=8 must be divisible "
+      r"by num_groups=3",
+    ):
       jnn.GroupNorm(D, num_groups=3, rngs=nnx.Rngs(0))
-    with pytest.raises(ValueError, match=r"num_features=8 must be divisible "
-                       r"by group_size=3"):
+    with pytest.raises(
+      ValueError,
+      match=r"num_features=8 must be divisible "
+      r"by group_size=3",
+    ):
       jnn.GroupNorm(D, num_groups=None, group_size=3, rngs=nnx.Rngs(0))
     with pytest.raises(ValueError, match=r"exactly one of num_groups"):
       jnn.GroupNorm(D, num_groups=None, rngs=nnx.Rngs(0))
-    module = jnn.GroupNorm(D, num_groups=None, group_size=2,
-                           rngs=nnx.Rngs(0))
+    module = jnn.GroupNorm(D, num_groups=None, group_size=2, rngs=nnx.Rngs(0))
     assert module.num_groups == 4
 
   def test_seednorm_heads(self):
-    with pytest.raises(ValueError, match=r"SeeDNorm: num_features=8 must be "
-                       r"divisible by num_heads=3"):
+    with pytest.raises(
+      ValueError,
+      match=r"SeeDNorm: num_features=8 must be "
+      r"divisible by num_heads=3",
+    ):
       jnn.SeeDNorm(D, num_heads=3, rngs=nnx.Rngs(0))
 
   def test_rmsnorm_eps_mode(self):
@@ -249,16 +363,21 @@ class TestErrors:
       jnn.RMSNorm(D, eps_mode="both", rngs=nnx.Rngs(0))
 
   def test_param_names_rank(self):
-    with pytest.raises(ValueError, match=r"param: axis names must have one "
-                       r"entry per axis"):
+    with pytest.raises(
+      ValueError,
+      match=r"param: axis names must have one "
+      r"entry per axis",
+    ):
       jnn.LayerNorm(D, axis_names=("norm", "embed"), rngs=nnx.Rngs(0))
 
 
 class TestSharding:
-
   def test_make_mesh_errors(self):
-    with pytest.raises(ValueError, match=r"shape and axis_names must have "
-                       r"the same length"):
+    with pytest.raises(
+      ValueError,
+      match=r"shape and axis_names must have "
+      r"the same length",
+    ):
       sharding.make_mesh((2, 2))
     with pytest.raises(ValueError, match=r"needs 64 devices, but only 8"):
       sharding.make_mesh((4, 4, 4))
@@ -267,16 +386,19 @@ class TestSharding:
 
   def test_constrain(self, key):
     x = jax.random.normal(key, (8, 4))
-    np.testing.assert_array_equal(sharding.constrain(x, ("batch", "embed")),
-                                  x)
-    with pytest.raises(ValueError, match=r"constrain: names must have one "
-                       r"entry per axis"):
+    np.testing.assert_array_equal(sharding.constrain(x, ("batch", "embed")), x)
+    with pytest.raises(
+      ValueError,
+      match=r"constrain: names must have one "
+      r"entry per axis",
+    ):
       sharding.constrain(x, ("batch",))
     mesh = sharding.make_mesh((4, 2, 1))
     with jax.set_mesh(mesh), nnx.logical_axis_rules(sharding.DEFAULT_RULES):
       y = jax.jit(lambda x: sharding.constrain(x * 2, ("batch", None)))(x)
     assert y.sharding.is_equivalent_to(
-        jax.sharding.NamedSharding(mesh, P(("data", "fsdp"), None)), 2)
+      jax.sharding.NamedSharding(mesh, P(("data", "fsdp"), None)), 2
+    )
     helpers.assert_close(y, 2 * x, atol=0)
 
   def test_rule_resolution(self):
@@ -284,8 +406,11 @@ class TestSharding:
     assert dict(rules)["norm"] == "tensor"
     assert len({name for name, _ in rules}) == len(rules)
     assert sharding.logical_to_mesh(("batch", "seq", "embed"), rules) == P(
-        ("data", "fsdp"), None, None)
+      ("data", "fsdp"), None, None
+    )
     assert sharding.logical_to_mesh(("seq", "batch"), rules) == P(
-        "data", "fsdp")
+      "data", "fsdp"
+    )
     assert sharding.logical_to_mesh(("mlp", None, "unknown")) == P(
-        "tensor", None, None)
+      "tensor", None, None
+    )

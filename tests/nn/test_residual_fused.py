@@ -16,12 +16,20 @@ D = 16
 
 
 def stack(norm, fused=None, **kwargs):
-  blocks = [models.MLP(D, 32, activation="gelu", dtype=jnp.float32,
-                       rngs=nnx.Rngs(k)) for k in range(4)]
+  blocks = [
+    models.MLP(D, 32, activation="gelu", dtype=jnp.float32, rngs=nnx.Rngs(k))
+    for k in range(4)
+  ]
   extra = {} if fused is None else {"fused_implementation": fused}
-  return nn_residual.make_residual("prenorm", blocks, num_features=D,
-                                   norm=norm, rngs=nnx.Rngs(0), **extra,
-                                   **kwargs)
+  return nn_residual.make_residual(
+    "prenorm",
+    blocks,
+    num_features=D,
+    norm=norm,
+    rngs=nnx.Rngs(0),
+    **extra,
+    **kwargs,
+  )
 
 
 def loss_and_grads(net, x):
@@ -32,8 +40,11 @@ def loss_and_grads(net, x):
 def interpreted_kernels(monkeypatch):
   """Runs the Pallas kernels in interpret mode on CPU."""
   real = _dispatch._kernel
-  monkeypatch.setattr(_dispatch, "_kernel", lambda name: functools.partial(
-      real(name), interpret=True))
+  monkeypatch.setattr(
+    _dispatch,
+    "_kernel",
+    lambda name: functools.partial(real(name), interpret=True),
+  )
 
 
 @pytest.mark.parametrize("norm", ["rmsnorm", "layernorm"])
@@ -60,20 +71,36 @@ def test_fused_pallas_kernel_equals_unfused(key, norm, interpreted_kernels):
 
 
 def test_pallas_on_cpu_without_interpreter_is_refused(key):
-  with pytest.raises(NotImplementedError, match=r"add_rms_norm\("
-                     r"implementation='pallas'\)"):
+  with pytest.raises(
+    NotImplementedError,
+    match=r"add_rms_norm\("
+    r"implementation='pallas'\)",
+  ):
     stack("rmsnorm", "pallas")(jax.random.normal(key, (2, 5, D)))
 
 
 def test_unsupported_configurations():
-  with pytest.raises(ValueError, match=r"fused_implementation applies to "
-                     r"'prenorm' only, got 'postnorm'"):
+  with pytest.raises(
+    ValueError,
+    match=r"fused_implementation applies to "
+    r"'prenorm' only, got 'postnorm'",
+  ):
     nn_residual.make_residual(
-        "postnorm", [lambda h: h], num_features=D, rngs=nnx.Rngs(0),
-        fused_implementation="xla")
-  with pytest.raises(NotImplementedError, match=r"steps\[0\] is "
-                     r"PreNormResidual with norm DyT"):
+      "postnorm",
+      [lambda h: h],
+      num_features=D,
+      rngs=nnx.Rngs(0),
+      fused_implementation="xla",
+    )
+  with pytest.raises(
+    NotImplementedError,
+    match=r"steps\[0\] is "
+    r"PreNormResidual with norm DyT",
+  ):
     stack("dyt", "xla")
-  with pytest.raises(ValueError, match=r"fused_implementation must be one "
-                     r"of 'xla', 'pallas'; got 'cuda'"):
+  with pytest.raises(
+    ValueError,
+    match=r"fused_implementation must be one "
+    r"of 'xla', 'pallas'; got 'cuda'",
+  ):
     stack("rmsnorm", "cuda")

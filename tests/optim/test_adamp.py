@@ -59,8 +59,9 @@ def _to_flax(x, batched):
 
 def _assert_traj(actual, ref):
   for k in ref:
-    np.testing.assert_allclose(actual[k], ref[k], rtol=1e-6,
-                               atol=1e-6 * np.abs(ref[k]).max(), err_msg=k)
+    np.testing.assert_allclose(
+      actual[k], ref[k], rtol=1e-6, atol=1e-6 * np.abs(ref[k]).max(), err_msg=k
+    )
 
 
 @pytest.mark.parametrize("case", list(oracle.CASES))
@@ -82,7 +83,8 @@ def test_matches_official_golden_flax_layout(case):
 
 
 @pytest.mark.parametrize(
-    "case", [c for c in oracle.CASES if c != "sgdp_momentum_wd"])
+  "case", [c for c in oracle.CASES if c != "sgdp_momentum_wd"]
+)
 def test_matches_pytorch_optimizer_golden(case):
   # pytorch_optimizer clones SGDP's momentum before projecting, so it departs
   # from the official aliasing when momentum > 0 and nesterov is off.
@@ -90,8 +92,9 @@ def test_matches_pytorch_optimizer_golden(case):
   p0, grads, ref = _load(data, f"po/{case}")
   out = _replay(_make(case, TORCH_AXES), p0, grads)
   for k in ref:
-    np.testing.assert_allclose(out[k], ref[k], rtol=1e-5,
-                               atol=1e-5 * np.abs(ref[k]).max(), err_msg=k)
+    np.testing.assert_allclose(
+      out[k], ref[k], rtol=1e-5, atol=1e-5 * np.abs(ref[k]).max(), err_msg=k
+    )
 
 
 def test_pytorch_optimizer_departs_from_official_aliasing():
@@ -133,13 +136,18 @@ def test_orthogonal_gradient_gives_orthogonal_update(key):
   k1, k2 = jax.random.split(key)
   w = _rand(k1, (12, 6))  # flax (in, out): a channel is a column
   h = _rand(k2, (12, 6))
-  g = h - w * jnp.sum(w * h, 0, keepdims=True) / jnp.sum(w * w, 0,
-                                                         keepdims=True)
-  for tx in (optim.scale_by_adamp(), optim.scale_by_sgdp(0.9),
-             optim.scale_by_adamp(nesterov=True)):
+  g = h - w * jnp.sum(w * h, 0, keepdims=True) / jnp.sum(
+    w * w, 0, keepdims=True
+  )
+  for tx in (
+    optim.scale_by_adamp(),
+    optim.scale_by_sgdp(0.9),
+    optim.scale_by_adamp(nesterov=True),
+  ):
     u, _ = tx.update(g, tx.init(w), w)
-    cos = jnp.sum(u * w, 0) / (jnp.linalg.norm(u, axis=0)
-                               * jnp.linalg.norm(w, axis=0))
+    cos = jnp.sum(u * w, 0) / (
+      jnp.linalg.norm(u, axis=0) * jnp.linalg.norm(w, axis=0)
+    )
     assert float(jnp.max(jnp.abs(cos))) < 1e-4
 
 
@@ -160,14 +168,16 @@ def test_wd_ratio_path_one_step(key):
   k1, k2 = jax.random.split(key)
   w = _rand(k1, (10, 3))
   h = _rand(k2, (10, 3))
-  g = h - w * jnp.sum(w * h, 0, keepdims=True) / jnp.sum(w * w, 0,
-                                                         keepdims=True)
+  g = h - w * jnp.sum(w * h, 0, keepdims=True) / jnp.sum(
+    w * w, 0, keepdims=True
+  )
   lr, wd, ratio = 0.1, 0.5, 0.1
   u, _ = optim.adamp(lr, weight_decay=wd, wd_ratio=ratio).update(
-      g, optim.adamp(lr).init(w), w)
+    g, optim.adamp(lr).init(w), w
+  )
   # NumPy float64 transcription of one official step.
   w64, g64 = np.asarray(w, np.float64), np.asarray(g, np.float64)
-  m, v = 0.1 * g64, 0.001 * g64 ** 2
+  m, v = 0.1 * g64, 0.001 * g64**2
   pert = m / (np.sqrt(v) / np.sqrt(0.001) + 1e-8)
   pn = w64 / (np.linalg.norm(w64, axis=0, keepdims=True) + 1e-8)
   pert = pert - pn * np.sum(pn * pert, 0, keepdims=True)
@@ -209,23 +219,29 @@ def test_adamp_requires_params(key):
     tx.update(w, tx.init(w))
 
 
-@pytest.mark.parametrize("kwargs,match", [
+@pytest.mark.parametrize(
+  "kwargs,match",
+  [
     (dict(eps=-1.0), "scale_by_adamp: eps must lie in"),
     (dict(b1=1.0), "scale_by_adamp: b1 must lie in"),
     (dict(b2=-0.1), "scale_by_adamp: b2 must lie in"),
     (dict(weight_decay=-0.1), "weight_decay must lie in"),
     (dict(delta=-1.0), "delta must lie in"),
     (dict(wd_ratio=-1.0), "wd_ratio must lie in"),
-])
+  ],
+)
 def test_adamp_rejects_bad_hyperparameters(kwargs, match):
   with pytest.raises(ValueError, match=match):
     optim.adamp(1e-3, **kwargs)
 
 
-@pytest.mark.parametrize("kwargs,match", [
+@pytest.mark.parametrize(
+  "kwargs,match",
+  [
     (dict(momentum=1.0), "scale_by_sgdp: momentum must lie in"),
     (dict(dampening=1.5), "scale_by_sgdp: dampening must lie in"),
-])
+  ],
+)
 def test_sgdp_rejects_bad_hyperparameters(kwargs, match):
   with pytest.raises(ValueError, match=match):
     optim.sgdp(1e-3, **kwargs)

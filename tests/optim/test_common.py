@@ -18,17 +18,22 @@ STACK = optim.MatrixAxes(output=2, reduction=1)
 
 def _axes(params):
   return jax.tree.map(
-      lambda p: STACK if p.ndim == 3 else (
-          optim.MatrixAxes() if p.ndim == 2 else None), params)
+    lambda p: (
+      STACK if p.ndim == 3 else (optim.MatrixAxes() if p.ndim == 2 else None)
+    ),
+    params,
+  )
 
 
 FACTORIES = {
-    "adamp": lambda lr: optim.adamp(lr, weight_decay=1e-3, axes=_axes),
-    "sgdp": lambda lr: optim.sgdp(lr, momentum=0.9, weight_decay=1e-3,
-                                  nesterov=True, axes=_axes),
-    "conda": lambda lr: optim.conda(lr, weight_decay=1e-3, update_proj_gap=4,
-                                    axes=_axes),
-    "rmnp": lambda lr: optim.rmnp(lr, weight_decay=1e-3, axes=_axes),
+  "adamp": lambda lr: optim.adamp(lr, weight_decay=1e-3, axes=_axes),
+  "sgdp": lambda lr: optim.sgdp(
+    lr, momentum=0.9, weight_decay=1e-3, nesterov=True, axes=_axes
+  ),
+  "conda": lambda lr: optim.conda(
+    lr, weight_decay=1e-3, update_proj_gap=4, axes=_axes
+  ),
+  "rmnp": lambda lr: optim.rmnp(lr, weight_decay=1e-3, axes=_axes),
 }
 LR = {"adamp": 0.05, "sgdp": 0.01, "conda": 0.05, "rmnp": 0.05}
 MLP_LR = {"adamp": 0.05, "sgdp": 0.1, "conda": 0.05, "rmnp": 0.05}
@@ -36,22 +41,29 @@ MLP_LR = {"adamp": 0.05, "sgdp": 0.1, "conda": 0.05, "rmnp": 0.05}
 
 def _params(key, dtype=jnp.float32):
   k1, k2, k3 = jax.random.split(key, 3)
-  return {"w": jax.random.normal(k1, (8, 6), dtype),
-          "stack": jax.random.normal(k2, (2, 4, 5), dtype),
-          "b": jax.random.normal(k3, (6,), dtype)}
+  return {
+    "w": jax.random.normal(k1, (8, 6), dtype),
+    "stack": jax.random.normal(k2, (2, 4, 5), dtype),
+    "b": jax.random.normal(k3, (6,), dtype),
+  }
 
 
 def _quadratic(key):
   """Ill-conditioned quadratic: curvatures from 1 to 100 across rows."""
   target = _params(jax.random.fold_in(key, 1))
   curv = jax.tree.map(
-      lambda t: jnp.reshape(jnp.logspace(0.0, 2.0, t.shape[-1]),
-                            (1,) * (t.ndim - 1) + (t.shape[-1],)), target)
+    lambda t: jnp.reshape(
+      jnp.logspace(0.0, 2.0, t.shape[-1]), (1,) * (t.ndim - 1) + (t.shape[-1],)
+    ),
+    target,
+  )
 
   def loss(p):
-    terms = jax.tree.map(lambda x, t, c: jnp.sum(c * jnp.square(x - t)),
-                         p, target, curv)
+    terms = jax.tree.map(
+      lambda x, t, c: jnp.sum(c * jnp.square(x - t)), p, target, curv
+    )
     return 0.5 * sum(jax.tree.leaves(terms))
+
   return loss
 
 
@@ -65,7 +77,8 @@ def _train(tx, params, loss, steps):
     return (optax.apply_updates(p, u), s), None
 
   (params, state), _ = jax.jit(
-      lambda c: jax.lax.scan(body, c, None, length=steps))((params, state))
+    lambda c: jax.lax.scan(body, c, None, length=steps)
+  )((params, state))
   return params, state
 
 
@@ -84,9 +97,11 @@ def test_trains_tiny_mlp(name, key):
   x = jax.random.normal(kx, (64, 6))
   y = jnp.sin(x @ jax.random.normal(ky, (6, 2)))
   k1, k2 = jax.random.split(kp)
-  params = {"w1": jax.random.normal(k1, (6, 16)) / jnp.sqrt(6.0),
-            "b1": jnp.zeros((16,)),
-            "w2": jax.random.normal(k2, (16, 2)) / 4.0}
+  params = {
+    "w1": jax.random.normal(k1, (6, 16)) / jnp.sqrt(6.0),
+    "b1": jnp.zeros((16,)),
+    "w2": jax.random.normal(k2, (16, 2)) / 4.0,
+  }
 
   def loss(p):
     h = jnp.tanh(x @ p["w1"] + jnp.reshape(p["b1"], (1, 16)))
@@ -134,11 +149,13 @@ def test_multisteps_averages_gradients(name, key):
 
 
 INJECT = {
-    "adamp": (optim.adamp, dict(learning_rate=0.05, weight_decay=1e-3,
-                                delta=0.1)),
-    "sgdp": (optim.sgdp, dict(learning_rate=0.01, momentum=0.9)),
-    "conda": (optim.conda, dict(learning_rate=0.05, scale=0.5)),
-    "rmnp": (optim.rmnp, dict(learning_rate=0.05, beta=0.9)),
+  "adamp": (
+    optim.adamp,
+    dict(learning_rate=0.05, weight_decay=1e-3, delta=0.1),
+  ),
+  "sgdp": (optim.sgdp, dict(learning_rate=0.01, momentum=0.9)),
+  "conda": (optim.conda, dict(learning_rate=0.05, scale=0.5)),
+  "rmnp": (optim.rmnp, dict(learning_rate=0.05, beta=0.9)),
 }
 
 
@@ -160,7 +177,6 @@ def test_inject_hyperparams(name, key):
 
 
 class _MLP(nnx.Module):
-
   def __init__(self, rngs):
     self.l1 = nnx.Linear(6, 16, use_bias=False, rngs=rngs)
     self.norm = nnx.LayerNorm(16, use_scale=False, use_bias=False, rngs=rngs)
@@ -173,8 +189,9 @@ class _MLP(nnx.Module):
 def _nap_mask(params):
   # Hidden kernel feeding the LayerNorm only; keyed by path.
   paths = jax.tree_util.tree_flatten_with_path(params)[0]
-  flags = [any(getattr(k, "key", None) == "l1" for k in path)
-           for path, _ in paths]
+  flags = [
+    any(getattr(k, "key", None) == "l1" for k in path) for path, _ in paths
+  ]
   return jax.tree.unflatten(jax.tree.structure(params), flags)
 
 
@@ -199,37 +216,48 @@ def test_nnx_optimizer_with_nap(name, key):
 
   losses = [float(step(model, opt)) for _ in range(40)]
   assert losses[-1] < 0.8 * losses[0]
-  np.testing.assert_allclose(float(jnp.linalg.norm(model.l1.kernel[...])),
-                             norm0, rtol=1e-5)
+  np.testing.assert_allclose(
+    float(jnp.linalg.norm(model.l1.kernel[...])), norm0, rtol=1e-5
+  )
 
 
 @pytest.mark.parametrize("name", list(FACTORIES))
 def test_sharded_equals_unsharded(name, key):
   mesh = jsharding.make_mesh((2, 2, 2))
   P = jax.sharding.PartitionSpec
-  specs = {"w": P("fsdp", "tensor"), "stack": P(None, "data", "tensor"),
-           "b": P("tensor")}
+  specs = {
+    "w": P("fsdp", "tensor"),
+    "stack": P(None, "data", "tensor"),
+    "b": P("tensor"),
+  }
   # Full-rank shapes divisible by the mesh (a rank-deficient Conda moment
   # has projected coordinates at rounding level, whose sign is arbitrary).
   ks = jax.random.split(key, 4)
-  p = {"w": jax.random.normal(ks[0], (16, 12)),
-       "stack": jax.random.normal(ks[1], (2, 8, 10)),
-       "b": jax.random.normal(ks[2], (12,))}
+  p = {
+    "w": jax.random.normal(ks[0], (16, 12)),
+    "stack": jax.random.normal(ks[1], (2, 8, 10)),
+    "b": jax.random.normal(ks[2], (12,)),
+  }
   tx = FACTORIES[name](1e-2)
-  grads = [jax.tree.map(lambda x, i=i: jnp.cos(x * (i + 1.0)), p)
-           for i in range(5)]
+  grads = [
+    jax.tree.map(lambda x, i=i: jnp.cos(x * (i + 1.0)), p) for i in range(5)
+  ]
 
   def run(params, gs):
     state = jax.jit(tx.init)(params)
-    step = jax.jit(lambda q, s, g: (lambda u, s: (
-        optax.apply_updates(q, u), s))(*tx.update(g, s, q)))
+    step = jax.jit(
+      lambda q, s, g: (lambda u, s: (optax.apply_updates(q, u), s))(
+        *tx.update(g, s, q)
+      )
+    )
     for g in gs:
       params, state = step(params, state, g)
     return params
 
   ref = run(p, grads)
   shard = lambda t: jax.tree.map(
-      lambda x, s: jax.device_put(x, jax.NamedSharding(mesh, s)), t, specs)
+    lambda x, s: jax.device_put(x, jax.NamedSharding(mesh, s)), t, specs
+  )
   out = run(shard(p), [shard(g) for g in grads])
   assert out["w"].sharding.spec == specs["w"]
   helpers.assert_close(out, ref, atol=2e-6)

@@ -38,10 +38,16 @@ def _replay(tx, p0, grads, steps):
 
 def _tx(case, offset, axes=TORCH_AXES):
   kw = oracle.CASES[case]
-  return optim.conda(kw["lr"], b1=kw["betas"][0], b2=kw["betas"][1],
-                     weight_decay=kw["weight_decay"],
-                     update_proj_gap=kw["update_proj_gap"],
-                     scale=kw["scale"], refresh_offset=offset, axes=axes)
+  return optim.conda(
+    kw["lr"],
+    b1=kw["betas"][0],
+    b2=kw["betas"][1],
+    weight_decay=kw["weight_decay"],
+    update_proj_gap=kw["update_proj_gap"],
+    scale=kw["scale"],
+    refresh_offset=offset,
+    axes=axes,
+  )
 
 
 def _load(case):
@@ -54,8 +60,9 @@ def _load(case):
 
 def _assert_traj(out, ref, rtol=1e-6):
   for k in ref:
-    np.testing.assert_allclose(out[k], ref[k], rtol=rtol,
-                               atol=rtol * np.abs(ref[k]).max(), err_msg=k)
+    np.testing.assert_allclose(
+      out[k], ref[k], rtol=rtol, atol=rtol * np.abs(ref[k]).max(), err_msg=k
+    )
 
 
 def test_matches_pytorch_optimizer_shifted_schedule():
@@ -73,8 +80,9 @@ def test_matches_pytorch_optimizer_before_first_refresh_official_schedule():
 def test_official_schedule_differs_from_pytorch_optimizer_after_gap():
   p0, grads, ref = _load("gap3")
   out, _ = _replay(_tx("gap3", 0), p0, grads, oracle.STEPS)
-  _assert_traj({k: v[:2] for k, v in out.items()},
-               {k: v[:2] for k, v in ref.items()})
+  _assert_traj(
+    {k: v[:2] for k, v in out.items()}, {k: v[:2] for k, v in ref.items()}
+  )
   assert np.abs(out["tall"][-1] - ref["tall"][-1]).max() > 1e-4
 
 
@@ -91,10 +99,18 @@ def test_matches_numpy_official_over_several_refreshes(layout):
     out, _ = _replay(_tx("gap3", 0), p0, grads, oracle.STEPS)
   for k in oracle.SHAPES:
     ref, _ = optim_numpy.conda_reference(
-        p0[k], grads[k], lr=kw["lr"], b1=kw["betas"][0], b2=kw["betas"][1],
-        wd=kw["weight_decay"], gap=kw["update_proj_gap"], scale=kw["scale"])
-    np.testing.assert_allclose(out[k], ref, rtol=1e-6,
-                               atol=1e-6 * np.abs(ref).max(), err_msg=k)
+      p0[k],
+      grads[k],
+      lr=kw["lr"],
+      b1=kw["betas"][0],
+      b2=kw["betas"][1],
+      wd=kw["weight_decay"],
+      gap=kw["update_proj_gap"],
+      scale=kw["scale"],
+    )
+    np.testing.assert_allclose(
+      out[k], ref, rtol=1e-6, atol=1e-6 * np.abs(ref).max(), err_msg=k
+    )
 
 
 def test_live_oracle_matches_committed_golden():
@@ -148,8 +164,10 @@ def test_batch_axes_are_independent(key):
     helpers.assert_close(u[i], ui, atol=1e-6)
 
 
-@pytest.mark.parametrize("ptype,side", [("std", "in"), ("reverse_std", "out"),
-                                        ("right", "in"), ("left", "out")])
+@pytest.mark.parametrize(
+  "ptype,side",
+  [("std", "in"), ("reverse_std", "out"), ("right", "in"), ("left", "out")],
+)
 def test_projection_type_picks_side(ptype, side):
   d = optim._axes.resolve("t", optim.MatrixAxes(), (4, 9))
   assert conda_lib._side(d, ptype) == side
@@ -161,22 +179,26 @@ def test_post_step_decay_order(key):
   tx = conda_lib.add_decayed_weights_after_step(0.5, 0.2)
   out, _ = tx.update(u, tx.init(w), w)
   helpers.assert_close(w + out, (w + u) * (1 - 0.5 * 0.2), atol=1e-6)
-  with pytest.raises(ValueError, match="add_decayed_weights_after_step: "
-                     "params are required"):
+  with pytest.raises(
+    ValueError, match="add_decayed_weights_after_step: params are required"
+  ):
     tx.update(u, tx.init(w))
   tx0 = conda_lib.add_decayed_weights_after_step(0.5, 0)
   out0, _ = tx0.update(u, tx0.init(w))
   helpers.assert_close(out0, u, atol=0)
 
 
-@pytest.mark.parametrize("kwargs,match", [
+@pytest.mark.parametrize(
+  "kwargs,match",
+  [
     (dict(projection_type="full"), "projection_type must be one of"),
     (dict(update_proj_gap=0), "update_proj_gap must be a positive integer"),
     (dict(refresh_offset=2), "refresh_offset must be 0"),
     (dict(b1=1.5), "scale_by_conda: b1 must lie in"),
     (dict(b2=1.0), "scale_by_conda: b2 must lie in"),
     (dict(eps=-1.0), "scale_by_conda: eps must lie in"),
-])
+  ],
+)
 def test_rejects_bad_config(kwargs, match):
   with pytest.raises(ValueError, match=match):
     optim.conda(1e-3, **kwargs)

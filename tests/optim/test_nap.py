@@ -12,18 +12,22 @@ from tests import helpers
 
 def _params(key):
   k1, k2, k3 = jax.random.split(key, 3)
-  return {"hidden": jax.random.normal(k1, (6, 8), jnp.float32),
-          "stack": jax.random.normal(k2, (2, 5, 4), jnp.float32),
-          "readout": jax.random.normal(k3, (8, 3), jnp.float32)}
+  return {
+    "hidden": jax.random.normal(k1, (6, 8), jnp.float32),
+    "stack": jax.random.normal(k2, (2, 5, 4), jnp.float32),
+    "readout": jax.random.normal(k3, (8, 3), jnp.float32),
+  }
 
 
 def _mask(p):
   return {"hidden": True, "stack": True, "readout": False}
 
 
-AXES = {"hidden": optim.MatrixAxes(),
-        "stack": optim.MatrixAxes(output=2, reduction=1),
-        "readout": optim.MatrixAxes()}
+AXES = {
+  "hidden": optim.MatrixAxes(),
+  "stack": optim.MatrixAxes(output=2, reduction=1),
+  "readout": optim.MatrixAxes(),
+}
 
 
 def _run(tx, params, key, steps=4):
@@ -39,17 +43,20 @@ def _run(tx, params, key, steps=4):
 @pytest.mark.parametrize("granularity", ["layer", "unit"])
 def test_norms_kept_and_readout_bit_identical(key, granularity):
   p0 = _params(key)
-  tx = optax.chain(optax.sgd(0.3),
-                   optim.nap_project(_mask, granularity=granularity,
-                                     axes=AXES))
+  tx = optax.chain(
+    optax.sgd(0.3), optim.nap_project(_mask, granularity=granularity, axes=AXES)
+  )
   plain = _run(optax.sgd(0.3), p0, key)
   out = _run(tx, p0, key)
   np.testing.assert_array_equal(out["readout"], plain["readout"])
-  red = {"hidden": (0,) if granularity == "unit" else (0, 1),
-         "stack": (1,) if granularity == "unit" else (1, 2)}
+  red = {
+    "hidden": (0,) if granularity == "unit" else (0, 1),
+    "stack": (1,) if granularity == "unit" else (1, 2),
+  }
   for k, ax in red.items():
-    np.testing.assert_allclose(np.linalg.norm(out[k], axis=ax),
-                               np.linalg.norm(p0[k], axis=ax), rtol=1e-6)
+    np.testing.assert_allclose(
+      np.linalg.norm(out[k], axis=ax), np.linalg.norm(p0[k], axis=ax), rtol=1e-6
+    )
   assert not np.allclose(plain["hidden"], out["hidden"])
 
 
@@ -94,8 +101,9 @@ def test_period(key):
     outs.append(out)
   helpers.assert_close(outs[0], u, atol=0)
   helpers.assert_close(outs[1], u, atol=0)
-  np.testing.assert_allclose(np.linalg.norm(p["w"] + outs[2]["w"]),
-                             np.linalg.norm(p["w"]), rtol=1e-6)
+  np.testing.assert_allclose(
+    np.linalg.norm(p["w"] + outs[2]["w"]), np.linalg.norm(p["w"]), rtol=1e-6
+  )
 
 
 def test_errors(key):

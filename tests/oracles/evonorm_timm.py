@@ -65,8 +65,10 @@ def generate() -> dict[str, np.ndarray]:
     b0.bias.copy_(0.3 * torch.randn(c))
     b0.v.copy_(1.0 + 0.5 * torch.randn(c))
     b0.running_var.copy_(1.0 + 0.5 * torch.rand(c))
-    res["b0_scale"], res["b0_bias"] = b0.weight.numpy().copy(), (
-        b0.bias.numpy().copy())
+    res["b0_scale"], res["b0_bias"] = (
+      b0.weight.numpy().copy(),
+      (b0.bias.numpy().copy()),
+    )
     res["b0_v"] = b0.v.numpy().copy()
     res["b0_running_var0"] = b0.running_var.numpy().copy()
     b0.train()

@@ -25,9 +25,15 @@ import numpy as np
 
 N, D, BATCH, SEQ = 4, 16, 2, 3
 CASES = ("init", "static", "dynamic", "dynamic_notanh")
-PARAMS = ("static_alpha", "static_beta", "dynamic_alpha_fn",
-          "dynamic_alpha_scale", "dynamic_beta_fn", "dynamic_beta_scale",
-          "norm.gamma")
+PARAMS = (
+  "static_alpha",
+  "static_beta",
+  "dynamic_alpha_fn",
+  "dynamic_alpha_scale",
+  "dynamic_beta_fn",
+  "dynamic_beta_scale",
+  "norm.gamma",
+)
 OUT = pathlib.Path(__file__).with_name("hc_golden.npz")
 
 
@@ -41,21 +47,25 @@ def compute() -> dict[str, np.ndarray]:
   for c, case in enumerate(CASES):
     gen = torch.Generator().manual_seed(100 + c)
     init_hc, expand, reduce = get_init_and_expand_reduce_stream_functions(
-        N, dim=D)
+      N, dim=D
+    )
     branches = [torch.nn.Linear(D, D, bias=False) for _ in range(2)]
-    hcs = [init_hc(branch=b, layer_index=k, tanh=case != "dynamic_notanh")
-           for k, b in enumerate(branches)]
+    hcs = [
+      init_hc(branch=b, layer_index=k, tanh=case != "dynamic_notanh")
+      for k, b in enumerate(branches)
+    ]
     with torch.no_grad():
       for k, (b, hc) in enumerate(zip(branches, hcs)):
-        b.weight.copy_(torch.randn(D, D, generator=gen) / D ** 0.5)
+        b.weight.copy_(torch.randn(D, D, generator=gen) / D**0.5)
         params = dict(hc.named_parameters())
         if case != "init":
           for name in PARAMS:
             p = params[name]
             if case == "static" and name.startswith("dynamic"):
               continue
-            p.copy_(torch.randn(p.shape, generator=gen) * (
-                0.5 if p.ndim else 0.3))
+            p.copy_(
+              torch.randn(p.shape, generator=gen) * (0.5 if p.ndim else 0.3)
+            )
         out[f"hc/{case}/w{k}"] = b.weight.numpy().copy()
         for name in PARAMS:
           out[f"hc/{case}/p{k}/{name}"] = params[name].detach().numpy().copy()

@@ -27,12 +27,12 @@ def _norm(x, tree, config):
     return x
   if config.norm == "layernorm":
     xc = x - x.mean(-1, keepdims=True)
-    y = xc / np.sqrt((xc ** 2).mean(-1, keepdims=True) + eps)
+    y = xc / np.sqrt((xc**2).mean(-1, keepdims=True) + eps)
   elif config.norm == "rmsnorm":
-    y = x / np.sqrt((x ** 2).mean(-1, keepdims=True) + eps)
+    y = x / np.sqrt((x**2).mean(-1, keepdims=True) + eps)
   elif config.norm == "crmsnorm":
     d = x.shape[-1] + 1
-    ms = ((x ** 2).sum(-1, keepdims=True) + x.sum(-1, keepdims=True) ** 2) / d
+    ms = ((x**2).sum(-1, keepdims=True) + x.sum(-1, keepdims=True) ** 2) / d
     y = x / np.sqrt(ms + eps)
   else:
     raise NotImplementedError(config.norm)
@@ -52,8 +52,11 @@ def _attention(x, p):
   k = np.einsum("btd,dnh->btnh", x, _f64(p["k_kernel"]))
   v = np.einsum("btd,dnh->btnh", x, _f64(p["v_kernel"]))
   if "q_bias" in p:
-    q, k, v = (q + _f64(p["q_bias"]), k + _f64(p["k_bias"]),
-               v + _f64(p["v_bias"]))
+    q, k, v = (
+      q + _f64(p["q_bias"]),
+      k + _f64(p["k_bias"]),
+      v + _f64(p["v_bias"]),
+    )
   t, h = x.shape[1], q.shape[-1]
   logits = np.einsum("bqnh,bknh->bnqk", q, k) / math.sqrt(h)
   logits = np.where(np.tril(np.ones((t, t), bool)), logits, -np.inf)
@@ -84,7 +87,7 @@ def lm_logits(params, config, tokens):
   tokens = np.asarray(tokens)
   x = _f64(params["embed"])[tokens]
   if config.positional == "learned":
-    x = x + _f64(params["pos"])[None, :tokens.shape[1]]
+    x = x + _f64(params["pos"])[None, : tokens.shape[1]]
   if config.zero_mean_writers:
     x = _center(x)
   net = params["net"]
@@ -107,7 +110,7 @@ def stream_means(params, config, tokens):
   tokens = np.asarray(tokens)
   x = _f64(params["embed"])[tokens]
   if config.positional == "learned":
-    x = x + _f64(params["pos"])[None, :tokens.shape[1]]
+    x = x + _f64(params["pos"])[None, : tokens.shape[1]]
   worst = [np.abs(x.mean(-1)).max()]
   net = params["net"]
   for j in range(2 * config.depth):

@@ -28,16 +28,16 @@ def compute() -> dict[str, np.ndarray]:
   """Runs the oracle and returns the arrays written to ``OUT``."""
   import torch
   from hyper_connections.manifold_constrained_hyper_connections import (
-      log_domain_sinkhorn_knopps,
-      sinkhorn_knopps,
+    log_domain_sinkhorn_knopps,
+    sinkhorn_knopps,
   )
 
   gen = torch.Generator().manual_seed(7)
   logits = 2.0 * torch.randn(*SHAPE, generator=gen)
   return {
-      "logits": logits.numpy(),
-      "direct": sinkhorn_knopps(logits, iters=ITERS).numpy(),
-      "log_domain": log_domain_sinkhorn_knopps(logits, iters=ITERS).numpy(),
+    "logits": logits.numpy(),
+    "direct": sinkhorn_knopps(logits, iters=ITERS).numpy(),
+    "log_domain": log_domain_sinkhorn_knopps(logits, iters=ITERS).numpy(),
   }
 
 

@@ -16,8 +16,7 @@ def f64(x):
 # EvoNorm (section 5).
 
 
-def evo_b0(x, scale, bias, v, running_var, *, training, momentum=0.9,
-           eps=1e-3):
+def evo_b0(x, scale, bias, v, running_var, *, training, momentum=0.9, eps=1e-3):
   """Returns ``(y, new_running_var)``; ``momentum`` weights the old value."""
   x = f64(x)
   c = x.shape[-1]
@@ -62,7 +61,7 @@ def group_scale(x, groups, eps=1e-5):
   x = f64(x)
   c = x.shape[-1]
   xg = x.reshape(*x.shape[:-1], groups, c // groups)
-  ms = (xg ** 2).mean(-1, keepdims=True)
+  ms = (xg**2).mean(-1, keepdims=True)
   return (xg / np.sqrt(ms + eps)).reshape(x.shape)
 
 
@@ -70,11 +69,23 @@ def quad_mean(x, pad_mask=None):
   flat = f64(x).reshape(-1, x.shape[-1])
   if pad_mask is not None:
     flat = flat[~np.asarray(pad_mask).reshape(-1)]
-  return (flat ** 2).mean(0)
+  return (flat**2).mean(0)
 
 
-def power_norm_step(x, gamma, beta, st, gy, *, warmup, eps=1e-5, afwd=0.9,
-                    abkw=0.9, pad_mask=None, backward_stat="batch"):
+def power_norm_step(
+  x,
+  gamma,
+  beta,
+  st,
+  gy,
+  *,
+  warmup,
+  eps=1e-5,
+  afwd=0.9,
+  abkw=0.9,
+  pad_mask=None,
+  backward_stat="batch",
+):
   """Training step on already group-scaled ``x``.
 
   Returns ``(y, dx, dgamma, dbeta, new_state)``; ``st`` has ``t``, ``phi``,
@@ -96,19 +107,31 @@ def power_norm_step(x, gamma, beta, st, gy, *, warmup, eps=1e-5, afwd=0.9,
   nu = nu + (gt * z).reshape(-1, x.shape[-1]).mean(0)
   dx = gt / np.sqrt(denom + eps)
   red = tuple(range(x.ndim - 1))
-  return (y, dx, (gy * z).sum(red), gy.sum(red),
-          {"t": t, "phi": phi, "nu": nu})
+  return (y, dx, (gy * z).sum(red), gy.sum(red), {"t": t, "phi": phi, "nu": nu})
 
 
-def unified_norm_step(x, gamma, beta, st, gy, *, warmup, eps=1e-5, m=0.9,
-                      filtration=False, pad_mask=None):
+def unified_norm_step(
+  x,
+  gamma,
+  beta,
+  st,
+  gy,
+  *,
+  warmup,
+  eps=1e-5,
+  m=0.9,
+  filtration=False,
+  pad_mask=None,
+):
   """Training step; ``st`` has t, skips, phi, ema, bx (W_f, C), bg (W_b, C).
 
   Returns ``(y, dx, dgamma, dbeta, new_state)``.
   """
   x, gamma, beta, gy = f64(x), f64(gamma), f64(beta), f64(gy)
-  st = {k: (np.array(v, np.float64) if k not in ("t", "skips") else v)
-        for k, v in st.items()}
+  st = {
+    k: (np.array(v, np.float64) if k not in ("t", "skips") else v)
+    for k, v in st.items()
+  }
   t = st["t"] + 1
   c = x.shape[-1]
   wf, wb = st["bx"].shape[0], st["bg"].shape[0]
@@ -127,7 +150,7 @@ def unified_norm_step(x, gamma, beta, st, gy, *, warmup, eps=1e-5, m=0.9,
     gm = np.exp(np.log(st["bx"]).mean(0))
   var = psi2 if (t <= wf or t < warmup or skip) else gm
   r = np.sqrt(var + eps) / np.sqrt(st["phi"] + eps)
-  r = np.ones(c) if (t <= max(1000, warmup) or skip) else np.clip(r, .2, 5)
+  r = np.ones(c) if (t <= max(1000, warmup) or skip) else np.clip(r, 0.2, 5)
   z = x / np.sqrt(var + eps)
   y = gamma * z + beta
   st["phi"] = m * st["phi"] + (1 - m) * var
@@ -181,21 +204,28 @@ def unmix_tns(x, gamma, beta, mu_k, var_k, *, momentum, tau=0.07, eps=1e-5):
   y = np.empty_like(flat)
   p_all = np.empty((b, k))
   for i in range(b):
-    cos = np.array([mu_t[i] @ mu_k[j] / max(
-        np.linalg.norm(mu_t[i]) * np.linalg.norm(mu_k[j]), 1e-8)
-                    for j in range(k)])
+    cos = np.array(
+      [
+        mu_t[i]
+        @ mu_k[j]
+        / max(np.linalg.norm(mu_t[i]) * np.linalg.norm(mu_k[j]), 1e-8)
+        for j in range(k)
+      ]
+    )
     e = np.exp(cos / tau - (cos / tau).max())
     p = e / e.sum()
     p_all[i] = p
     m = np.array([(1 - p[j]) * mu_k[j] + p[j] * mu_t[i] for j in range(k)])
     v = np.array([(1 - p[j]) * var_k[j] + p[j] * var_t[i] for j in range(k)])
     mu_b = m.mean(0)
-    var_b = v.mean(0) + (m ** 2).mean(0) - mu_b ** 2
+    var_b = v.mean(0) + (m**2).mean(0) - mu_b**2
     y[i] = f64(gamma) * (flat[i] - mu_b) / np.sqrt(var_b + eps) + f64(beta)
   new_mu = mu_k + momentum * np.mean(
-      p_all[:, :, None] * (mu_t[:, None] - mu_k[None]), axis=0)
+    p_all[:, :, None] * (mu_t[:, None] - mu_k[None]), axis=0
+  )
   new_var = var_k + momentum * np.mean(
-      p_all[:, :, None] * (var_t[:, None] - var_k[None]), axis=0)
+    p_all[:, :, None] * (var_t[:, None] - var_k[None]), axis=0
+  )
   return y.reshape(x.shape), new_mu, new_var
 
 
@@ -214,8 +244,19 @@ def l1_layer_norm(x, gamma, beta, *, eps=1e-5, kappa=np.sqrt(np.pi / 2)):
 # Gecko timestep-decay normalization (section 15c): a plain loop.
 
 
-def timestep_decay_norm(x, w, b, groups, *, beta1=0.999, beta2=0.9999,
-                        eps=1e-5, state=None, pad=None, bos=None):
+def timestep_decay_norm(
+  x,
+  w,
+  b,
+  groups,
+  *,
+  beta1=0.999,
+  beta2=0.9999,
+  eps=1e-5,
+  state=None,
+  pad=None,
+  bos=None,
+):
   x = f64(x)
   bsz, length, d = x.shape
   if state is None:

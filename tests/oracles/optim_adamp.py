@@ -23,20 +23,29 @@ import pathlib
 import numpy as np
 
 STEPS = 10
-SHAPES = {"linear": (8, 5), "wide": (4, 16), "conv": (6, 3, 3, 3),
-          "bias": (7,)}
-KINDS = {"linear": "channel", "wide": "random", "conv": "layer",
-         "bias": "random"}
+SHAPES = {"linear": (8, 5), "wide": (4, 16), "conv": (6, 3, 3, 3), "bias": (7,)}
+KINDS = {
+  "linear": "channel",
+  "wide": "random",
+  "conv": "layer",
+  "bias": "random",
+}
 CASES = {
-    "adamp_plain": ("adamp", dict(lr=1e-2)),
-    "adamp_wd": ("adamp", dict(lr=1e-2, weight_decay=0.5, wd_ratio=0.2)),
-    "adamp_nesterov_wd": ("adamp", dict(lr=1e-2, weight_decay=0.1,
-                                        nesterov=True, betas=(0.8, 0.99))),
-    "sgdp_plain": ("sgdp", dict(lr=0.1)),
-    "sgdp_momentum_wd": ("sgdp", dict(lr=0.1, momentum=0.9,
-                                      weight_decay=0.1, dampening=0.1)),
-    "sgdp_nesterov_wd": ("sgdp", dict(lr=0.1, momentum=0.9, nesterov=True,
-                                      weight_decay=0.05)),
+  "adamp_plain": ("adamp", dict(lr=1e-2)),
+  "adamp_wd": ("adamp", dict(lr=1e-2, weight_decay=0.5, wd_ratio=0.2)),
+  "adamp_nesterov_wd": (
+    "adamp",
+    dict(lr=1e-2, weight_decay=0.1, nesterov=True, betas=(0.8, 0.99)),
+  ),
+  "sgdp_plain": ("sgdp", dict(lr=0.1)),
+  "sgdp_momentum_wd": (
+    "sgdp",
+    dict(lr=0.1, momentum=0.9, weight_decay=0.1, dampening=0.1),
+  ),
+  "sgdp_nesterov_wd": (
+    "sgdp",
+    dict(lr=0.1, momentum=0.9, nesterov=True, weight_decay=0.05),
+  ),
 }
 OUT = pathlib.Path(__file__).with_name("adamp_golden.npz")
 
@@ -51,22 +60,25 @@ def make_grad(kind: str, p: np.ndarray, h: np.ndarray) -> np.ndarray:
   p64, h64 = p.astype(np.float64), h.astype(np.float64)
   if kind == "channel":
     pr, hr = p64.reshape(p.shape[0], -1), h64.reshape(p.shape[0], -1)
-    hr = hr - pr * (np.sum(pr * hr, 1, keepdims=True)
-                    / np.sum(pr * pr, 1, keepdims=True))
+    hr = hr - pr * (
+      np.sum(pr * hr, 1, keepdims=True) / np.sum(pr * pr, 1, keepdims=True)
+    )
     return hr.reshape(p.shape).astype(np.float32)
   if kind == "layer":
     out = h64 - p64 * np.sum(p64 * h64) / np.sum(p64 * p64)
     # Make some rows strongly aligned with p so the channel view fails.
     out = out + 0.0
     out[0] = out[0] + 3.0 * p64[0]
-    out[1] = out[1] - 3.0 * np.sum(p64[0] * p64[0]) / np.sum(
-        p64[1] * p64[1]) * p64[1]
+    out[1] = (
+      out[1] - 3.0 * np.sum(p64[0] * p64[0]) / np.sum(p64[1] * p64[1]) * p64[1]
+    )
     return out.astype(np.float32)
   return h.astype(np.float32)
 
 
-def run(case: str, package: str = "adamp", seed: int = 0
-        ) -> dict[str, np.ndarray]:
+def run(
+  case: str, package: str = "adamp", seed: int = 0
+) -> dict[str, np.ndarray]:
   """Runs one case with the torch oracle; returns p0, grads and params."""
   import torch
 
@@ -110,8 +122,10 @@ def main() -> None:
     for k, v in alt.items():
       arrays[f"po/{case}/{k}"] = v
     worst = max(
-        float(np.max(np.abs(ref[k] - alt[k]) / (np.abs(ref[k]) + 1e-3)))
-        for k in ref if k.endswith("/params"))
+      float(np.max(np.abs(ref[k] - alt[k]) / (np.abs(ref[k]) + 1e-3)))
+      for k in ref
+      if k.endswith("/params")
+    )
     print(f"{case}: adamp vs pytorch_optimizer max rel diff {worst:.2e}")
   np.savez_compressed(OUT, **arrays)
   print(f"wrote {OUT} ({OUT.stat().st_size} bytes)")

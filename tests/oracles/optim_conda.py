@@ -21,10 +21,12 @@ import numpy as np
 STEPS = 12
 SHAPES = {"tall": (12, 6), "wide": (5, 9), "square": (6, 6)}
 CASES = {
-    "gap3": dict(lr=1e-2, betas=(0.9, 0.99), weight_decay=0.1,
-                 update_proj_gap=3, scale=0.25),
-    "gap100": dict(lr=1e-2, betas=(0.8, 0.95), weight_decay=0.0,
-                   update_proj_gap=100, scale=1.0),
+  "gap3": dict(
+    lr=1e-2, betas=(0.9, 0.99), weight_decay=0.1, update_proj_gap=3, scale=0.25
+  ),
+  "gap100": dict(
+    lr=1e-2, betas=(0.8, 0.95), weight_decay=0.0, update_proj_gap=100, scale=1.0
+  ),
 }
 OUT = pathlib.Path(__file__).with_name("conda_golden.npz")
 
@@ -33,8 +35,9 @@ def inputs(seed: int = 0):
   """Initial weights and a fixed gradient sequence (independent of w)."""
   rng = np.random.RandomState(seed)
   p0 = {k: rng.randn(*s).astype(np.float32) for k, s in SHAPES.items()}
-  grads = {k: rng.randn(STEPS, *s).astype(np.float32)
-           for k, s in SHAPES.items()}
+  grads = {
+    k: rng.randn(STEPS, *s).astype(np.float32) for k, s in SHAPES.items()
+  }
   return p0, grads
 
 
@@ -44,8 +47,9 @@ def run(case: str) -> dict[str, np.ndarray]:
 
   p0, grads = inputs()
   params = {k: torch.nn.Parameter(torch.tensor(v)) for k, v in p0.items()}
-  opt = pytorch_optimizer.Conda(list(params.values()),
-                                projection_type="std", **CASES[case])
+  opt = pytorch_optimizer.Conda(
+    list(params.values()), projection_type="std", **CASES[case]
+  )
   traj = {k: [] for k in params}
   for t in range(STEPS):
     for k, p in params.items():

@@ -20,8 +20,19 @@ from __future__ import annotations
 import numpy as np
 
 
-def conda_reference(w0, grads, *, lr, b1=0.9, b2=0.999, eps=1e-8, wd=0.0,
-                    gap=2000, scale=1.0, offset=0):
+def conda_reference(
+  w0,
+  grads,
+  *,
+  lr,
+  b1=0.9,
+  b2=0.999,
+  eps=1e-8,
+  wd=0.0,
+  gap=2000,
+  scale=1.0,
+  offset=0,
+):
   """Returns ``(params, bases)``: the weight after each step and the basis."""
   w = np.asarray(w0, np.float64).copy()
   m = np.zeros_like(w)
@@ -65,8 +76,9 @@ def rmnp_direction(u: np.ndarray) -> np.ndarray:
   return (u2 / norm).reshape(u.shape)
 
 
-def rmnp_reference(w0, grads, *, lr, momentum=0.95, nesterov=True, wd=0.0,
-                   bf16=False):
+def rmnp_reference(
+  w0, grads, *, lr, momentum=0.95, nesterov=True, wd=0.0, bf16=False
+):
   """Returns the weight after each step (torch layout, float64)."""
   w = np.asarray(w0, np.float64).copy()
   buf = np.zeros_like(w)

@@ -19,17 +19,19 @@ from jax.experimental.pallas import tpu as pltpu
 from tests import helpers
 
 LOWERINGS = [
-    pytest.param(True, id="triton"),
-    pytest.param(pltpu.InterpretParams(), id="mosaic"),
+  pytest.param(True, id="triton"),
+  pytest.param(pltpu.InterpretParams(), id="mosaic"),
 ]
-DTYPES = [pytest.param(jnp.float32, id="f32"),
-          pytest.param(jnp.bfloat16, id="bf16")]
+DTYPES = [
+  pytest.param(jnp.float32, id="f32"),
+  pytest.param(jnp.bfloat16, id="bf16"),
+]
 # (shape, block_rows): rows not a multiple of the block, widths not a power
 # of two (GPU pads columns), several trailing dims, a single partial block.
 SHAPES = [
-    pytest.param((37, 96), None, id="37x96"),
-    pytest.param((3, 13, 128), 16, id="3x13x128-br16"),
-    pytest.param((5, 40), 8 * 2, id="5x40-br16"),
+  pytest.param((37, 96), None, id="37x96"),
+  pytest.param((3, 13, 128), 16, id="3x13x128-br16"),
+  pytest.param((5, 40), 8 * 2, id="5x40-br16"),
 ]
 
 # Per-dtype base tolerances, scaled by sqrt(reduced length) (STYLE.md 9.3).
@@ -53,8 +55,7 @@ def block_rows_for(interpret, block_rows, dtype):
 def inputs(key, shape, dtype, num_params, *, loc=0.5, scale=2.0):
   kx, *kp = jax.random.split(key, num_params + 1)
   x = (jax.random.normal(kx, shape, jnp.float32) * scale + loc).astype(dtype)
-  ps = [jax.random.normal(k, shape[-1:], jnp.float32) * 0.5 + 1.0
-        for k in kp]
+  ps = [jax.random.normal(k, shape[-1:], jnp.float32) * 0.5 + 1.0 for k in kp]
   return x, ps
 
 
@@ -70,9 +71,13 @@ def check_fwd_vjp(kernel_fn, ref_fn, args, *, key, n, dtype, nrows):
   helpers.assert_close(out, out_ref, **tol(dtype, n))
   leaves, treedef = jax.tree.flatten(out)
   keys = jax.random.split(key, len(leaves))
-  cot = jax.tree.unflatten(treedef, [
+  cot = jax.tree.unflatten(
+    treedef,
+    [
       jax.random.normal(kk, leaf.shape, jnp.float32).astype(leaf.dtype)
-      for kk, leaf in zip(keys, leaves)])
+      for kk, leaf in zip(keys, leaves)
+    ],
+  )
   grads, grads_ref = vjp(cot), vjp_ref(cot)
   assert helpers.all_finite(grads)
   for g, gr in zip(grads, grads_ref):

@@ -18,9 +18,14 @@ TRITON, MOSAIC = True, pltpu.InterpretParams()
 
 def _qkv(key, b, t, s, n, k, h, dtype):
   kq, kk, kv = jax.random.split(key, 3)
-  return tuple(jax.random.normal(kk_, shape, jnp.float32).astype(dtype)
-               for kk_, shape in ((kq, (b, t, n, h)), (kk, (b, s, k, h)),
-                                  (kv, (b, s, k, h))))
+  return tuple(
+    jax.random.normal(kk_, shape, jnp.float32).astype(dtype)
+    for kk_, shape in (
+      (kq, (b, t, n, h)),
+      (kk, (b, s, k, h)),
+      (kv, (b, s, k, h)),
+    )
+  )
 
 
 def _mask(key, b, t, s):
@@ -32,16 +37,34 @@ def _mask(key, b, t, s):
 # head everywhere; several query and key blocks so the online softmax and
 # the causal early stop are exercised; a fully masked row in every mask.
 CASES = [
-    pytest.param(TRITON, "mask", jnp.float32, 50, (16, 16),
-                 id="triton-mask-f32"),
-    pytest.param(TRITON, "sink", jnp.bfloat16, 50, (16, 32),
-                 id="triton-sink-mask-causal-bf16"),
-    pytest.param(MOSAIC, "mask_causal", jnp.float32, 130, (16, None),
-                 id="mosaic-mask-causal-f32"),
-    pytest.param(MOSAIC, "sink", jnp.float32, 130, (16, None),
-                 id="mosaic-sink-mask-causal-f32"),
-    pytest.param(MOSAIC, "causal", jnp.bfloat16, 130, (None, None),
-                 id="mosaic-causal-bf16"),
+  pytest.param(TRITON, "mask", jnp.float32, 50, (16, 16), id="triton-mask-f32"),
+  pytest.param(
+    TRITON,
+    "sink",
+    jnp.bfloat16,
+    50,
+    (16, 32),
+    id="triton-sink-mask-causal-bf16",
+  ),
+  pytest.param(
+    MOSAIC,
+    "mask_causal",
+    jnp.float32,
+    130,
+    (16, None),
+    id="mosaic-mask-causal-f32",
+  ),
+  pytest.param(
+    MOSAIC,
+    "sink",
+    jnp.float32,
+    130,
+    (16, None),
+    id="mosaic-sink-mask-causal-f32",
+  ),
+  pytest.param(
+    MOSAIC, "causal", jnp.bfloat16, 130, (None, None), id="mosaic-causal-bf16"
+  ),
 ]
 
 
@@ -51,17 +74,22 @@ def test_flash_matches_reference(interpret, kind, dtype, s, blocks, key):
   mask = _mask(jax.random.fold_in(key, 1), 2, 40, s)
   sinks = jnp.array([0.3, -1.0], jnp.float32)
   bq, bk = blocks
-  kw = {"causal": dict(is_causal=True), "mask": dict(mask=mask),
-        "mask_causal": dict(mask=mask, is_causal=True),
-        "sink": dict(mask=mask, is_causal=True)}[kind]
+  kw = {
+    "causal": dict(is_causal=True),
+    "mask": dict(mask=mask),
+    "mask_causal": dict(mask=mask, is_causal=True),
+    "sink": dict(mask=mask, is_causal=True),
+  }[kind]
   if kind == "sink":
     kernel = lambda q, k, v, sk: pa.sink_attention_pallas(
-        q, k, v, sinks=sk, block_q=bq, block_k=bk, interpret=interpret, **kw)
+      q, k, v, sinks=sk, block_q=bq, block_k=bk, interpret=interpret, **kw
+    )
     oracle = lambda q, k, v, sk: ref.sink_attention(q, k, v, sinks=sk, **kw)
     args = (q, k, v, sinks)
   else:
     kernel = lambda q, k, v: pa.dot_product_attention_pallas(
-        q, k, v, block_q=bq, block_k=bk, interpret=interpret, **kw)
+      q, k, v, block_q=bq, block_k=bk, interpret=interpret, **kw
+    )
     oracle = lambda q, k, v: ref.dot_product_attention(q, k, v, **kw)
     args = (q, k, v)
   f32 = jnp.dtype(dtype) == jnp.float32
@@ -77,14 +105,16 @@ def test_flash_matches_reference(interpret, kind, dtype, s, blocks, key):
   # the sink gradient sums over batch and queries: scale its tolerance
   helpers.assert_close(grads[:3], grads_ref[:3], **tol)
   if kind == "sink":
-    helpers.assert_close(grads[3], grads_ref[3], atol=tol["atol"] * 100,
-                         rtol=tol["rtol"])
+    helpers.assert_close(
+      grads[3], grads_ref[3], atol=tol["atol"] * 100, rtol=tol["rtol"]
+    )
 
 
 def test_unbatched_and_vmap(key):
   q, k, v = _qkv(key, 2, 20, 24, 2, 2, 16, jnp.float32)
-  f = lambda q, k, v: pa.dot_product_attention_pallas(q, k, v, is_causal=True,
-                                                      interpret=True)
+  f = lambda q, k, v: pa.dot_product_attention_pallas(
+    q, k, v, is_causal=True, interpret=True
+  )
   want = ref.dot_product_attention(q, k, v, is_causal=True)
   helpers.assert_close(jax.vmap(f)(q, k, v), want, atol=2e-5)
   helpers.assert_close(f(q[0], k[0], v[0]), want[0], atol=2e-5)
@@ -140,8 +170,10 @@ def test_errors(key):
     pa.sink_attention_pallas(q, k, v, sinks=jnp.zeros((3,)), interpret=True)
 
 
-@pytest.mark.parametrize("platform", [pytest.param("cuda", id="to-triton"),
-                                      pytest.param("tpu", id="to-mosaic")])
+@pytest.mark.parametrize(
+  "platform",
+  [pytest.param("cuda", id="to-triton"), pytest.param("tpu", id="to-mosaic")],
+)
 def test_lowers_for_compiled_backends(monkeypatch, platform):
   lowering = "gpu" if platform == "cuda" else "tpu"
   monkeypatch.setattr(_rows, "lowering_for", lambda who, interpret: lowering)
@@ -149,7 +181,8 @@ def test_lowers_for_compiled_backends(monkeypatch, platform):
 
   def fwd_bwd(q, k, v, sk):
     f = lambda q, k, v, sk: pa.sink_attention_pallas(
-        q, k, v, mask=mask, sinks=sk, is_causal=True)
+      q, k, v, mask=mask, sinks=sk, is_causal=True
+    )
     out, vjp = jax.vjp(f, q, k, v, sk)
     return out, vjp(out)
 
@@ -157,34 +190,46 @@ def test_lowers_for_compiled_backends(monkeypatch, platform):
   kv = jax.ShapeDtypeStruct((2, 256, 2, 64), jnp.bfloat16)
   sk = jax.ShapeDtypeStruct((4,), jnp.float32)
   checks = [export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")]
-  text = export.export(jax.jit(fwd_bwd), platforms=[platform],
-                       disabled_checks=checks)(q, kv, kv, sk).mlir_module()
+  text = export.export(
+    jax.jit(fwd_bwd), platforms=[platform], disabled_checks=checks
+  )(q, kv, kv, sk).mlir_module()
   target = "xla.gpu.triton" if platform == "cuda" else "tpu_custom_call"
   assert text.count(target) >= 3  # forward, dq, dk/dv
 
 
-@pytest.mark.parametrize("interpret,variant", [
+@pytest.mark.parametrize(
+  "interpret,variant",
+  [
     pytest.param(TRITON, "mask-causal-train", id="triton-mask-causal-train"),
     pytest.param(TRITON, "none-eval", id="triton-nomask-eval"),
     pytest.param(MOSAIC, "causal-train-layer", id="mosaic-causal-train"),
-])
+  ],
+)
 def test_affine_scaled_matches_reference(interpret, variant, key):
   q, k, v = _qkv(key, 2, 24, 24, 2, 1, 16, jnp.float32)
   mask = _mask(jax.random.fold_in(key, 1), 2, 24, 24)
   alpha = jax.random.uniform(jax.random.fold_in(key, 2), (2, 24, 2)) + 0.5
-  kw = {"mask-causal-train": dict(mask=mask, is_causal=True, training=True),
-        "none-eval": dict(training=False),
-        "causal-train-layer": dict(is_causal=True, training=True)}[variant]
-  ma = jnp.array(0.8) if variant == "causal-train-layer" else jnp.array(
-      [0.9, 1.1])
-  kernel = jax.jit(lambda q, k, v, a: pa.affine_scaled_attention_pallas(
-      q, k, v, alpha=a, alpha_ma=ma, interpret=interpret, **kw))
+  kw = {
+    "mask-causal-train": dict(mask=mask, is_causal=True, training=True),
+    "none-eval": dict(training=False),
+    "causal-train-layer": dict(is_causal=True, training=True),
+  }[variant]
+  ma = (
+    jnp.array(0.8) if variant == "causal-train-layer" else jnp.array([0.9, 1.1])
+  )
+  kernel = jax.jit(
+    lambda q, k, v, a: pa.affine_scaled_attention_pallas(
+      q, k, v, alpha=a, alpha_ma=ma, interpret=interpret, **kw
+    )
+  )
   oracle = lambda q, k, v, a: ref.affine_scaled_attention(
-      q, k, v, alpha=a, alpha_ma=ma, **kw)
+    q, k, v, alpha=a, alpha_ma=ma, **kw
+  )
   (out, new_ma), vjp = jax.vjp(kernel, q, k, v, alpha)
   (out_ref, new_ma_ref), vjp_ref = jax.vjp(oracle, q, k, v, alpha)
-  helpers.assert_close((out, new_ma), (out_ref, new_ma_ref), atol=2e-5,
-                       rtol=1e-5)
+  helpers.assert_close(
+    (out, new_ma), (out_ref, new_ma_ref), atol=2e-5, rtol=1e-5
+  )
   ct = (jax.random.normal(key, out.shape), jnp.zeros_like(new_ma))
   helpers.assert_close(vjp(ct), vjp_ref(ct), atol=5e-5, rtol=1e-5)
 
@@ -202,5 +247,12 @@ def test_affine_scaled_errors(key):
   with pytest.raises(ValueError, match="rho must be in"):
     f(q, k, v, alpha=a, alpha_ma=jnp.ones(()), rho=2.0, interpret=True)
   with pytest.raises(NotImplementedError, match="no additive bias"):
-    f(q, k, v, jnp.zeros((1, 2, 8, 8)), alpha=a, alpha_ma=jnp.ones(()),
-      interpret=True)
+    f(
+      q,
+      k,
+      v,
+      jnp.zeros((1, 2, 8, 8)),
+      alpha=a,
+      alpha_ma=jnp.ones(()),
+      interpret=True,
+    )

@@ -19,7 +19,10 @@ def test_cpu_smoke_reports_no_accelerator(capsys):
   text = capsys.readouterr().out
   assert "No accelerator present (backend=cpu)" in text
   cases = {row["case"]: row for row in out["cpu_smoke"]}
-  assert set(cases) == {"rms fwd+bwd xla", "rms fwd+bwd interpret-gpu",
-                        "rms fwd+bwd interpret-tpu"}
+  assert set(cases) == {
+    "rms fwd+bwd xla",
+    "rms fwd+bwd interpret-gpu",
+    "rms fwd+bwd interpret-tpu",
+  }
   for row in cases.values():
     assert row["ms"] > 0 and row["max_err"] < 1e-4

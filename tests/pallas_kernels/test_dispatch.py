@@ -19,17 +19,23 @@ def _args(name, key):
   x = jax.random.normal(key, (6, 32), jnp.float32) + 0.5
   p = jnp.linspace(0.5, 1.5, 32)
   return {
-      "rms_norm": (norms.rms_norm, (x, p), {}),
-      "layer_norm": (norms.layer_norm, (x, p, p * 0.1), {}),
-      "dyt": (norms.dyt, (x, jnp.array(0.5), p, p), {}),
-      "seed_norm": (norms.seed_norm, (x, p, p, p * 0.01), {"num_heads": 2}),
-      "add_rms_norm": (fused_norms.add_rms_norm, (x, x * 0.5, p), {}),
-      "add_layer_norm": (fused_norms.add_layer_norm, (x, x * 0.5, p, p), {}),
+    "rms_norm": (norms.rms_norm, (x, p), {}),
+    "layer_norm": (norms.layer_norm, (x, p, p * 0.1), {}),
+    "dyt": (norms.dyt, (x, jnp.array(0.5), p, p), {}),
+    "seed_norm": (norms.seed_norm, (x, p, p, p * 0.01), {"num_heads": 2}),
+    "add_rms_norm": (fused_norms.add_rms_norm, (x, x * 0.5, p), {}),
+    "add_layer_norm": (fused_norms.add_layer_norm, (x, x * 0.5, p, p), {}),
   }[name]
 
 
-NAMES = ["rms_norm", "layer_norm", "dyt", "seed_norm", "add_rms_norm",
-         "add_layer_norm"]
+NAMES = [
+  "rms_norm",
+  "layer_norm",
+  "dyt",
+  "seed_norm",
+  "add_rms_norm",
+  "add_layer_norm",
+]
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -45,9 +51,10 @@ def test_none_is_the_reference_on_cpu(name, key):
 def test_pallas_on_cpu_raises_naming_the_case(name, key):
   fn, args, kw = _args(name, key)
   with pytest.raises(
-      NotImplementedError,
-      match=rf"{name}\(implementation='pallas'\): {name}_pallas: no compiled "
-            r"Pallas lowering for backend 'cpu'"):
+    NotImplementedError,
+    match=rf"{name}\(implementation='pallas'\): {name}_pallas: no compiled "
+    r"Pallas lowering for backend 'cpu'",
+  ):
     fn(*args, implementation="pallas", **kw)
   with pytest.raises(ValueError, match="implementation must be one of"):
     fn(*args, implementation="triton", **kw)
@@ -76,13 +83,17 @@ def test_none_picks_the_kernel_on_an_accelerator(fake_gpu, name, key):
   assert fake_gpu == [name]
   want = fn(*args, implementation="xla", **kw)
   helpers.assert_close(got, want, atol=1e-5, rtol=1e-5)
-  grads = jax.grad(lambda *a: sum(
-      jnp.sum(jnp.sin(o)) for o in jax.tree.leaves(fn(*a, **kw))),
-      argnums=tuple(range(len(args))))(*args)
-  grads_ref = jax.grad(lambda *a: sum(
-      jnp.sum(jnp.sin(o)) for o in jax.tree.leaves(
-          fn(*a, implementation="xla", **kw))),
-      argnums=tuple(range(len(args))))(*args)
+  grads = jax.grad(
+    lambda *a: sum(jnp.sum(jnp.sin(o)) for o in jax.tree.leaves(fn(*a, **kw))),
+    argnums=tuple(range(len(args))),
+  )(*args)
+  grads_ref = jax.grad(
+    lambda *a: sum(
+      jnp.sum(jnp.sin(o))
+      for o in jax.tree.leaves(fn(*a, implementation="xla", **kw))
+    ),
+    argnums=tuple(range(len(args))),
+  )(*args)
   helpers.assert_close(grads, grads_ref, atol=1e-4, rtol=1e-5)
 
 
@@ -91,24 +102,30 @@ def test_unsupported_case_falls_back_or_raises(fake_gpu, key):
   s = jnp.ones((32,))
   y = norms.rms_norm(x, s, axis=0)  # not the trailing axis
   assert fake_gpu == ["rms_norm"]
-  helpers.assert_close(y, norms.rms_norm(x, s, axis=0, implementation="xla"),
-                       atol=0.0)
-  with pytest.raises(NotImplementedError,
-                     match=r"rms_norm\(implementation='pallas'\): .*trailing"):
+  helpers.assert_close(
+    y, norms.rms_norm(x, s, axis=0, implementation="xla"), atol=0.0
+  )
+  with pytest.raises(
+    NotImplementedError,
+    match=r"rms_norm\(implementation='pallas'\): .*trailing",
+  ):
     norms.rms_norm(x, s, axis=0, implementation="pallas")
   wide = jnp.ones((2, 2, 130))
   p = jnp.ones((130,))
   with pytest.raises(NotImplementedError, match="at most 64 heads"):
     norms.seed_norm(wide, p, p, p, num_heads=65, implementation="pallas")
   helpers.assert_close(
-      norms.seed_norm(wide, p, p, p, num_heads=65),
-      norms.seed_norm(wide, p, p, p, num_heads=65, implementation="xla"),
-      atol=0.0)
+    norms.seed_norm(wide, p, p, p, num_heads=65),
+    norms.seed_norm(wide, p, p, p, num_heads=65, implementation="xla"),
+    atol=0.0,
+  )
 
 
 def test_jaxnorm_imports_pallas_kernels_lazily():
-  code = ("import sys, jaxnorm.norms, jaxnorm.fused_norms; "
-          "assert 'pallas_kernels' not in sys.modules, 'eager import'")
+  code = (
+    "import sys, jaxnorm.norms, jaxnorm.fused_norms; "
+    "assert 'pallas_kernels' not in sys.modules, 'eager import'"
+  )
   subprocess.run([sys.executable, "-c", code], check=True)
 
 
@@ -117,6 +134,7 @@ def test_modules_forward_implementation(cls, fake_gpu, key):
   from flax import nnx
 
   from jaxnorm import nn as jnn
+
   module_cls = getattr(jnn, cls)
   x = jax.random.normal(key, (4, 32), jnp.float32)
   default = module_cls(32, rngs=nnx.Rngs(0))
@@ -133,6 +151,7 @@ def test_modules_pallas_on_cpu_raises(cls):
   from flax import nnx
 
   from jaxnorm import nn as jnn
+
   module = getattr(jnn, cls)(16, implementation="pallas", rngs=nnx.Rngs(0))
   with pytest.raises(NotImplementedError, match="backend 'cpu'"):
     module(jnp.ones((2, 16)))

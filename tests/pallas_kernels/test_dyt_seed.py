@@ -12,20 +12,29 @@ from tests.pallas_kernels import _common as c
 
 
 @pytest.mark.parametrize("interpret", c.LOWERINGS)
-@pytest.mark.parametrize("dtype,shape,block_rows", [
+@pytest.mark.parametrize(
+  "dtype,shape,block_rows",
+  [
     pytest.param(jnp.float32, (37, 96), None, id="f32-37x96"),
     pytest.param(jnp.bfloat16, (37, 96), None, id="bf16-37x96"),
     pytest.param(jnp.float32, (3, 13, 128), 16, id="f32-3x13x128-br16"),
-])
+  ],
+)
 def test_dyt_matches_reference(interpret, dtype, shape, block_rows, key):
   br = c.block_rows_for(interpret, block_rows, dtype)
   x, (s, b) = c.inputs(key, shape, dtype, 2)
   alpha = jnp.array(0.7, jnp.float32)
   c.check_fwd_vjp(
-      lambda x, a, s, b: pk.dyt_pallas(x, a, s, b, block_rows=br,
-                                       interpret=interpret),
-      lambda x, a, s, b: norms.dyt(x, a, s, b), (x, alpha, s, b), key=key,
-      n=shape[-1], dtype=dtype, nrows=x.size // shape[-1])
+    lambda x, a, s, b: pk.dyt_pallas(
+      x, a, s, b, block_rows=br, interpret=interpret
+    ),
+    lambda x, a, s, b: norms.dyt(x, a, s, b),
+    (x, alpha, s, b),
+    key=key,
+    n=shape[-1],
+    dtype=dtype,
+    nrows=x.size // shape[-1],
+  )
 
 
 @pytest.mark.parametrize("interpret", c.LOWERINGS)
@@ -33,17 +42,25 @@ def test_dyt_without_params_alpha_shape_1(interpret, key):
   x, _ = c.inputs(key, (3, 5, 24), jnp.float32, 0)
   alpha = jnp.array([0.3], jnp.float32)
   c.check_fwd_vjp(
-      lambda x, a: pk.dyt_pallas(x, a, axis=(-2, -1), interpret=interpret),
-      lambda x, a: norms.dyt(x, a, axis=(-2, -1)), (x, alpha), key=key,
-      n=120, dtype=jnp.float32, nrows=3)
+    lambda x, a: pk.dyt_pallas(x, a, axis=(-2, -1), interpret=interpret),
+    lambda x, a: norms.dyt(x, a, axis=(-2, -1)),
+    (x, alpha),
+    key=key,
+    n=120,
+    dtype=jnp.float32,
+    nrows=3,
+  )
 
 
 @pytest.mark.parametrize("interpret", c.LOWERINGS)
-@pytest.mark.parametrize("dtype,num_heads,div", [
+@pytest.mark.parametrize(
+  "dtype,num_heads,div",
+  [
     pytest.param(jnp.float32, 1, False, id="f32-1head"),
     pytest.param(jnp.float32, 4, True, id="f32-4heads-div"),
     pytest.param(jnp.bfloat16, 3, False, id="bf16-3heads"),
-])
+  ],
+)
 def test_seed_norm_matches_reference(interpret, dtype, num_heads, div, key):
   shape = (37, 96)
   br = c.block_rows_for(interpret, 16, dtype)
@@ -51,21 +68,31 @@ def test_seed_norm_matches_reference(interpret, dtype, num_heads, div, key):
   bt = bt * 0.1  # keep tanh off saturation so the dynamic term matters
   kw = dict(num_heads=num_heads, dyn_scale_div_dim=div, eps=1e-5)
   c.check_fwd_vjp(
-      lambda x, g, a, bt: pk.seed_norm_pallas(x, g, a, bt, block_rows=br,
-                                              interpret=interpret, **kw),
-      lambda x, g, a, bt: norms.seed_norm(x, g, a, bt, **kw),
-      (x, g, a, bt), key=key, n=96, dtype=dtype, nrows=37)
+    lambda x, g, a, bt: pk.seed_norm_pallas(
+      x, g, a, bt, block_rows=br, interpret=interpret, **kw
+    ),
+    lambda x, g, a, bt: norms.seed_norm(x, g, a, bt, **kw),
+    (x, g, a, bt),
+    key=key,
+    n=96,
+    dtype=dtype,
+    nrows=37,
+  )
 
 
 @pytest.mark.parametrize("interpret", c.LOWERINGS)
 def test_vmap(interpret, key):
   x, (g, a, bt) = c.inputs(key, (2, 9, 32), jnp.float32, 3)
-  y = jax.vmap(lambda xi: pk.seed_norm_pallas(
-      xi, g, a, bt * 0.1, num_heads=2, interpret=interpret))(x)
+  y = jax.vmap(
+    lambda xi: pk.seed_norm_pallas(
+      xi, g, a, bt * 0.1, num_heads=2, interpret=interpret
+    )
+  )(x)
   yr = norms.seed_norm(x, g, a, bt * 0.1, num_heads=2)
   c.helpers.assert_close(y, yr, atol=1e-5, rtol=1e-5)
   y = jax.vmap(lambda xi, al: pk.dyt_pallas(xi, al, g, interpret=interpret))(
-      x, jnp.array([0.5, 1.5]))
+    x, jnp.array([0.5, 1.5])
+  )
   yr = jnp.stack([norms.dyt(x[0], 0.5, g), norms.dyt(x[1], 1.5, g)])
   c.helpers.assert_close(y, yr, atol=1e-6, rtol=1e-6)
 
@@ -80,8 +107,9 @@ def test_errors():
   with pytest.raises(NotImplementedError, match="trailing axes only"):
     pk.dyt_pallas(x, 0.5, jnp.ones((4,)), axis=0, interpret=True)
   with pytest.raises(NotImplementedError, match="at most 64 heads"):
-    pk.seed_norm_pallas(jnp.ones((2, 130)), *[jnp.ones((130,))] * 3,
-                        num_heads=65, interpret=True)
+    pk.seed_norm_pallas(
+      jnp.ones((2, 130)), *[jnp.ones((130,))] * 3, num_heads=65, interpret=True
+    )
   with pytest.raises(ValueError, match="divisible by num_heads=3"):
     pk.seed_norm_pallas(x, p, p, p, num_heads=3, interpret=True)
   with pytest.raises(ValueError, match="dyn_proj is required"):

@@ -22,17 +22,23 @@ def _xr(key, shape, dtype):
 @pytest.mark.parametrize("interpret", c.LOWERINGS)
 @pytest.mark.parametrize("dtype", c.DTYPES)
 @pytest.mark.parametrize("shape,block_rows", c.SHAPES[:2])
-def test_add_rms_norm_matches_reference(interpret, dtype, shape, block_rows,
-                                        key):
+def test_add_rms_norm_matches_reference(
+  interpret, dtype, shape, block_rows, key
+):
   br = c.block_rows_for(interpret, block_rows, dtype)
   x, r = _xr(key, shape, dtype)
   _, (s,) = c.inputs(key, shape, dtype, 1)
   c.check_fwd_vjp(
-      lambda x, r, s: pk.add_rms_norm_pallas(x, r, s, block_rows=br,
-                                             interpret=interpret),
-      lambda x, r, s: fused_norms.add_rms_norm(x, r, s, implementation="xla"),
-      (x, r, s), key=key, n=shape[-1], dtype=dtype,
-      nrows=x.size // shape[-1])
+    lambda x, r, s: pk.add_rms_norm_pallas(
+      x, r, s, block_rows=br, interpret=interpret
+    ),
+    lambda x, r, s: fused_norms.add_rms_norm(x, r, s, implementation="xla"),
+    (x, r, s),
+    key=key,
+    n=shape[-1],
+    dtype=dtype,
+    nrows=x.size // shape[-1],
+  )
 
 
 @pytest.mark.parametrize("interpret", c.LOWERINGS)
@@ -43,11 +49,18 @@ def test_add_layer_norm_matches_reference(interpret, dtype, key):
   x, r = _xr(key, shape, dtype)
   _, (s, b) = c.inputs(key, shape, dtype, 2)
   c.check_fwd_vjp(
-      lambda x, r, s, b: pk.add_layer_norm_pallas(
-          x, r, s, b, scale_offset=0.5, block_rows=br, interpret=interpret),
-      lambda x, r, s, b: fused_norms.add_layer_norm(
-          x, r, s, b, scale_offset=0.5, implementation="xla"),
-      (x, r, s, b), key=key, n=96, dtype=dtype, nrows=37)
+    lambda x, r, s, b: pk.add_layer_norm_pallas(
+      x, r, s, b, scale_offset=0.5, block_rows=br, interpret=interpret
+    ),
+    lambda x, r, s, b: fused_norms.add_layer_norm(
+      x, r, s, b, scale_offset=0.5, implementation="xla"
+    ),
+    (x, r, s, b),
+    key=key,
+    n=96,
+    dtype=dtype,
+    nrows=37,
+  )
 
 
 @pytest.mark.parametrize("interpret", c.LOWERINGS)
@@ -55,20 +68,27 @@ def test_mixed_dtypes_stream_in_residual_dtype(interpret, key):
   # bf16 branch output into an f32 stream: h and y come back in float32.
   x, r = _xr(key, (24, 64), jnp.float32)
   x = x.astype(jnp.bfloat16)
-  h, y = jax.jit(lambda x, r: pk.add_rms_norm_pallas(
-      x, r, interpret=interpret))(x, r)
+  h, y = jax.jit(
+    lambda x, r: pk.add_rms_norm_pallas(x, r, interpret=interpret)
+  )(x, r)
   assert h.dtype == y.dtype == jnp.float32
   c.check_fwd_vjp(
-      lambda x, r: pk.add_rms_norm_pallas(x, r, interpret=interpret),
-      lambda x, r: fused_norms.add_rms_norm(x, r, implementation="xla"),
-      (x, r), key=key, n=64, dtype=jnp.float32, nrows=24)
+    lambda x, r: pk.add_rms_norm_pallas(x, r, interpret=interpret),
+    lambda x, r: fused_norms.add_rms_norm(x, r, implementation="xla"),
+    (x, r),
+    key=key,
+    n=64,
+    dtype=jnp.float32,
+    nrows=24,
+  )
 
 
 @pytest.mark.parametrize("interpret", c.LOWERINGS)
 def test_vmap(interpret, key):
   x, r = _xr(key, (2, 12, 32), jnp.float32)
-  h, y = jax.vmap(lambda a, b: pk.add_layer_norm_pallas(
-      a, b, interpret=interpret))(x, r)
+  h, y = jax.vmap(
+    lambda a, b: pk.add_layer_norm_pallas(a, b, interpret=interpret)
+  )(x, r)
   hr, yr = fused_norms.add_layer_norm(x, r, implementation="xla")
   helpers.assert_close((h, y), (hr, yr), atol=1e-5, rtol=1e-5)
 
@@ -80,7 +100,8 @@ def test_errors():
   with pytest.raises(TypeError, match="residual must have a floating"):
     pk.add_layer_norm_pallas(x, jnp.ones((4, 16), jnp.int32), interpret=True)
   with pytest.raises(NotImplementedError, match="tpu kernel supports"):
-    pk.add_rms_norm_pallas(x, x.astype(jnp.float16),
-                           interpret=pltpu.InterpretParams())
+    pk.add_rms_norm_pallas(
+      x, x.astype(jnp.float16), interpret=pltpu.InterpretParams()
+    )
   with pytest.raises(ValueError, match="eps_mode must be one of"):
     pk.add_rms_norm_pallas(x, x, eps_mode="x", interpret=True)

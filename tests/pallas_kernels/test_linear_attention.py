@@ -17,26 +17,42 @@ from tests import helpers
 def _qkv(key, dtype, t=45):
   ks = jax.random.split(key, 3)
   shapes = ((2, t, 4, 16), (2, t, 2, 16), (2, t, 2, 16))
-  return tuple(jax.random.normal(k, s, jnp.float32).astype(dtype)
-               for k, s in zip(ks, shapes))
+  return tuple(
+    jax.random.normal(k, s, jnp.float32).astype(dtype)
+    for k, s in zip(ks, shapes)
+  )
 
 
-@pytest.mark.parametrize("interpret,feature_map,normalize,dtype", [
+@pytest.mark.parametrize(
+  "interpret,feature_map,normalize,dtype",
+  [
     pytest.param(True, "elu_plus_one", True, jnp.float32, id="triton-elu"),
     pytest.param(True, "identity", False, jnp.bfloat16, id="triton-id-bf16"),
-    pytest.param(pltpu.InterpretParams(), "relu", True, jnp.float32,
-                 id="mosaic-relu"),
-    pytest.param(pltpu.InterpretParams(), "elu_plus_one", True, jnp.bfloat16,
-                 id="mosaic-elu-bf16"),
-])
-def test_matches_quadratic_reference(interpret, feature_map, normalize, dtype,
-                                     key):
+    pytest.param(
+      pltpu.InterpretParams(), "relu", True, jnp.float32, id="mosaic-relu"
+    ),
+    pytest.param(
+      pltpu.InterpretParams(),
+      "elu_plus_one",
+      True,
+      jnp.bfloat16,
+      id="mosaic-elu-bf16",
+    ),
+  ],
+)
+def test_matches_quadratic_reference(
+  interpret, feature_map, normalize, dtype, key
+):
   q, k, v = _qkv(key, dtype)
   kw = dict(feature_map=feature_map, normalize=normalize, chunk_size=16)
-  kernel = jax.jit(lambda q, k, v: pla.causal_linear_attention_pallas(
-      q, k, v, interpret=interpret, **kw))
+  kernel = jax.jit(
+    lambda q, k, v: pla.causal_linear_attention_pallas(
+      q, k, v, interpret=interpret, **kw
+    )
+  )
   oracle = lambda q, k, v: ref.causal_linear_attention(
-      q, k, v, implementation="quadratic", **kw)
+    q, k, v, implementation="quadratic", **kw
+  )
   f32 = jnp.dtype(dtype) == jnp.float32
   # unnormalized identity-map sums reach ~|45 * 16|: scale atol with them
   tol = dict(atol=5e-5, rtol=1e-5) if f32 else dict(atol=5e-2, rtol=2e-2)
@@ -45,8 +61,9 @@ def test_matches_quadratic_reference(interpret, feature_map, normalize, dtype,
   assert out.dtype == dtype
   helpers.assert_close(out, out_ref, **tol)
   ct = jax.random.normal(key, out.shape, jnp.float32).astype(dtype)
-  helpers.assert_close(vjp(ct), vjp_ref(ct), **(
-      tol if f32 else dict(atol=0.5, rtol=2e-2)))
+  helpers.assert_close(
+    vjp(ct), vjp_ref(ct), **(tol if f32 else dict(atol=0.5, rtol=2e-2))
+  )
 
 
 def test_errors(key):
@@ -71,14 +88,18 @@ def test_errors(key):
     jax.eval_shape(lambda x: f(x, x, x, interpret=True), big)
 
 
-@pytest.mark.parametrize("platform", [pytest.param("cuda", id="to-triton"),
-                                      pytest.param("tpu", id="to-mosaic")])
+@pytest.mark.parametrize(
+  "platform",
+  [pytest.param("cuda", id="to-triton"), pytest.param("tpu", id="to-mosaic")],
+)
 def test_lowers_for_compiled_backends(monkeypatch, platform):
   lowering = "gpu" if platform == "cuda" else "tpu"
   monkeypatch.setattr(_rows, "lowering_for", lambda who, interpret: lowering)
   x = jax.ShapeDtypeStruct((2, 512, 4, 64), jnp.bfloat16)
   checks = [export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")]
   text = export.export(
-      jax.jit(lambda q, k, v: pla.causal_linear_attention_pallas(q, k, v)),
-      platforms=[platform], disabled_checks=checks)(x, x, x).mlir_module()
+    jax.jit(lambda q, k, v: pla.causal_linear_attention_pallas(q, k, v)),
+    platforms=[platform],
+    disabled_checks=checks,
+  )(x, x, x).mlir_module()
   assert ("xla.gpu.triton" if platform == "cuda" else "tpu_custom_call") in text

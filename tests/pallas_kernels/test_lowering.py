@@ -20,17 +20,19 @@ from pallas_kernels import _rows
 from pallas_kernels import norms as pk
 
 # Ids avoid the words "gpu"/"tpu", which conftest treats as device markers.
-PLATFORMS = [pytest.param("cuda", id="to-triton"),
-             pytest.param("tpu", id="to-mosaic")]
+PLATFORMS = [
+  pytest.param("cuda", id="to-triton"),
+  pytest.param("tpu", id="to-mosaic"),
+]
 _NO_CHECK = [export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")]
 
 KERNELS = {
-    "rms": lambda x, s: pk.rms_norm_pallas(x, s, eps_mode="outside"),
-    "layer": lambda x, s: pk.layer_norm_pallas(x, s, s),
-    "add_rms": lambda x, s: pk.add_rms_norm_pallas(x, x, s),
-    "add_layer": lambda x, s: pk.add_layer_norm_pallas(x, x, s, s),
-    "dyt": lambda x, s: pk.dyt_pallas(x, jnp.float32(0.5), s, s),
-    "seed": lambda x, s: pk.seed_norm_pallas(x, s, s, s, num_heads=2),
+  "rms": lambda x, s: pk.rms_norm_pallas(x, s, eps_mode="outside"),
+  "layer": lambda x, s: pk.layer_norm_pallas(x, s, s),
+  "add_rms": lambda x, s: pk.add_rms_norm_pallas(x, x, s),
+  "add_layer": lambda x, s: pk.add_layer_norm_pallas(x, x, s, s),
+  "dyt": lambda x, s: pk.dyt_pallas(x, jnp.float32(0.5), s, s),
+  "seed": lambda x, s: pk.seed_norm_pallas(x, s, s, s, num_heads=2),
 }
 
 
@@ -38,6 +40,7 @@ def _fwd_bwd(f):
   def run(x, s):
     y, vjp = jax.vjp(f, x, s)
     return y, vjp(y)
+
   return run
 
 
@@ -50,8 +53,9 @@ def test_kernels_lower_for_the_compiled_backends(monkeypatch, platform, name):
   for shape, dtype in (((37, 96), jnp.bfloat16), ((4, 300, 1024), jnp.float32)):
     x = jax.ShapeDtypeStruct(shape, dtype)
     s = jax.ShapeDtypeStruct(shape[-1:], jnp.float32)
-    exp = export.export(fn, platforms=[platform],
-                        disabled_checks=_NO_CHECK)(x, s)
+    exp = export.export(fn, platforms=[platform], disabled_checks=_NO_CHECK)(
+      x, s
+    )
     text = exp.mlir_module()
     target = "xla.gpu.triton" if platform == "cuda" else "tpu_custom_call"
     assert text.count(target) >= 2  # forward and backward kernels
@@ -74,4 +78,5 @@ def test_triton_rejects_what_the_tiling_forbids(monkeypatch):
   fn = jax.jit(lambda x: pk.rms_norm_pallas(x, block_rows=12))
   with pytest.raises(Exception, match="power of 2"):
     export.export(fn, platforms=["cuda"], disabled_checks=_NO_CHECK)(
-        jax.ShapeDtypeStruct((40, 128), jnp.float32))
+      jax.ShapeDtypeStruct((40, 128), jnp.float32)
+    )

