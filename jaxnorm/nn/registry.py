@@ -1,0 +1,134 @@
+"""Registry entries that carry capabilities.
+
+Every family keeps one immutable ``name -> spec`` mapping (`NORMS`,
+`ATTENTIONS`, `RESIDUALS`). A spec says what the part is and what it can do;
+models, the runner and the registry-driven tests read specs, never names, so
+a part added to a registry is built, refused or tested by what its spec says.
+
+Weight decay follows one policy (`decays`): a parameter is decayed when it
+has two or more dimensions (matrices, kernels, embeddings), and not
+otherwise (norm scales, biases, gates, scalars), unless the spec of the
+module that owns it names the parameter in ``decay`` with the paper's rule
+(e.g. SeeDNorm decays its ``dyn_scale`` and ``dyn_proj``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+from collections.abc import Callable, Mapping
+from typing import Any, Literal
+
+Layout = Literal["tokens", "images", "graphs"]
+LAYOUTS: tuple[str, ...] = ("tokens", "images", "graphs")
+
+
+def no_defaults(*args: Any) -> dict[str, Any]:
+  """Default keyword arguments of a part that needs none."""
+  del args
+  return {}
+
+
+_EMPTY: Mapping[str, bool] = types.MappingProxyType({})
+
+
+@dataclasses.dataclass(frozen=True)
+class NormSpec:
+  """A registered normalization layer.
+
+  Attributes:
+    module: the nnx module class, called as ``module(num_features, *, rngs,
+      **kwargs)``.
+    paper: short reference (authors, arXiv id).
+    defaults: default kwargs as a function of the width ``num_features``
+      (e.g. a group count that divides it).
+    layouts: the layouts it normalizes: ``tokens`` ``(batch, seq, d)``,
+      ``images`` NHWC, ``graphs`` ``(batch, nodes, d)`` with a node mask.
+    causal: in a token layout, position ``t``'s output depends only on
+      positions ``<= t`` in evaluation mode (statistics per token, or a
+      causal running statistic).
+    batch_stats: training mode takes statistics over the batch (and
+      sequence) axes, so a causal model needs an explicit opt-in.
+    takes_mask: ``__call__`` accepts ``mask=`` (valid positions).
+    backward_state: it owns state updated from the backward pass
+      (`jaxnorm.nn.BackwardStat`), which the train step must differentiate.
+    decay: parameter attribute name -> decayed, overriding the default rule
+      of `decays` for this module's own parameters.
+    kernel: a Pallas kernel exists (``implementation=``).
+  """
+
+  module: type
+  paper: str
+  defaults: Callable[[int], Mapping[str, Any]] = no_defaults
+  layouts: frozenset[str] = frozenset({"tokens", "images"})
+  causal: bool = True
+  batch_stats: bool = False
+  takes_mask: bool = False
+  backward_state: bool = False
+  decay: Mapping[str, bool] = _EMPTY
+  kernel: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionSpec:
+  """A registered attention core (the part between projections and output).
+
+  Attributes:
+    core: the nnx core module class.
+    paper: short reference (authors, arXiv id).
+    defaults: default core kwargs as a function of ``(num_heads, head_dim,
+      num_tokens)``; ``num_tokens`` is ``None`` when the length varies.
+    causal: has a causal form (output at ``t`` uses keys ``<= t`` only).
+    takes_mask: accepts boolean masks and additive biases.
+    layouts: ``tokens`` for sequence models; ``images`` for the channel /
+      spatial attentions that act on NHWC maps.
+    decay: parameter attribute name -> decayed (see `decays`).
+    kernel: a Pallas kernel exists (``implementation=``).
+  """
+
+  core: type
+  paper: str
+  defaults: Callable[..., Mapping[str, Any]] = no_defaults
+  causal: bool = True
+  takes_mask: bool = True
+  layouts: frozenset[str] = frozenset({"tokens"})
+  decay: Mapping[str, bool] = _EMPTY
+  kernel: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class ResidualSpec:
+  """A registered residual scheme.
+
+  Attributes:
+    build: ``build(name, blocks, num_features, rngs, kwargs) -> module``.
+    paper: short reference (authors, arXiv id).
+    defaults: default kwargs as a function of ``(num_sublayers,
+      sublayers_per_layer)``.
+    uses_norm: the scheme places norms (takes ``norm=``/``norm_kwargs=``).
+    decay: parameter attribute name -> decayed (see `decays`).
+  """
+
+  build: Callable[..., Any]
+  paper: str
+  defaults: Callable[..., Mapping[str, Any]] = no_defaults
+  uses_norm: bool = True
+  decay: Mapping[str, bool] = _EMPTY
+
+
+def decays(
+  name: str, ndim: int, override: Mapping[str, bool] | None = None
+) -> bool:
+  """The one weight-decay rule: matrices yes, vectors and scalars no.
+
+  Args:
+    name: the parameter's attribute name on its module.
+    ndim: its number of dimensions.
+    override: the owning module's spec ``decay`` mapping, if registered.
+
+  Returns:
+    Whether decoupled weight decay applies to the parameter.
+  """
+  if override is not None and name in override:
+    return override[name]
+  return ndim >= 2
