@@ -5,7 +5,7 @@ Run from the repository root:
   python benchmarks/convert.py [--width 128 --depth 4 --seq-len 128 --batch 32]
 
 One Pre-LN byte-level `DecoderLM` (LayerNorm with scale and bias, biases on
-every linear map, untied head) is converted with `jaxnorm.convert` into the
+every linear map, untied head) is converted with `jaxnorm.nn.convert` into the
 same function as Pre-RMSNorm (affine-free RMSNorm, centered weights) and
 Pre-CRMSNorm (affine-free CRMSNorm, width ``d-1``); "Pre-RMSNorm (train)"
 is the training form (``zero_mean_writers``: the writers' centering runs in
@@ -26,8 +26,7 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
-from jaxnorm import convert
-from jaxnorm.nn import models
+from jaxnorm.nn import convert, models
 
 
 def _steps(model: nnx.Module):

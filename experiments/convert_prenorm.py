@@ -1,7 +1,7 @@
 """Pre-LN -> Pre-RMSNorm -> Pre-CRMSNorm on a trained LM.
 
 Trains a Pre-LN byte-level LM on Shakespeare with the experiment engine,
-converts it both ways with `jaxnorm.convert` and reports, on the validation
+converts it both ways with `jaxnorm.nn.convert` and reports, on the validation
 batches, the maximum absolute logit difference of each variant to the
 Pre-LN model and the validation loss of all three. Writes
 ``<out>/convert_prenorm.json`` and ``<out>/convert_prenorm.md``.
@@ -21,7 +21,7 @@ import jax
 import numpy as np
 
 from experiments import _lm
-from jaxnorm import convert
+from jaxnorm.nn import convert
 
 
 def main(argv: list[str] | None = None) -> dict:

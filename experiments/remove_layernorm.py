@@ -3,10 +3,10 @@
 1. trains a Pre-LN byte-level LM on Shakespeare (the parent);
 2. fine-tunes a copy with every LayerNorm real (the vanilla baseline);
 3. fine-tunes another copy whose LayerNorms turn into FakeLNs (frozen
-   running-average std) on the schedule of `jaxnorm.convert.removal_steps`
+   running-average std) on the schedule of `jaxnorm.nn.convert.removal_steps`
    (`jaxnorm.nn.fakeln.install_fake_ln`), through the experiment engine
    (``trainer.train(cfg, model=...)``);
-4. exports the result without any norm (`jaxnorm.convert.remove_fake_ln`,
+4. exports the result without any norm (`jaxnorm.nn.convert.remove_fake_ln`,
    ``norm="none"``) and checks it computes the fake-mode logits.
 
 Reports the validation loss of the parent, the vanilla fine-tune, the FakeLN
@@ -32,8 +32,10 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 from experiments import _lm  # noqa: E402
-from jaxnorm import convert  # noqa: E402
-from jaxnorm.nn import fakeln  # noqa: E402
+from jaxnorm.nn import (
+  convert,  # noqa: E402
+  fakeln,  # noqa: E402
+)
 from jaxnorm.training import metrics, trainer  # noqa: E402
 
 

@@ -2,8 +2,9 @@
 
 Layers: pure functions (`jaxnorm.norms`, `jaxnorm.fused_norms`,
 `jaxnorm.activations`, `jaxnorm.attention`, `jaxnorm.vision`,
-`jaxnorm.residual`, `jaxnorm.convert`), optax optimizers
-(`jaxnorm.optim`), nnx modules (`jaxnorm.nn`), sharding helpers
+`jaxnorm.residual`), optax optimizers
+(`jaxnorm.optim`), nnx modules and
+model conversions (`jaxnorm.nn`, `jaxnorm.nn.convert`), sharding helpers
 (`jaxnorm.sharding`) and the experiment engine (`jaxnorm.training`, imported
 on demand).
 """

@@ -8,7 +8,7 @@ pre-norm `jaxnorm.nn.models.DecoderLM` by a `FakeLayerNorm` that
   tracks a running average of the per-token std,
   ``s <- m s + (1 - m) mean_{batch,pos} sqrt(var_d(x) + eps)``;
 * from step ``remove_at`` on is *fake*: the running average is frozen and
-  used for every token (`jaxnorm.convert.fake_layer_norm`), so the norm is
+  used for every token (`jaxnorm.nn.convert.fake_layer_norm`), so the norm is
   a linear map;
 * until step ``bos_off_at`` gives position 0 (the attention-sink position)
   its own frozen std.
@@ -16,7 +16,7 @@ pre-norm `jaxnorm.nn.models.DecoderLM` by a `FakeLayerNorm` that
 The schedule lives in each module's state (its own step counter and
 ``remove_at``), so any training loop runs the removal without changes, e.g.
 ``jaxnorm.training.trainer.train(cfg, model=model)``. After the schedule,
-`jaxnorm.convert.remove_fake_ln` exports the model without norms.
+`jaxnorm.nn.convert.remove_fake_ln` exports the model without norms.
 
 Conventions (the repo's code is the reference, spec section 10):
 
@@ -45,8 +45,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from jaxnorm import _checks, convert
-from jaxnorm.nn import _param
+from jaxnorm import _checks
+from jaxnorm.nn import _param, convert
 from jaxnorm.nn import models as nn_models
 from jaxnorm.nn import norms as nn_norms
 
@@ -218,7 +218,7 @@ def install_fake_ln(
 
   Layer ``i``'s attention norm (``ln_1``) goes fake at the ``ln_1v`` step,
   its MLP norm (``ln_2``) at the ``ln_2`` step and the final norm at the
-  ``ln_f`` step of `jaxnorm.convert.removal_steps`; with ``bos`` the
+  ``ln_f`` step of `jaxnorm.nn.convert.removal_steps`; with ``bos`` the
   position-0 std is used until ``bos_off``. Parameters are copied; the
   model is changed in place (its config still names ``layernorm``).
 

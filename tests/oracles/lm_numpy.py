@@ -1,7 +1,7 @@
 """NumPy float64 forward of the jaxnorm decoder LM, written from the spec.
 
 Independent of `jaxnorm.nn.models`: it reads the pure parameter tree
-(`jaxnorm.convert.lm_params`) and an `LMConfig`, and implements learned
+(`jaxnorm.nn.convert.lm_params`) and an `LMConfig`, and implements learned
 positions, causal softmax attention (scale ``1/sqrt(H)``), the exact-GELU
 MLP, and the norms LayerNorm, RMSNorm (eps inside the sqrt), CRMSNorm
 (denominator ``d = width + 1``) and none, following

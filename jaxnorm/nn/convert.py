@@ -217,7 +217,7 @@ def _check_untied(who: str, config: models.LMConfig) -> None:
     raise ValueError(
       f"{who}: the model ties its head to the embedding; the folded head "
       f"diag(scale) E^T and the centered embedding differ, so untie first: "
-      f"params, config = jaxnorm.convert.untie_embeddings(params, config)"
+      f"params, config = jaxnorm.nn.convert.untie_embeddings(params, config)"
     )
 
 

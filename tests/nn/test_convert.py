@@ -16,8 +16,8 @@ import optax
 import pytest
 from flax import nnx
 
-from jaxnorm import convert, norms
-from jaxnorm.nn import fakeln, models
+from jaxnorm import norms
+from jaxnorm.nn import convert, fakeln, models
 from jaxnorm.nn import norms as nn_norms
 from jaxnorm.training import config as config_lib
 from jaxnorm.training import data, trainer
