@@ -29,7 +29,8 @@ def no_defaults(*args: Any) -> dict[str, Any]:
   return {}
 
 
-_EMPTY: Mapping[str, bool] = types.MappingProxyType({})
+def _no_decay() -> Mapping[str, bool]:
+  return types.MappingProxyType({})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,7 +66,7 @@ class NormSpec:
   batch_stats: bool = False
   takes_mask: bool = False
   backward_state: bool = False
-  decay: Mapping[str, bool] = _EMPTY
+  decay: Mapping[str, bool] = dataclasses.field(default_factory=_no_decay)
   kernel: bool = False
 
 
@@ -92,7 +93,7 @@ class AttentionSpec:
   causal: bool = True
   takes_mask: bool = True
   layouts: frozenset[str] = frozenset({"tokens"})
-  decay: Mapping[str, bool] = _EMPTY
+  decay: Mapping[str, bool] = dataclasses.field(default_factory=_no_decay)
   kernel: bool = False
 
 
@@ -113,7 +114,7 @@ class ResidualSpec:
   paper: str
   defaults: Callable[..., Mapping[str, Any]] = no_defaults
   uses_norm: bool = True
-  decay: Mapping[str, bool] = _EMPTY
+  decay: Mapping[str, bool] = dataclasses.field(default_factory=_no_decay)
 
 
 def decays(
