@@ -1,11 +1,13 @@
 """Optimizers as optax transforms: AdamP, SGDP, Conda, RMNP and NaP.
 
 Each method is a ``scale_by_<name>`` transform with a NamedTuple state plus a
-user-facing chain (``adamp``, ``sgdp``, ...). Matrix axes are named with
-`MatrixAxes` (Flax ``(in, out)`` layout by default).
+user-facing optimizer (``adamp``, ``sgdp``, ...) that takes ``mask=`` as
+``optax.adamw`` does (``None`` keeps the official decay of every leaf).
+Matrix axes are named with `MatrixAxes` (Flax ``(in, out)`` layout by
+default), or derived from logical axis names with `logical_axes`.
 """
 
-from jaxnorm.optim._axes import MatrixAxes
+from jaxnorm.optim._axes import MatrixAxes, axes_from_names, logical_axes
 from jaxnorm.optim.adamp import (
   ScaleByAdampState,
   ScaleBySgdpState,
@@ -22,10 +24,18 @@ from jaxnorm.optim.conda import (
   scale_by_conda,
 )
 from jaxnorm.optim.nap import NapProjectState, nap_project
-from jaxnorm.optim.rmnp import ScaleByRmnpState, rmnp, scale_by_rmnp
+from jaxnorm.optim.rmnp import (
+  RmnpState,
+  ScaleByRmnpState,
+  rmnp,
+  scale_by_rmnp,
+)
 
 __all__ = [
   "MatrixAxes",
+  "RmnpState",
+  "axes_from_names",
+  "logical_axes",
   "NapProjectState",
   "PostStepDecayState",
   "ScaleByCondaState",

@@ -8,6 +8,14 @@ NaP's per-unit norms) need to know which axis of a weight is the input
 default; the axes are named with `MatrixAxes`, in the spirit of optax's
 ``MuonDimensionNumbers``.
 
+An ``axes`` argument is ``None`` (the Flax default), one `MatrixAxes`, a
+pytree of them (a prefix of the parameters; ``None`` marks a non-matrix
+leaf), or a callable from the parameters to such a pytree. The public
+optimizers (`adamp`, `sgdp`, `conda`, `rmnp`) evaluate it on the full
+parameters they are given; it never receives `optax.MaskedNode`
+placeholders (a ``scale_by_*`` transform inside ``optax.partition`` refuses a
+callable: resolve it first, ``axes=rule(params)``).
+
 Vocabulary used by every optimizer in this package, for a matrix viewed as
 ``(fan_in, fan_out)`` (the Flax layout):
 
@@ -22,12 +30,15 @@ Vocabulary used by every optimizer in this package, for a matrix viewed as
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import optax
+from flax import nnx
+from flax.core import meta
+
+from jaxnorm import _checks
 
 AxesSpec = Any  # MatrixAxes | None | pytree of those | Callable[[tree], tree]
 
@@ -50,7 +61,18 @@ class MatrixAxes(NamedTuple):
     * stacked layers ``(layers, in, out)``: ``MatrixAxes(output=2,
       reduction=1)``.
     * attention query kernel ``(embed, heads, head_dim)``:
-      ``MatrixAxes(output=(1, 2))``.
+      ``MatrixAxes(output=(1, 2))``; output projection
+      ``(heads, head_dim, embed)``: ``MatrixAxes(output=2)``.
+    * gemma's einsum kernels: ``q_einsum`` ``(N, D, H)``:
+      ``MatrixAxes(output=(0, 2), reduction=1)``; ``attn_vec_einsum``
+      ``(N, H, D)``: ``MatrixAxes(output=2)``. The default (output = last
+      axis) would treat ``H`` alone as the output of the query kernel:
+      silently a different matrix.
+    * equinox ``Linear.weight`` ``(out, in)``: ``MatrixAxes(output=0)``, as
+      torch.
+
+    `logical_axes` derives these from the logical axis names a parameter
+    tree carries (`axes_from_names` for one leaf).
   """
 
   output: int | tuple[int, ...] = -1
@@ -144,34 +166,48 @@ def _is_spec_leaf(x: Any) -> bool:
   )
 
 
-def resolve_tree(
-  who: str, axes: AxesSpec, tree: Any, *, default_if_matrix: bool = True
-) -> Any:
+def _has_masked_node(tree: Any) -> bool:
+  nodes = jax.tree.leaves(
+    tree, is_leaf=lambda x: isinstance(x, optax.MaskedNode)
+  )
+  return any(isinstance(x, optax.MaskedNode) for x in nodes)
+
+
+def resolve_tree(who: str, axes: AxesSpec, tree: Any) -> Any:
   """Per-leaf `Dims` (or None) for every array leaf of ``tree``.
 
   Args:
     who: the calling function, for error messages.
     axes: ``None`` (default rule: `MatrixAxes()` for leaves of rank >= 2,
       ``None`` otherwise), one `MatrixAxes` for every leaf of rank >= 2
-      (lower ranks get ``None``), a pytree of
-      `MatrixAxes` / ``None`` that is a prefix of ``tree``, or a callable
-      mapping ``tree`` to such a pytree. ``tree`` may hold `optax.MaskedNode`
-      placeholders (inside `optax.partition`); they stay placeholders.
-    tree: the parameters or updates.
-    default_if_matrix: with ``axes=None``, whether rank >= 2 leaves get
-      `MatrixAxes()`; otherwise every leaf gets ``None``.
+      (lower ranks get ``None``), a pytree of `MatrixAxes` / ``None`` that is
+      a prefix of ``tree``, or a callable mapping ``tree`` to such a pytree.
+      A callable is only ever called on real parameters: a ``tree`` holding
+      `optax.MaskedNode` placeholders (inside `optax.partition` or
+      `optax.masked`) is refused for callables, and pytree specs skip the
+      placeholders.
+    tree: the parameters (or updates, for transforms without params).
 
   Returns:
     A pytree with the structure of ``tree`` whose leaves are `Dims` or None.
+
+  Raises:
+    ValueError: if a callable ``axes`` would see `optax.MaskedNode` leaves,
+      or a leaf's axes do not fit its shape (see `resolve`).
   """
   if axes is None:
-    spec = jax.tree.map(
-      lambda x: MatrixAxes() if default_if_matrix and x.ndim >= 2 else None,
-      tree,
-    )
+    spec = jax.tree.map(lambda x: MatrixAxes() if x.ndim >= 2 else None, tree)
   elif isinstance(axes, MatrixAxes):
     spec = jax.tree.map(lambda x: axes if x.ndim >= 2 else None, tree)
   elif callable(axes):
+    if _has_masked_node(tree):
+      raise ValueError(
+        f"{who}: a callable `axes` would receive optax.MaskedNode "
+        "placeholders (this transform runs inside optax.partition or "
+        "optax.masked); evaluate the rule on the full parameters and pass "
+        "the resulting pytree, axes=rule(params), or use the public "
+        "optimizer, which evaluates `axes` on the unmasked parameters"
+      )
     spec = axes(tree)
   else:
     spec = axes
@@ -199,24 +235,156 @@ class _NoneMarker:
 _NONE = _NoneMarker()
 
 
-def dims_leaves(dims_tree: Any, tree: Any) -> list[Dims | None]:
-  """Flattens a `resolve_tree` result in the leaf order of ``tree``."""
+def leaf_dims(who: str, axes: AxesSpec, tree: Any) -> list[Dims | None]:
+  """`resolve_tree` flattened in the leaf order of ``tree``."""
   treedef = jax.tree.structure(tree)
-  return treedef.flatten_up_to(dims_tree)
+  return treedef.flatten_up_to(resolve_tree(who, axes, tree))
 
 
-def matrix_labels(
-  axes: AxesSpec, matrix: str, other: str
-) -> Callable[[Any], Any]:
-  """A label function for `optax.partition`: matrix leaves vs the rest."""
+LAYOUTS = ("in_out", "out_in")
 
-  def labels(params):
-    dims = resolve_tree("matrix_labels", axes, params)
-    leaves = dims_leaves(dims, params)
-    treedef = jax.tree.structure(params)
-    return treedef.unflatten([other if d is None else matrix for d in leaves])
 
-  return labels
+def _names_of(x: Any) -> tuple[Any, ...] | None:
+  """The logical axis names a parameter box carries, or None."""
+  if isinstance(x, nnx.Variable):
+    names = x.get_metadata().get("out_sharding")
+  elif isinstance(x, meta.AxisMetadata):
+    names = getattr(x, "names", None)
+  elif isinstance(x, jax.sharding.PartitionSpec):
+    names = tuple(x)
+  else:
+    return None
+  return None if names is None else tuple(names)
+
+
+def _is_named(x: Any) -> bool:
+  return isinstance(
+    x, (nnx.Variable, meta.AxisMetadata, jax.sharding.PartitionSpec)
+  )
+
+
+def _has_name(entry: Any, names: tuple[str, ...]) -> bool:
+  parts = entry if isinstance(entry, tuple) else (entry,)
+  return any(p in names for p in parts)
+
+
+def axes_from_names(
+  names: tuple[Any, ...],
+  *,
+  model: tuple[str, ...] = ("embed",),
+  batch: tuple[str, ...] = ("layers",),
+  exclude: tuple[str, ...] = ("vocab",),
+  layout: str = "in_out",
+) -> MatrixAxes | None:
+  """`MatrixAxes` of one weight from its logical axis names.
+
+  A weight maps the model width (``model`` names, the residual stream) to a
+  hidden space or back. Axes named in ``batch`` are batch axes (independent
+  matrices). Of the other ("matrix") axes, the model-width group is the
+  **output** when it ends the kernel (``layout='in_out'``: Flax and einsum
+  kernels, whose output axes come last) or starts it (``layout='out_in'``:
+  torch and equinox ``(out, in)``), and the **input** otherwise; every other
+  matrix axis takes the opposite role. Without a model-width axis (or with
+  only such axes) the last (``'in_out'``) or first (``'out_in'``) matrix axis
+  is the output.
+
+  Examples (``layout='in_out'``):
+
+  * Flax query ``('embed', 'heads', 'head_dim')``: input ``embed``, outputs
+    ``heads, head_dim``; output projection ``('heads', 'head_dim', 'embed')``:
+    inputs ``heads, head_dim``, output ``embed``;
+  * gemma's einsum query ``(N, D, H)`` = ``('heads', 'embed', 'head_dim')``:
+    input ``embed`` (axis 1), outputs axes 0 and 2; its ``attn_vec_einsum``
+    ``(N, H, D)``: inputs ``N, H``, output ``D``;
+  * stacked MLP ``('layers', 'embed', 'mlp')``: batch axis 0.
+
+  With ``layout='out_in'``: torch ``q_proj.weight`` ``('heads', 'embed')`` has
+  output axis 0, ``o_proj.weight`` ``('embed', 'heads')`` output axis 0 too.
+
+  Args:
+    names: one entry per axis: a name, ``None`` or a tuple of names.
+    model: names of the model width.
+    batch: names of batch axes (stacked layers).
+    exclude: names that make the leaf a non-matrix (``None``): embedding
+      tables and LM heads, which the Conda and RMNP authors train with Adam.
+    layout: ``'in_out'`` or ``'out_in'``, see above.
+
+  Returns:
+    A `MatrixAxes`, or ``None`` for excluded leaves and leaves with fewer
+    than two matrix axes.
+
+  Raises:
+    ValueError: for an unknown ``layout``.
+  """
+  _checks.check_choice("axes_from_names", "layout", layout, LAYOUTS)
+  if any(_has_name(n, exclude) for n in names):
+    return None
+  mat = [a for a, n in enumerate(names) if not _has_name(n, batch)]
+  if len(mat) < 2:
+    return None
+  is_model = [_has_name(names[a], model) for a in mat]
+  edge = mat[-1] if layout == "in_out" else mat[0]
+  if any(is_model) and not all(is_model):
+    group = tuple(a for a, m in zip(mat, is_model) if m)
+    rest = tuple(a for a, m in zip(mat, is_model) if not m)
+    edge_is_model = is_model[-1] if layout == "in_out" else is_model[0]
+    output, reduction = (group, rest) if edge_is_model else (rest, group)
+  else:
+    output = (edge,)
+    reduction = tuple(a for a in mat if a != edge)
+  return MatrixAxes(output=output, reduction=reduction)
+
+
+def logical_axes(
+  tree: Any,
+  *,
+  model: tuple[str, ...] = ("embed",),
+  batch: tuple[str, ...] = ("layers",),
+  exclude: tuple[str, ...] = ("vocab",),
+  layout: str = "in_out",
+) -> Any:
+  """An ``axes`` pytree from the logical names a parameter tree carries.
+
+  Reads the names of each leaf (``nnx.Variable`` sharding metadata, as on
+  ``nnx.state(model, nnx.Param)``; linen ``nn.Partitioned`` /
+  ``nn.LogicallyPartitioned`` boxes; or a tree of ``PartitionSpec`` such as
+  ``nnx.get_partition_spec(state)``) and applies `axes_from_names` with the
+  same keyword arguments. Unnamed leaves of rank >= 2 get the positional
+  rule of ``layout`` (output last, or first), lower ranks ``None``.
+
+  The result is a prefix of the boxed tree and of its unboxed arrays, so pass
+  it once as ``axes=`` (it is resolved statically, at every ``init`` and
+  ``update``, including inside ``nnx.Optimizer`` whose ``update`` sees bare
+  arrays).
+
+  Args:
+    tree: parameters with names.
+    model: see `axes_from_names`.
+    batch: see `axes_from_names`.
+    exclude: see `axes_from_names`.
+    layout: see `axes_from_names`.
+
+  Returns:
+    A pytree of `MatrixAxes` / ``None`` with one entry per parameter.
+  """
+  kw = dict(model=model, batch=batch, exclude=exclude, layout=layout)
+
+  def one(x):
+    names = _names_of(x)
+    value = x
+    if isinstance(x, nnx.Variable):
+      value = x.get_value()
+    elif isinstance(x, meta.AxisMetadata):
+      value = x.unbox()
+    if isinstance(value, jax.sharding.PartitionSpec):
+      ndim = len(tuple(value))
+    else:
+      ndim = jnp.ndim(value)
+    if names is None or len(names) != ndim:
+      names = (None,) * ndim
+    return axes_from_names(names, **kw)
+
+  return jax.tree.map(one, tree, is_leaf=_is_named)
 
 
 def to_matrix(x: jax.Array, d: Dims) -> jax.Array:

@@ -30,6 +30,67 @@ def increment(count: jax.Array) -> jax.Array:
   return jnp.where(count < big, count + 1, big).astype(jnp.int32)
 
 
+def at_step(schedule: Any, count: jax.Array) -> Any:
+  """A scalar-or-schedule hyperparameter's value at step ``count``."""
+  return schedule(count) if callable(schedule) else schedule
+
+
+def check_decay_params(who: str, params: Any, *decays: Any) -> bool:
+  """Whether decay applies; raises if it does and ``params`` is missing.
+
+  Returns:
+    False when every decay is a literal 0 (then ``params`` may be None).
+
+  Raises:
+    ValueError: if some decay is not a literal 0 and ``params`` is None.
+  """
+  active = not all(
+    isinstance(w, (int, float)) and not isinstance(w, bool) and w == 0
+    for w in decays
+  )
+  if active and params is None:
+    raise ValueError(
+      f"{who}: params are required for weight decay; call "
+      "update(grads, state, params)"
+    )
+  return active
+
+
+def leaf_mask(who: str, mask: Any, tree: Any) -> list[bool]:
+  """One bool per leaf of ``tree`` from an ``optax.adamw``-style ``mask``.
+
+  Args:
+    who: the calling function, for error messages.
+    mask: ``None`` (every leaf), a pytree of bools with the structure of
+      ``tree`` or a prefix of it, or a callable from ``tree`` to one (as
+      ``optax.masked``).
+    tree: the parameters.
+
+  Returns:
+    The flags in the leaf order of ``tree``.
+
+  Raises:
+    ValueError: if a mask entry is not a Python or NumPy bool.
+  """
+  treedef = jax.tree.structure(tree)
+  if mask is None:
+    return [True] * treedef.num_leaves
+  m = mask(tree) if callable(mask) else mask
+
+  def spread(flag, sub):
+    if not isinstance(flag, (bool, np.bool_)):
+      raise ValueError(
+        f"{who}: mask entries must be Python bools (a static pytree or a "
+        f"callable returning one, as optax.masked), got {flag!r}"
+      )
+    return jax.tree.map(lambda _: bool(flag), sub)
+
+  flags = jax.tree.map(
+    spread, m, tree, is_leaf=lambda x: isinstance(x, (bool, np.bool_))
+  )
+  return treedef.flatten_up_to(flags)
+
+
 def check_hyper(
   who: str,
   name: str,

@@ -127,6 +127,7 @@ def scale_by_adamp(
   nesterov: bool = False,
   mu_dtype: Any = None,
   axes: _axes.AxesSpec = None,
+  mask: Any = None,
 ) -> optax.GradientTransformation:
   r"""AdamP's direction, projection and (coupled) decoupled weight decay.
 
@@ -144,7 +145,8 @@ def scale_by_adamp(
   with ``scale_by_learning_rate(lr)`` this is exactly ``adamp.AdamP``:
   ``p <- p (1 - lr \lambda r) - lr/(1 - b_1^t) u``. The decay lives here
   because :math:`r` depends on the projection (STYLE section 7). Leaves with
-  rank < 2, or whose axes are ``None``, get plain Adam with :math:`r = 1`.
+  rank < 2, or whose axes are ``None``, get plain Adam with :math:`r = 1`;
+  leaves outside ``mask`` get no decay term (:math:`\lambda = 0`).
 
   Args:
     b1: first-moment decay.
@@ -159,7 +161,12 @@ def scale_by_adamp(
     mu_dtype: dtype of both moments (default float32, or float64 for float64
       params).
     axes: `MatrixAxes`, a pytree/callable of them (see
-      `jaxnorm.optim.MatrixAxes`); ``None`` = Flax layout, output = last axis.
+      `jaxnorm.optim.MatrixAxes`), evaluated on ``params``; ``None`` = Flax
+      layout, output = last axis.
+    mask: which leaves are decayed, as ``optax.adamw(mask=...)``: a pytree
+      of bools (the params' structure or a prefix of it) or a callable from
+      params to one. ``None`` (default) decays every leaf, the official
+      behaviour. The ``wd_ratio`` coupling applies to the decayed leaves.
 
   Returns:
     An `optax.GradientTransformation`; ``update`` needs ``params`` and returns
@@ -196,14 +203,15 @@ def scale_by_adamp(
         "update(grads, state, params)"
       )
     count = _common.increment(state.count)
-    dims = _axes.dims_leaves(_axes.resolve_tree(who, axes, params), params)
+    dims = _axes.leaf_dims(who, axes, params)
+    decays = _common.leaf_mask(who, mask, params)
     treedef = jax.tree.structure(updates)
     gs = treedef.flatten_up_to(updates)
     ps = treedef.flatten_up_to(params)
     ms = treedef.flatten_up_to(state.mu)
     vs = treedef.flatten_up_to(state.nu)
     out_u, out_m, out_v = [], [], []
-    for g_in, p_in, m_in, v_in, d in zip(gs, ps, ms, vs, dims):
+    for g_in, p_in, m_in, v_in, d, dec in zip(gs, ps, ms, vs, dims, decays):
       g, p = (
         _common.f32(g_in),
         _common.f32(p_in).astype(_common.compute_dtype(g_in)),
@@ -233,7 +241,9 @@ def scale_by_adamp(
         wd = jnp.broadcast_to(wd, p.shape)
       else:
         wd = one
-      out = u / bc1 + _common.as_scalar(weight_decay, g) * wd * p
+      out = u / bc1
+      if dec:
+        out = out + _common.as_scalar(weight_decay, g) * wd * p
       out_u.append(out.astype(p_in.dtype))
       out_m.append(m.astype(m_in.dtype))
       out_v.append(v.astype(v_in.dtype))
@@ -255,6 +265,7 @@ def adamp(
   nesterov: bool = False,
   mu_dtype: Any = None,
   axes: _axes.AxesSpec = None,
+  mask: Any = None,
 ) -> optax.GradientTransformation:
   r"""AdamP (Heo et al. 2021): Adam with a projection for scale invariance.
 
@@ -275,6 +286,10 @@ def adamp(
     nesterov: Nesterov direction.
     mu_dtype: moment dtype (default float32).
     axes: matrix axes spec (default: Flax layout, output = last axis).
+    mask: which leaves are decayed, as ``optax.adamw(mask=...)``: a pytree
+      of bools (the params' structure or a prefix of it) or a callable from
+      params to one. ``None`` (default) decays every leaf, the official
+      behaviour. The ``wd_ratio`` coupling applies to the decayed leaves.
 
   Returns:
     An `optax.GradientTransformation` (``update`` needs ``params``).
@@ -295,6 +310,7 @@ def adamp(
         nesterov=nesterov,
         mu_dtype=mu_dtype,
         axes=axes,
+        mask=mask,
       ),
       optax.scale_by_learning_rate(learning_rate),
     )
@@ -312,6 +328,7 @@ def scale_by_sgdp(
   wd_ratio: ArrayLike = 0.1,
   mu_dtype: Any = None,
   axes: _axes.AxesSpec = None,
+  mask: Any = None,
 ) -> optax.GradientTransformation:
   r"""SGDP's direction, projection and coupled weight decay.
 
@@ -322,7 +339,8 @@ def scale_by_sgdp(
     \text{out} = d + \frac{\lambda r}{1 - \mu} p,
 
   so that after ``scale_by_learning_rate(lr)``:
-  ``p <- p (1 - lr \lambda r / (1 - \mu)) - lr d``, as ``adamp.SGDP``.
+  ``p <- p (1 - lr \lambda r / (1 - \mu)) - lr d``, as ``adamp.SGDP``;
+  leaves outside ``mask`` get no decay term.
 
   Reproduces an aliasing of the official code: without nesterov, ``d`` *is*
   the momentum buffer and the projection is done in place, so the stored
@@ -339,6 +357,10 @@ def scale_by_sgdp(
     wd_ratio: decay multiplier on projected weights.
     mu_dtype: momentum dtype (default float32).
     axes: matrix axes spec (default: Flax layout, output = last axis).
+    mask: which leaves are decayed, as ``optax.adamw(mask=...)``: a pytree
+      of bools (the params' structure or a prefix of it) or a callable from
+      params to one. ``None`` (default) decays every leaf, the official
+      behaviour. The ``wd_ratio`` coupling applies to the decayed leaves.
 
   Returns:
     An `optax.GradientTransformation`; ``update`` needs ``params``.
@@ -370,13 +392,14 @@ def scale_by_sgdp(
         f"{who}: params are required {_EXPLICIT}; call "
         "update(grads, state, params)"
       )
-    dims = _axes.dims_leaves(_axes.resolve_tree(who, axes, params), params)
+    dims = _axes.leaf_dims(who, axes, params)
+    decays = _common.leaf_mask(who, mask, params)
     treedef = jax.tree.structure(updates)
     gs = treedef.flatten_up_to(updates)
     ps = treedef.flatten_up_to(params)
     bs = treedef.flatten_up_to(state.momentum)
     out_u, out_b = [], []
-    for g_in, p_in, b_in, d in zip(gs, ps, bs, dims):
+    for g_in, p_in, b_in, d, dec in zip(gs, ps, bs, dims, decays):
       g = _common.f32(g_in)
       p = p_in.astype(g.dtype)
       b = b_in.astype(g.dtype)
@@ -399,9 +422,9 @@ def scale_by_sgdp(
           b = direction  # the official in-place aliasing, see docstring
       else:
         wd = one
-      out = (
-        direction + _common.as_scalar(weight_decay, g) * wd / (one - mom) * p
-      )
+      out = direction
+      if dec:
+        out = out + _common.as_scalar(weight_decay, g) * wd / (one - mom) * p
       out_u.append(out.astype(p_in.dtype))
       out_b.append(b.astype(b_in.dtype))
     un = treedef.unflatten
@@ -424,6 +447,7 @@ def sgdp(
   wd_ratio: ArrayLike = 0.1,
   mu_dtype: Any = None,
   axes: _axes.AxesSpec = None,
+  mask: Any = None,
 ) -> optax.GradientTransformation:
   r"""SGDP (Heo et al. 2021): SGD with momentum and AdamP's projection.
 
@@ -442,6 +466,10 @@ def sgdp(
     wd_ratio: decay multiplier on projected weights.
     mu_dtype: momentum dtype (default float32).
     axes: matrix axes spec (default: Flax layout, output = last axis).
+    mask: which leaves are decayed, as ``optax.adamw(mask=...)``: a pytree
+      of bools (the params' structure or a prefix of it) or a callable from
+      params to one. ``None`` (default) decays every leaf, the official
+      behaviour. The ``wd_ratio`` coupling applies to the decayed leaves.
 
   Returns:
     An `optax.GradientTransformation` (``update`` needs ``params``).
@@ -462,6 +490,7 @@ def sgdp(
         wd_ratio=wd_ratio,
         mu_dtype=mu_dtype,
         axes=axes,
+        mask=mask,
       ),
       optax.scale_by_learning_rate(learning_rate),
     )

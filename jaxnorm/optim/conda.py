@@ -18,9 +18,28 @@ first moment in Flax layout,
 * output side: :math:`P = P_R` (``fan_out`` square), ``proj(X) = X P``,
   ``back(Y) = Y P^T``.
 
-The rotation is square, so the projected second moment has the parameter's
-shape; its "columns" are the rotated coordinates of the smaller side. Batch
-axes index independent matrices (batched SVD). Signs of singular vectors do
+With ``'std'`` the rotation is square, so the projected second moment has
+the parameter's shape; its "columns" are the rotated coordinates of the
+smaller side. The other projection types (``'reverse_std'`` always,
+``'right'``/``'left'`` on the shapes where they rotate the larger side) are
+**low-rank**: the basis is ``k x r`` with ``r = min(fan_in, fan_out)``, the
+projected coordinates are ``r x r`` and ``back`` returns only the component in
+the basis' span, as the official projector computes. Batch axes index
+independent matrices (batched SVD).
+
+Deviation: the official ``Conda`` allocates ``exp_avg_sq`` in the parameter's
+shape, so every low-rank case fails there with a broadcasting error, and its
+``reverse_std`` back-projection picks the side from the (square) projected
+shape, which fails for wide torch weights. Here the second moment lives in
+the projected ``r x r`` coordinates (stored in the parameter's shape, leading
+rows or columns, the rest zero) and ``back`` uses the side of ``proj``: the
+low-rank projection the projector implements. ``'std'``, and the square
+cases of the others, equal the official step.
+
+**Leaves that are not matrices** (rank < 2, or ``None`` axes) take the same
+step without projection, as the official class does for its non-Conda
+parameter group: Adam with ``eps`` on the uncorrected root and, in `conda`,
+decay after the step. Signs of singular vectors do
 not matter (each enters twice and :math:`v` sees only squares); their order
 does, since :math:`v` is never rotated: both LAPACK and XLA sort singular
 values in descending order.
@@ -31,7 +50,14 @@ values in descending order.
 the first moment to every device for the refresh (every
 ``update_proj_gap`` steps, inside a ``lax.cond`` so other steps skip it) and
 every device computes the same basis; we document rather than hide that
-gather.
+gather. The bases are not parameter-shaped, so the state keeps them in a
+tuple (one entry per matrix leaf): they carry no parameter sharding metadata
+(``nnx.Optimizer`` and linen ``nn.Partitioned`` trees), and are replicated.
+
+**One counter.** `conda` is a single transform (the learning rate, the
+schedule and the post-step decay are applied inside it from the one
+``count``), so ``optax.tree_utils.tree_get(state, "count")`` returns the
+step.
 """
 
 from __future__ import annotations
@@ -51,12 +77,15 @@ PROJECTION_TYPES = ("std", "reverse_std", "right", "left")
 
 
 class ScaleByCondaState(NamedTuple):
-  """State of `scale_by_conda`."""
+  """State of `scale_by_conda` and `conda`."""
 
   count: jax.Array  # shape (), int32; steps taken so far
   mu: optax.Updates  # first moment, parameter layout (unprojected)
-  nu: optax.Updates  # second moment, projected coordinates, parameter shape
-  basis: optax.Updates  # per leaf: batch_shape + (k, k) orthogonal matrix
+  # Second moment, parameter shape; projected coordinates for matrix leaves
+  # (low-rank: the leading r rows or columns, the rest zero).
+  nu: optax.Updates
+  # One batch_shape + (k, r) basis per matrix leaf, in leaf order.
+  basis: tuple[jax.Array, ...]
 
 
 class PostStepDecayState(NamedTuple):
@@ -75,20 +104,24 @@ def _side(d: _axes.Dims, projection_type: str) -> str:
   return "in" if projection_type == "right" else "out"
 
 
-def _basis_size(d: _axes.Dims, side: str) -> int:
-  return d.fan_in if side == "in" else d.fan_out
+def _basis_shape(d: _axes.Dims, side: str) -> tuple[int, int]:
+  """``(k, r)``: rotated side and rank of the basis."""
+  k = d.fan_in if side == "in" else d.fan_out
+  return k, min(d.fan_in, d.fan_out)
 
 
 def orthogonal_basis(m: jax.Array, side: str) -> jax.Array:
-  """Conda's rotation from the SVD of the first moment ``m``.
+  """Conda's basis from the reduced SVD of the first moment ``m``.
 
   Args:
     m: ``(batch, fan_in, fan_out)`` first moment, float32.
-    side: ``'in'`` (left singular vectors, ``fan_in`` square) or ``'out'``
-      (right singular vectors as columns, ``fan_out`` square).
+    side: ``'in'`` (left singular vectors, ``(fan_in, r)``) or ``'out'``
+      (right singular vectors as columns, ``(fan_out, r)``), with
+      ``r = min(fan_in, fan_out)``.
 
   Returns:
-    ``(batch, k, k)`` orthogonal matrices.
+    ``(batch, k, r)`` matrices with orthonormal columns (square for the
+    smaller side).
   """
   u, _, vh = jnp.linalg.svd(m, full_matrices=False)
   return u if side == "in" else jnp.swapaxes(vh, -1, -2)
@@ -104,6 +137,17 @@ def _back(y: jax.Array, p: jax.Array, side: str) -> jax.Array:
   if side == "in":
     return jnp.einsum("bik,bkj->bij", p, y)
   return jnp.einsum("bik,bjk->bij", y, p)
+
+
+def _projected(v: jax.Array, r: int, side: str) -> jax.Array:
+  """The ``r`` projected coordinates of a stored ``(b, fan_in, fan_out)``."""
+  return v[:, :r, :] if side == "in" else v[:, :, :r]
+
+
+def _stored(v: jax.Array, d: _axes.Dims) -> jax.Array:
+  """Projected ``v`` zero-padded back to ``(b, fan_in, fan_out)``."""
+  pad_in, pad_out = d.fan_in - v.shape[1], d.fan_out - v.shape[2]
+  return jnp.pad(v, ((0, 0), (0, pad_in), (0, pad_out)))
 
 
 def _check_gap(who: str, gap: Any, offset: Any) -> None:
@@ -129,9 +173,9 @@ def scale_by_conda(
   mu_dtype: Any = None,
   axes: _axes.AxesSpec = None,
 ) -> optax.GradientTransformation:
-  r"""Conda's projected, column-normalized Adam direction (matrix leaves).
+  r"""Conda's projected, column-normalized Adam direction.
 
-  With :math:`t` the 0-based step:
+  With :math:`t` the 0-based step, for a matrix leaf:
 
   .. math::
     M &\leftarrow b_1 M + (1 - b_1) G,\\
@@ -142,6 +186,8 @@ def scale_by_conda(
     \text{out} &= \text{scale}\,\frac{\sqrt{1 - b_2^{t+1}}}{1 - b_1^{t+1}}\,
       \mathrm{back}\Big(\frac{\mathrm{proj}(M)}{\sqrt{V} + \epsilon}\Big).
 
+  Leaves without matrix axes take the same step with ``proj`` and ``back``
+  the identity and no ``scale`` (the official class's unprojected group).
   ``refresh_offset=0`` is the official schedule (1-based steps 1, gap+1,
   2 gap+1, ...); ``refresh_offset=1`` is ``pytorch_optimizer.Conda``'s
   (steps 1, gap, 2 gap, ...). ``eps`` is added to the uncorrected
@@ -154,22 +200,24 @@ def scale_by_conda(
       says 1e-6).
     update_proj_gap: steps between basis refreshes (2000 in the authors'
       recipes and pytorch_optimizer; the official argparse default is 50).
-    scale: multiplier on the update (1.0; the authors' LLM recipes use 0.25).
+    scale: multiplier on the projected update (1.0; the authors' LLM
+      recipes use 0.25).
     projection_type: ``'std'`` (official default), ``'reverse_std'``,
-      ``'right'`` (always the torch input side) or ``'left'`` (output side).
-      ``'full'`` (both sides) is not implemented.
+      ``'right'`` (always the torch input side) or ``'left'`` (output side);
+      see the module doc for the low-rank cases. ``'full'`` (both sides) is
+      not implemented.
     refresh_offset: 0 (official) or 1 (pytorch_optimizer) schedule.
     mu_dtype: first-moment dtype (default float32); ``V`` and the basis are
       float32.
-    axes: matrix axes spec; every leaf seen must be a matrix.
+    axes: matrix axes spec (see `jaxnorm.optim.MatrixAxes`), evaluated on
+      ``params`` when given, else on the updates.
 
   Returns:
-    An `optax.GradientTransformation` (``params`` unused).
+    An `optax.GradientTransformation` (``params`` only feed ``axes``).
 
   Raises:
     ValueError: bad ``projection_type``, ``update_proj_gap``,
-      ``refresh_offset``, betas outside [0, 1), negative ``eps``, or (at
-      init/update) a leaf without matrix axes.
+      ``refresh_offset``, betas outside [0, 1) or negative ``eps``.
 
   References:
     Wang et al., *Conda: Column-Normalized Adam for Training Large Language
@@ -184,19 +232,8 @@ def scale_by_conda(
   _common.check_hyper(who, "b2", b2, high=1.0)
   _common.check_hyper(who, "eps", eps)
 
-  def leaf_dims(tree):
-    dims = _axes.dims_leaves(_axes.resolve_tree(who, axes, tree), tree)
-    for x, d in zip(jax.tree.leaves(tree), dims):
-      if d is None:
-        raise ValueError(
-          f"{who}: every leaf needs matrix axes, got a leaf of shape "
-          f"{x.shape} without; route it to Adam with conda() or "
-          "optax.partition"
-        )
-    return dims
-
   def init_fn(params):
-    dims = leaf_dims(params)
+    dims = _axes.leaf_dims(who, axes, params)
     treedef = jax.tree.structure(params)
     ps = treedef.flatten_up_to(params)
     mus, nus, bases = [], [], []
@@ -204,56 +241,81 @@ def scale_by_conda(
       dt = _common.compute_dtype(p)
       mus.append(jnp.zeros(p.shape, mu_dtype or dt))
       nus.append(jnp.zeros(p.shape, dt))
-      k = _basis_size(d, _side(d, projection_type))
-      bases.append(jnp.zeros(d.batch_shape + (k, k), dt))
+      if d is not None:
+        shape = _basis_shape(d, _side(d, projection_type))
+        bases.append(jnp.zeros(d.batch_shape + shape, dt))
     un = treedef.unflatten
     return ScaleByCondaState(
-      jnp.zeros([], jnp.int32), un(mus), un(nus), un(bases)
+      jnp.zeros([], jnp.int32), un(mus), un(nus), tuple(bases)
     )
 
+  def matrix_step(g, m, v_in, q_in, d, refresh, b2_, eps_):
+    side = _side(d, projection_type)
+    k, r = _basis_shape(d, side)
+    gm, mm = _axes.to_matrix(g, d), _axes.to_matrix(m, d)
+    q_old = jnp.reshape(q_in, (d.num_batch, k, r))
+    q = jax.lax.cond(
+      refresh,
+      lambda: orthogonal_basis(mm, side),
+      lambda: q_old.astype(g.dtype),
+    )
+    gp, mp = _proj(gm, q, side), _proj(mm, q, side)
+    vm = _projected(_axes.to_matrix(v_in.astype(g.dtype), d), r, side)
+    v = b2_ * vm + (jnp.ones((), g.dtype) - b2_) * gp * gp
+    n = mp / (jnp.sqrt(v) + eps_)
+    u = _axes.from_matrix(_back(n, q, side), d) * _common.as_scalar(scale, g)
+    v = _axes.from_matrix(_stored(v, d), d)
+    return u, v, jnp.reshape(q, q_in.shape).astype(q_in.dtype)
+
   def update_fn(updates, state, params=None):
-    del params
-    dims = leaf_dims(updates)
+    tree = updates if params is None else params
+    dims = _axes.leaf_dims(who, axes, tree)
     treedef = jax.tree.structure(updates)
     gs = treedef.flatten_up_to(updates)
     ms = treedef.flatten_up_to(state.mu)
     vs = treedef.flatten_up_to(state.nu)
-    qs = treedef.flatten_up_to(state.basis)
+    qs = iter(state.basis)
     t = state.count
     gap = jnp.asarray(update_proj_gap).astype(jnp.int32)
     offset = jnp.asarray(refresh_offset).astype(jnp.int32)
     refresh = jnp.logical_or(t == 0, (t + offset) % gap == 0)
     count = _common.increment(t)
     out_u, out_m, out_v, out_q = [], [], [], []
-    for g_in, m_in, v_in, q_in, d in zip(gs, ms, vs, qs, dims):
-      side = _side(d, projection_type)
+    for g_in, m_in, v_in, d in zip(gs, ms, vs, dims):
       g = _common.f32(g_in)
       one = jnp.ones((), g.dtype)
       b1_, b2_ = _common.as_scalar(b1, g), _common.as_scalar(b2, g)
+      eps_ = _common.as_scalar(eps, g)
       m = b1_ * m_in.astype(g.dtype) + (one - b1_) * g
-      gm, mm = _axes.to_matrix(g, d), _axes.to_matrix(m, d)
-      q_old = jnp.reshape(q_in, (d.num_batch,) + q_in.shape[-2:])
-      q = jax.lax.cond(
-        refresh,
-        lambda mm=mm, side=side: orthogonal_basis(mm, side),
-        lambda q_old=q_old: q_old.astype(g.dtype),
-      )
-      gp, mp = _proj(gm, q, side), _proj(mm, q, side)
-      v = b2_ * _axes.to_matrix(v_in.astype(g.dtype), d) + (one - b2_) * gp * gp
-      n = mp / (jnp.sqrt(v) + _common.as_scalar(eps, g))
+      if d is None:
+        v = b2_ * v_in.astype(g.dtype) + (one - b2_) * g * g
+        u = m / (jnp.sqrt(v) + eps_)
+      else:
+        u, v, q = matrix_step(g, m, v_in, next(qs), d, refresh, b2_, eps_)
+        out_q.append(q)
       tt = count.astype(g.dtype)
-      step = jnp.sqrt(one - b2_**tt) / (one - b1_**tt)
-      u = _axes.from_matrix(_back(n, q, side), d) * (
-        _common.as_scalar(scale, g) * step
-      )
+      u = u * (jnp.sqrt(one - b2_**tt) / (one - b1_**tt))
       out_u.append(u.astype(g_in.dtype))
       out_m.append(m.astype(m_in.dtype))
-      out_v.append(_axes.from_matrix(v, d).astype(v_in.dtype))
-      out_q.append(jnp.reshape(q, q_in.shape).astype(q_in.dtype))
+      out_v.append(v.astype(v_in.dtype))
     un = treedef.unflatten
-    return un(out_u), ScaleByCondaState(count, un(out_m), un(out_v), un(out_q))
+    return un(out_u), ScaleByCondaState(
+      count, un(out_m), un(out_v), tuple(out_q)
+    )
 
   return optax.GradientTransformation(init_fn, update_fn)
+
+
+def _decay_after_step(
+  u: jax.Array, p: jax.Array, lr: ArrayLike, weight_decay: ArrayLike
+) -> jax.Array:
+  """``u - lr wd (p + u)`` in ``u``'s compute dtype, cast to ``u.dtype``.
+
+  The update that gives ``(p + u)(1 - lr wd)`` after ``apply_updates``.
+  """
+  uc = _common.f32(u)
+  rate = _common.as_scalar(lr, uc) * _common.as_scalar(weight_decay, uc)
+  return (uc - rate * (p.astype(uc.dtype) + uc)).astype(u.dtype)
 
 
 def add_decayed_weights_after_step(
@@ -289,22 +351,13 @@ def add_decayed_weights_after_step(
 
   def update_fn(updates, state, params=None):
     count = _common.increment(state.count)
-    if params is None:
-      if isinstance(weight_decay, (int, float)) and weight_decay == 0:
-        return updates, PostStepDecayState(count)
-      raise ValueError(
-        f"{who}: params are required; call update(updates, state, params)"
-      )
-    lr = (
-      learning_rate(state.count) if callable(learning_rate) else learning_rate
+    if not _common.check_decay_params(who, params, weight_decay):
+      return updates, PostStepDecayState(count)
+    lr = _common.at_step(learning_rate, state.count)
+    out = jax.tree.map(
+      lambda u, p: _decay_after_step(u, p, lr, weight_decay), updates, params
     )
-
-    def one(u, p):
-      uc = _common.f32(u)
-      rate = _common.as_scalar(lr, uc) * _common.as_scalar(weight_decay, uc)
-      return (uc - rate * (p.astype(uc.dtype) + uc)).astype(u.dtype)
-
-    return jax.tree.map(one, updates, params), PostStepDecayState(count)
+    return out, PostStepDecayState(count)
 
   return optax.GradientTransformation(init_fn, update_fn)
 
@@ -322,25 +375,30 @@ def conda(
   refresh_offset: int = 0,
   mu_dtype: Any = None,
   axes: _axes.AxesSpec = None,
+  mask: Any = None,
   adam_learning_rate: optax.ScalarOrSchedule | None = None,
   adam_weight_decay: ArrayLike | None = None,
 ) -> optax.GradientTransformation:
-  r"""Conda for matrix leaves, AdamW for the rest (`optax.partition`).
+  r"""Conda (Wang et al. 2025): the official optimizer, as one transform.
 
-  Matrix leaves: ``chain(scale_by_conda, scale_by_learning_rate,
-  add_decayed_weights_after_step)``, exactly the official update
-  :math:`W \leftarrow (W - \eta\,\text{out})(1 - \eta\lambda)` (decay after
-  the step, so it cannot be the usual ``add_decayed_weights`` before the
-  learning rate). Other leaves (rank < 2, or ``None`` axes: pass those for
-  embeddings and the LM head, as the official script keeps only attention
-  and MLP weights in the Conda group) get ``optax.adamw(adam_learning_rate
-  or learning_rate, b1, b2, eps, adam_weight_decay or weight_decay)``.
+  Every leaf takes `scale_by_conda`'s direction :math:`\text{out}` (matrix
+  leaves projected, the others plain Adam as the official class's second
+  parameter group), then
 
-  Deviation: the official code runs those leaves through the same class
-  without projection (Adam with ``eps`` on the uncorrected root and decay
-  after the step); optax's AdamW puts ``eps`` after the bias correction and
-  decays before the step. The difference is of order ``eps`` and
-  :math:`\eta^2\lambda`.
+  .. math::
+    W \leftarrow (W - \eta\,\text{out})(1 - \eta\lambda)
+
+  with the decay **after** the step (the official order; it cannot be the
+  usual ``add_decayed_weights`` before the learning rate). Matrix leaves use
+  ``learning_rate`` and ``weight_decay``; the others ``adam_learning_rate``
+  and ``adam_weight_decay`` (default: the same). Give embeddings and the LM
+  head ``None`` axes (the official script keeps only attention and MLP
+  weights in the Conda group); `jaxnorm.optim.logical_axes` excludes
+  ``vocab`` leaves by default.
+
+  The learning rate (or schedule) and the decay are applied inside the
+  transform from the one ``count`` of `ScaleByCondaState`, so
+  ``optax.tree_utils.tree_get(state, "count")`` is the step.
 
   Args:
     learning_rate: scalar or schedule (authors' LLaMA recipe 0.01, GPT-2
@@ -348,59 +406,71 @@ def conda(
     b1: first-moment decay (recipes 0.9).
     b2: second-moment decay (recipes 0.99).
     eps: denominator epsilon.
-    weight_decay: decoupled decay, applied after the step.
+    weight_decay: decoupled decay of matrix leaves, applied after the step.
     update_proj_gap: steps between SVD refreshes (recipes 2000).
-    scale: update multiplier (recipes 0.25).
+    scale: update multiplier of matrix leaves (recipes 0.25).
     projection_type: see `scale_by_conda`.
     refresh_offset: 0 official schedule, 1 pytorch_optimizer schedule.
     mu_dtype: first-moment dtype (default float32).
-    axes: matrix axes spec; ``None`` entries go to AdamW.
-    adam_learning_rate: AdamW learning rate (default ``learning_rate``).
-    adam_weight_decay: AdamW decay (default ``weight_decay``).
+    axes: matrix axes spec, evaluated on ``params`` (never on optax
+      placeholders); ``None`` entries take the Adam step.
+    mask: which leaves are decayed, as ``optax.adamw(mask=...)``: a pytree
+      of bools (the params' structure or a prefix) or a callable from params
+      to one. ``None`` (default) decays every leaf, the official behaviour.
+    adam_learning_rate: learning rate of non-matrix leaves (default
+      ``learning_rate``).
+    adam_weight_decay: decay of non-matrix leaves (default ``weight_decay``).
 
   Returns:
-    An `optax.GradientTransformation` (``update`` needs ``params`` when
-    ``weight_decay`` is used).
+    An `optax.GradientTransformation` with state `ScaleByCondaState`
+    (``update`` needs ``params`` unless both decays are a literal 0).
+
+  Raises:
+    ValueError: as `scale_by_conda`, negative decays, or (at update) missing
+      ``params`` while a decay is not a literal 0.
 
   References:
     Wang et al., *Conda: Column-Normalized Adam for Training Large Language
     Models Faster*, arXiv:2509.24218 (2025).
   """
+  who = "conda"
+  adam_lr = learning_rate if adam_learning_rate is None else adam_learning_rate
+  adam_wd = weight_decay if adam_weight_decay is None else adam_weight_decay
+  _common.check_hyper(who, "weight_decay", weight_decay)
+  _common.check_hyper(who, "adam_weight_decay", adam_wd)
+  inner = scale_by_conda(
+    b1,
+    b2,
+    eps,
+    update_proj_gap=update_proj_gap,
+    scale=scale,
+    projection_type=projection_type,
+    refresh_offset=refresh_offset,
+    mu_dtype=mu_dtype,
+    axes=axes,
+  )
+
+  def update_fn(updates, state, params=None):
+    active = _common.check_decay_params(who, params, weight_decay, adam_wd)
+    tree = updates if params is None else params
+    dims = _axes.leaf_dims(who, axes, tree)
+    decays = _common.leaf_mask(who, mask, tree)
+    lr_m = _common.at_step(learning_rate, state.count)
+    lr_a = _common.at_step(adam_lr, state.count)
+    u, new_state = inner.update(updates, state, params)
+    treedef = jax.tree.structure(updates)
+    us = treedef.flatten_up_to(u)
+    ps = treedef.flatten_up_to(tree)
+    out = []
+    for ui, p, d, dec in zip(us, ps, dims, decays):
+      lr, wd = (lr_a, adam_wd) if d is None else (lr_m, weight_decay)
+      uc = _common.f32(ui)
+      step = -_common.as_scalar(lr, uc) * uc
+      if dec and active:
+        step = _decay_after_step(step, p, lr, wd)
+      out.append(step.astype(ui.dtype))
+    return treedef.unflatten(out), new_state
+
   return _common.standard_promotion(
-    optax.partition(
-      {
-        "conda": optax.chain(
-          scale_by_conda(
-            b1,
-            b2,
-            eps,
-            update_proj_gap=update_proj_gap,
-            scale=scale,
-            projection_type=projection_type,
-            refresh_offset=refresh_offset,
-            mu_dtype=mu_dtype,
-            axes=axes,
-          ),
-          optax.scale_by_learning_rate(learning_rate),
-          add_decayed_weights_after_step(learning_rate, weight_decay),
-        ),
-        "adam": _common.in_compute_dtype(
-          optax.adamw(
-            adam_learning_rate
-            if adam_learning_rate is not None
-            else learning_rate,
-            b1=b1,
-            b2=b2,
-            eps=eps,
-            weight_decay=(
-              adam_weight_decay
-              if adam_weight_decay is not None
-              else weight_decay
-            ),
-            mu_dtype=mu_dtype,
-          )
-        ),
-      },
-      _axes.matrix_labels(axes, "conda", "adam"),
-    )
+    optax.GradientTransformation(inner.init, update_fn)
   )

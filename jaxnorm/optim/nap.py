@@ -29,7 +29,6 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 from jax.typing import ArrayLike
 
@@ -43,7 +42,9 @@ class NapProjectState(NamedTuple):
   """State of `nap_project`."""
 
   count: jax.Array  # shape (), int32
-  target: optax.Updates  # norms at init; MaskedNode for unmasked leaves
+  # Norms at init, one per masked leaf in leaf order (not parameter-shaped,
+  # so a tuple: it carries no parameter sharding metadata).
+  target: tuple[jax.Array, ...]
 
 
 def _reduce_axes(
@@ -111,16 +112,9 @@ def nap_project(
   _common.check_hyper(who, "eps", eps)
 
   def leaf_info(params):
-    m = mask(params) if callable(mask) else mask
     treedef = jax.tree.structure(params)
-    flags = jax.tree.map(
-      lambda flag, sub: jax.tree.map(lambda _: bool(flag), sub),
-      m,
-      params,
-      is_leaf=lambda x: isinstance(x, (bool, np.bool_)),
-    )
-    flags = treedef.flatten_up_to(flags)
-    dims = _axes.dims_leaves(_axes.resolve_tree(who, axes, params), params)
+    flags = _common.leaf_mask(who, mask, params)
+    dims = _axes.leaf_dims(who, axes, params)
     for x, f, d in zip(treedef.flatten_up_to(params), flags, dims):
       if f and granularity == "unit" and d is None:
         raise ValueError(
@@ -131,11 +125,12 @@ def nap_project(
 
   def init_fn(params):
     treedef, flags, dims = leaf_info(params)
-    targets = [
-      _norm(p, _reduce_axes(p, d, granularity)) if f else optax.MaskedNode()
+    targets = tuple(
+      _norm(p, _reduce_axes(p, d, granularity))
       for p, f, d in zip(treedef.flatten_up_to(params), flags, dims)
-    ]
-    return NapProjectState(jnp.zeros([], jnp.int32), treedef.unflatten(targets))
+      if f
+    )
+    return NapProjectState(jnp.zeros([], jnp.int32), targets)
 
   def update_fn(updates, state, params=None):
     if params is None:
@@ -147,12 +142,13 @@ def nap_project(
     fire = count % jnp.int32(period) == 0
     us = treedef.flatten_up_to(updates)
     ps = treedef.flatten_up_to(params)
-    ts = treedef.flatten_up_to(state.target)
+    ts = iter(state.target)
     out = []
-    for u, p, tau, f, d in zip(us, ps, ts, flags, dims):
+    for u, p, f, d in zip(us, ps, flags, dims):
       if not f:
         out.append(u)
         continue
+      tau = next(ts)
       new = _common.f32(p) + _common.f32(u).astype(_common.compute_dtype(p))
       norm = _norm(new, _reduce_axes(p, d, granularity))
       factor = tau.astype(new.dtype) / jnp.maximum(

@@ -16,6 +16,11 @@ factor is :math:`\sqrt{\max(1, \text{fan\_out}/\text{fan\_in})}`.
 reduction axes; under ``jit`` it runs on the local shards with an all-reduce
 of the per-unit partial sums. Nothing is gathered, unlike Muon's
 Newton-Schulz, which needs whole-matrix products.
+
+**One counter.** `rmnp` is a single transform: the RMNP step of matrix
+leaves, optax's Adam step of the others, the learning rates (or schedules)
+and the decay all read the one ``count`` of `RmnpState`, so
+``optax.tree_utils.tree_get(state, "count")`` is the step.
 """
 
 from __future__ import annotations
@@ -35,6 +40,16 @@ class ScaleByRmnpState(NamedTuple):
 
   count: jax.Array  # shape (), int32
   momentum: optax.Updates
+
+
+class RmnpState(NamedTuple):
+  """State of `rmnp`."""
+
+  count: jax.Array  # shape (), int32
+  # Every leaf: RMNP's momentum buffer (matrix leaves) or Adam's first
+  # moment (the others).
+  momentum: optax.Updates
+  nu: optax.Updates  # Adam's second moment; MaskedNode for matrix leaves
 
 
 def row_normalize(
@@ -61,6 +76,27 @@ def row_normalize(
 def shape_factor(d: _axes.Dims) -> float:
   r""":math:`\sqrt{\max(1, \text{fan\_out} / \text{fan\_in})}` (official)."""
   return max(1.0, d.fan_out / d.fan_in) ** 0.5
+
+
+def _direction(
+  beta: ArrayLike, nesterov: bool, ema: bool, shape_scale: bool, eps: ArrayLike
+) -> Any:
+  """RMNP's per-leaf step ``(g, buf, dims) -> (R, new buf)`` in f32."""
+
+  def step(g_in, b_in, d):
+    g = _common.f32(g_in)
+    b = b_in.astype(g.dtype)
+    beta_ = _common.as_scalar(beta, g)
+    one = jnp.ones((), g.dtype)
+    gw = (one - beta_) * g if ema else g
+    b = beta_ * b + gw
+    u = gw + beta_ * b if nesterov else b
+    r = row_normalize(u, d, eps)
+    if shape_scale:
+      r = r * jnp.asarray(shape_factor(d), g.dtype)
+    return r, b
+
+  return step
 
 
 def scale_by_rmnp(
@@ -101,11 +137,12 @@ def scale_by_rmnp(
     shape_scale: multiply by the shape factor.
     eps: lower bound of each unit's norm (torch ``F.normalize``: 1e-12).
     mu_dtype: momentum dtype (default float32).
-    axes: matrix axes spec (see `jaxnorm.optim.MatrixAxes`); every leaf this
-      transform sees must be a matrix.
+    axes: matrix axes spec (see `jaxnorm.optim.MatrixAxes`), evaluated on
+      ``params`` when given, else on the updates; every leaf this transform
+      sees must be a matrix.
 
   Returns:
-    An `optax.GradientTransformation` (``params`` unused).
+    An `optax.GradientTransformation` (``params`` only feed ``axes``).
 
   Raises:
     ValueError: ``beta`` outside [0, 1), negative ``eps``, or (at update) a
@@ -119,6 +156,8 @@ def scale_by_rmnp(
   _common.check_hyper(who, "beta", beta, high=1.0)
   _common.check_hyper(who, "eps", eps)
 
+  direction = _direction(beta, nesterov, ema, shape_scale, eps)
+
   def init_fn(params):
     return ScaleByRmnpState(
       jnp.zeros([], jnp.int32),
@@ -129,8 +168,7 @@ def scale_by_rmnp(
     )
 
   def update_fn(updates, state, params=None):
-    del params
-    dims = _axes.dims_leaves(_axes.resolve_tree(who, axes, updates), updates)
+    dims = _axes.leaf_dims(who, axes, updates if params is None else params)
     treedef = jax.tree.structure(updates)
     gs = treedef.flatten_up_to(updates)
     bs = treedef.flatten_up_to(state.momentum)
@@ -142,16 +180,7 @@ def scale_by_rmnp(
           f"{g_in.shape} without; route it to Adam with rmnp() or "
           "optax.partition"
         )
-      g = _common.f32(g_in)
-      b = b_in.astype(g.dtype)
-      beta_ = _common.as_scalar(beta, g)
-      one = jnp.ones((), g.dtype)
-      gw = (one - beta_) * g if ema else g
-      b = beta_ * b + gw
-      u = gw + beta_ * b if nesterov else b
-      r = row_normalize(u, d, eps)
-      if shape_scale:
-        r = r * jnp.asarray(shape_factor(d), g.dtype)
+      r, b = direction(g_in, b_in, d)
       out_u.append(r.astype(g_in.dtype))
       out_b.append(b.astype(b_in.dtype))
     un = treedef.unflatten
@@ -173,25 +202,27 @@ def rmnp(
   eps: ArrayLike = 1e-12,
   mu_dtype: Any = None,
   axes: _axes.AxesSpec = None,
+  mask: Any = None,
   adam_learning_rate: optax.ScalarOrSchedule | None = None,
   adam_b1: ArrayLike = 0.9,
   adam_b2: ArrayLike = 0.95,
   adam_eps: ArrayLike = 1e-8,
   adam_weight_decay: ArrayLike = 0.0,
 ) -> optax.GradientTransformation:
-  r"""RMNP for matrix leaves, AdamW for the rest (`optax.partition`).
+  r"""RMNP for matrix leaves, AdamW for the rest, as one transform.
 
-  Matrix leaves (rank >= 2 with non-``None`` axes) get
-  ``chain(scale_by_rmnp, add_decayed_weights(weight_decay),
-  scale_by_learning_rate(learning_rate))``, which is the official
-  ``W <- W (1 - lr wd) - lr R``. Pass ``axes`` returning ``None`` for
-  embeddings and the LM head (the authors train those with AdamW); the other
-  leaves get ``optax.adamw(adam_learning_rate or learning_rate, adam_b1,
-  adam_b2, adam_eps, adam_weight_decay)``. Authors' recipes: GPT-2 small RMNP
-  lr 4e-3 (wd 0) with AdamW lr 3e-3, betas (0.9, 0.95), wd 0.1.
+  Matrix leaves (rank >= 2 with non-``None`` axes) take `scale_by_rmnp`'s
+  direction :math:`R` and the official ``W <- W (1 - lr wd) - lr R``; the
+  other leaves optax's AdamW step, :math:`p \leftarrow p - \eta_a (\hat m /
+  (\sqrt{\hat v} + \epsilon_a) + \lambda_a p)`, with ``adam_learning_rate``
+  (default ``learning_rate``), ``adam_b1``, ``adam_b2``, ``adam_eps`` and
+  ``adam_weight_decay``. Give embeddings and the LM head ``None`` axes (the
+  authors train those with AdamW; `jaxnorm.optim.logical_axes` excludes
+  ``vocab`` leaves by default). Authors' recipes: GPT-2 small RMNP lr 4e-3
+  (wd 0) with AdamW lr 3e-3, betas (0.9, 0.95), wd 0.1.
 
   Args:
-    learning_rate: RMNP learning rate (official default 0.02).
+    learning_rate: RMNP learning rate or schedule (official default 0.02).
     beta: momentum.
     nesterov: Nesterov direction.
     weight_decay: decoupled decay on matrix leaves.
@@ -199,49 +230,104 @@ def rmnp(
     shape_scale: apply the shape factor.
     eps: row-norm lower bound.
     mu_dtype: momentum dtype (default float32).
-    axes: matrix axes spec; ``None`` entries go to AdamW.
-    adam_learning_rate: AdamW learning rate (default ``learning_rate``).
+    axes: matrix axes spec, evaluated on ``params`` (never on optax
+      placeholders); ``None`` entries take the AdamW step.
+    mask: which leaves are decayed, as ``optax.adamw(mask=...)``: a pytree
+      of bools (the params' structure or a prefix) or a callable from params
+      to one. ``None`` (default) applies ``weight_decay`` to every matrix
+      leaf and ``adam_weight_decay`` to every other leaf.
+    adam_learning_rate: AdamW learning rate or schedule (default
+      ``learning_rate``).
     adam_b1: AdamW ``b1``.
     adam_b2: AdamW ``b2``.
     adam_eps: AdamW ``eps``.
     adam_weight_decay: AdamW decay.
 
   Returns:
-    An `optax.GradientTransformation`.
+    An `optax.GradientTransformation` with state `RmnpState` (``update``
+    needs ``params`` unless both decays are a literal 0).
+
+  Raises:
+    ValueError: as `scale_by_rmnp`, negative decays, or (at update) missing
+      ``params`` while a decay is not a literal 0.
 
   References:
     Deng et al., *RMNP: Row-Momentum Normalized Preconditioning for Scalable
     Matrix-Based Optimization*, arXiv:2603.20527 (2026).
   """
-  return _common.standard_promotion(
-    optax.partition(
-      {
-        "rmnp": optax.chain(
-          scale_by_rmnp(
-            beta,
-            nesterov=nesterov,
-            ema=ema,
-            shape_scale=shape_scale,
-            eps=eps,
-            mu_dtype=mu_dtype,
-            axes=axes,
-          ),
-          optax.add_decayed_weights(weight_decay),
-          optax.scale_by_learning_rate(learning_rate),
-        ),
-        "adam": _common.in_compute_dtype(
-          optax.adamw(
-            adam_learning_rate
-            if adam_learning_rate is not None
-            else learning_rate,
-            b1=adam_b1,
-            b2=adam_b2,
-            eps=adam_eps,
-            weight_decay=adam_weight_decay,
-            mu_dtype=mu_dtype,
-          )
-        ),
-      },
-      _axes.matrix_labels(axes, "rmnp", "adam"),
+  who = "rmnp"
+  _common.check_hyper(who, "beta", beta, high=1.0)
+  _common.check_hyper(who, "eps", eps)
+  _common.check_hyper(who, "weight_decay", weight_decay)
+  _common.check_hyper(who, "adam_weight_decay", adam_weight_decay)
+  adam_lr = learning_rate if adam_learning_rate is None else adam_learning_rate
+  direction = _direction(beta, nesterov, ema, shape_scale, eps)
+  adam = optax.scale_by_adam(adam_b1, adam_b2, adam_eps, mu_dtype=mu_dtype)
+
+  def init_fn(params):
+    dims = _axes.leaf_dims(who, axes, params)
+    treedef = jax.tree.structure(params)
+    ps = treedef.flatten_up_to(params)
+
+    def zeros(p):
+      return jnp.zeros(p.shape, mu_dtype or _common.compute_dtype(p))
+
+    nus = [
+      optax.MaskedNode()
+      if d is not None
+      else jnp.zeros(p.shape, _common.compute_dtype(p))
+      for p, d in zip(ps, dims)
+    ]
+    return RmnpState(
+      jnp.zeros([], jnp.int32),
+      treedef.unflatten([zeros(p) for p in ps]),
+      treedef.unflatten(nus),
     )
+
+  def update_fn(updates, state, params=None):
+    active = _common.check_decay_params(
+      who, params, weight_decay, adam_weight_decay
+    )
+    tree = updates if params is None else params
+    dims = _axes.leaf_dims(who, axes, tree)
+    decays = _common.leaf_mask(who, mask, tree)
+    treedef = jax.tree.structure(updates)
+    gs = treedef.flatten_up_to(updates)
+    ps = treedef.flatten_up_to(tree)
+    bs = treedef.flatten_up_to(state.momentum)
+    vs = treedef.flatten_up_to(state.nu)
+    plain = [i for i, d in enumerate(dims) if d is None]
+    adam_u, adam_state = adam.update(
+      tuple(_common.f32(gs[i]) for i in plain),
+      optax.ScaleByAdamState(
+        state.count,
+        tuple(bs[i] for i in plain),
+        tuple(vs[i] for i in plain),
+      ),
+    )
+    adam_out = dict(zip(plain, zip(adam_u, adam_state.mu, adam_state.nu)))
+    lr_m = _common.at_step(learning_rate, state.count)
+    lr_a = _common.at_step(adam_lr, state.count)
+    out_u, out_b, out_v = [], [], []
+    for i, (g_in, p, b_in, v_in, d, dec) in enumerate(
+      zip(gs, ps, bs, vs, dims, decays)
+    ):
+      if d is None:
+        u, b, v = adam_out[i]
+        lr, wd = lr_a, adam_weight_decay
+      else:
+        (u, b), v = direction(g_in, b_in, d), v_in
+        lr, wd = lr_m, weight_decay
+      if dec and active:
+        u = u + _common.as_scalar(wd, u) * p.astype(u.dtype)
+      out_u.append((-_common.as_scalar(lr, u) * u).astype(g_in.dtype))
+      out_b.append(b.astype(b_in.dtype))
+      out_v.append(v if d is not None else v.astype(v_in.dtype))
+    un = treedef.unflatten
+    return un(out_u), RmnpState(
+      _common.increment(state.count), un(out_b), un(out_v)
+    )
+
+  return _common.standard_promotion(
+    optax.GradientTransformation(init_fn, update_fn)
   )

@@ -25,15 +25,25 @@ def _axes(params):
   )
 
 
+def _matrices(params):
+  """The runner's kind of mask: decay leaves of rank >= 2."""
+  return jax.tree.map(lambda p: p.ndim >= 2, params)
+
+
+WD = 1e-3
 FACTORIES = {
-  "adamp": lambda lr: optim.adamp(lr, weight_decay=1e-3, axes=_axes),
-  "sgdp": lambda lr: optim.sgdp(
-    lr, momentum=0.9, weight_decay=1e-3, nesterov=True, axes=_axes
+  "adamp": lambda lr, wd=WD, mask=_matrices: optim.adamp(
+    lr, weight_decay=wd, axes=_axes, mask=mask
   ),
-  "conda": lambda lr: optim.conda(
-    lr, weight_decay=1e-3, update_proj_gap=4, axes=_axes
+  "sgdp": lambda lr, wd=WD, mask=_matrices: optim.sgdp(
+    lr, momentum=0.9, weight_decay=wd, nesterov=True, axes=_axes, mask=mask
   ),
-  "rmnp": lambda lr: optim.rmnp(lr, weight_decay=1e-3, axes=_axes),
+  "conda": lambda lr, wd=WD, mask=_matrices: optim.conda(
+    lr, weight_decay=wd, update_proj_gap=4, axes=_axes, mask=mask
+  ),
+  "rmnp": lambda lr, wd=WD, mask=_matrices: optim.rmnp(
+    lr, weight_decay=wd, adam_weight_decay=wd, axes=_axes, mask=mask
+  ),
 }
 LR = {"adamp": 0.05, "sgdp": 0.01, "conda": 0.05, "rmnp": 0.05}
 MLP_LR = {"adamp": 0.05, "sgdp": 0.1, "conda": 0.05, "rmnp": 0.05}
@@ -148,14 +158,24 @@ def test_multisteps_averages_gradients(name, key):
   helpers.assert_close(u1, ref, atol=1e-6)
 
 
+MASK = {"w": True, "stack": False, "b": False}
 INJECT = {
   "adamp": (
     optim.adamp,
-    dict(learning_rate=0.05, weight_decay=1e-3, delta=0.1),
+    dict(learning_rate=0.05, weight_decay=0.1, delta=0.1, mask=MASK),
   ),
-  "sgdp": (optim.sgdp, dict(learning_rate=0.01, momentum=0.9)),
-  "conda": (optim.conda, dict(learning_rate=0.05, scale=0.5)),
-  "rmnp": (optim.rmnp, dict(learning_rate=0.05, beta=0.9)),
+  "sgdp": (
+    optim.sgdp,
+    dict(learning_rate=0.01, momentum=0.9, weight_decay=0.1, mask=MASK),
+  ),
+  "conda": (
+    optim.conda,
+    dict(learning_rate=0.05, scale=0.5, weight_decay=0.1, mask=MASK),
+  ),
+  "rmnp": (
+    optim.rmnp,
+    dict(learning_rate=0.05, beta=0.9, weight_decay=0.1, mask=MASK),
+  ),
 }
 
 
@@ -174,6 +194,65 @@ def test_inject_hyperparams(name, key):
   s1.hyperparams["learning_rate"] = jnp.asarray(0.0)
   u2, _ = injected.update(g, s1, p)
   helpers.assert_close(u2, jax.tree.map(jnp.zeros_like, p), atol=0)
+
+
+def _two_steps(tx, p):
+  # Eager: cheaper than compiling one jit per variant at these sizes.
+  step = tx.update
+  s = tx.init(p)
+  outs = []
+  for i in range(2):
+    g = jax.tree.map(lambda x, i=i: jnp.cos(x * (i + 1.0)), p)
+    u, s = step(g, s, p)
+    outs.append(u)
+  return outs, s
+
+
+@pytest.mark.parametrize("name", list(FACTORIES))
+def test_mask_selects_decayed_leaves(name, key):
+  p = _params(key)
+  fac = FACTORIES[name]
+  masked, _ = _two_steps(fac(0.05, 0.5, MASK), p)
+  official, _ = _two_steps(fac(0.05, 0.5, None), p)
+  undecayed, _ = _two_steps(fac(0.05, 0.0, None), p)
+  as_callable, _ = _two_steps(fac(0.05, 0.5, lambda q: {**MASK}), p)
+  everything, _ = _two_steps(fac(0.05, 0.5, True), p)  # a prefix mask
+  for k, on in MASK.items():
+    for t in range(2):
+      want = (official if on else undecayed)[t][k]
+      np.testing.assert_array_equal(masked[t][k], want, err_msg=k)
+      np.testing.assert_array_equal(as_callable[t][k], want, err_msg=k)
+      np.testing.assert_array_equal(everything[t][k], official[t][k])
+      # the decay is visible, so a wrong mask would fail.
+      gap = np.abs(official[t][k] - undecayed[t][k]).max()
+      assert gap > 1e-4, (k, gap)
+
+
+def test_mask_entries_must_be_bools(key):
+  p = _params(key)
+  tx = optim.adamp(0.1, weight_decay=0.1, mask={"w": 1, "stack": 1, "b": 0})
+  with pytest.raises(ValueError, match="scale_by_adamp: mask entries must be"):
+    tx.update(p, tx.init(p), p)
+
+
+@pytest.mark.parametrize("name", ["conda", "rmnp"])
+def test_one_step_counter(name, key):
+  p = _params(key)
+  schedule = optax.linear_schedule(0.05, 0.0, 10)
+  tx = FACTORIES[name](schedule)
+  _, s = _two_steps(tx, p)
+  assert int(optax.tree_utils.tree_get(s, "count")) == 2
+
+
+@pytest.mark.parametrize("name", ["conda", "rmnp"])
+def test_decay_needs_params(name, key):
+  p = _params(key)
+  tx = FACTORIES[name](0.1)
+  with pytest.raises(ValueError, match=f"{name}: params are required"):
+    tx.update(p, tx.init(p))
+  free = FACTORIES[name](0.1, 0)
+  u, _ = free.update(p, free.init(p))
+  assert helpers.all_finite(u)
 
 
 class _MLP(nnx.Module):

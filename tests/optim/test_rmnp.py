@@ -179,6 +179,10 @@ def test_rejects_non_matrix_leaf_and_bad_hyper():
   with pytest.raises(ValueError, match="scale_by_rmnp: every leaf needs"):
     tx.update(jnp.ones((3,)), tx.init(jnp.ones((3,))))
   with pytest.raises(ValueError, match="scale_by_rmnp: beta must lie in"):
+    optim.scale_by_rmnp(beta=1.0)
+  with pytest.raises(ValueError, match="rmnp: beta must lie in"):
     optim.rmnp(0.02, beta=1.0)
-  with pytest.raises(ValueError, match="scale_by_rmnp: eps must lie in"):
+  with pytest.raises(ValueError, match="rmnp: eps must lie in"):
     optim.rmnp(0.02, eps=-1.0)
+  with pytest.raises(ValueError, match="rmnp: adam_weight_decay must lie"):
+    optim.rmnp(0.02, adam_weight_decay=-1.0)

@@ -5,11 +5,18 @@ as ``(out, -1)``), exactly as the reference code, so the tests exercise the
 layout conversion too.
 
 * `conda_reference`: ``jie040109/Conda`` ``conda_torch/conda.py`` with
-  ``projector.py`` (``proj_type='std'``): first moment updated, then the basis
-  refreshed from its SVD when ``t % gap == 0`` (0-based ``t``; with
-  ``offset=1`` the ``pytorch_optimizer`` schedule ``(t + 1) % gap == 0``),
-  gradient and moment projected, the second moment in projected coordinates,
-  bias-corrected step, decay after the step.
+  ``projector.py``: first moment updated, then the basis refreshed from its
+  SVD when ``t % gap == 0`` (0-based ``t``; with ``offset=1`` the
+  ``pytorch_optimizer`` schedule ``(t + 1) % gap == 0``), gradient and moment
+  projected, the second moment in projected coordinates, bias-corrected step,
+  decay after the step. ``proj_type`` is the projector's ``'std'``,
+  ``'reverse_std'``, ``'right'`` (``Vh``: ``X Vh^T``, back ``Y Vh``) or
+  ``'left'`` (``U``: ``U^T X``, back ``U Y``); ``None`` is the official
+  class's unprojected group. For the non-square low-rank cases the official
+  code fails (``exp_avg_sq`` allocated in the parameter's shape, and
+  ``reverse_std``'s back-projection side read from the square projected
+  shape); this transcription keeps the second moment in projected
+  coordinates and back-projects on the side it projected.
 * `rmnp_reference`: ``Dominator-Index/RMNP`` ``rmnp/rmnp.py``: plain-sum
   momentum, Nesterov, ``F.normalize(dim=-1)``, ``sqrt(max(1, m/n))``, optional
   bf16 rounding of the direction, ``W (1 - lr wd) - lr R``.
@@ -32,33 +39,46 @@ def conda_reference(
   gap=2000,
   scale=1.0,
   offset=0,
+  proj_type="std",
 ):
   """Returns ``(params, bases)``: the weight after each step and the basis."""
   w = np.asarray(w0, np.float64).copy()
   m = np.zeros_like(w)
-  v = np.zeros_like(w)
+  v = None
   q = None
   params, bases = [], []
-  rows, cols = w.shape
-  tall = rows >= cols
+  tall = proj_type is not None and w.shape[0] >= w.shape[1]
+  kind = {
+    "std": "right" if tall else "left",
+    "reverse_std": "left" if tall else "right",
+    "right": "right",
+    "left": "left",
+    None: None,
+  }[proj_type]
   for t, g in enumerate(grads):
     g = np.asarray(g, np.float64)
     m = b1 * m + (1 - b1) * g
-    if q is None or (t + offset) % gap == 0:
-      u, _, vh = np.linalg.svd(m, full_matrices=False)
-      q = vh if tall else u
-    if tall:
-      gp, mp = g @ q.T, m @ q.T
+    if kind is None:
+      gp, mp = g, m
     else:
-      gp, mp = q.T @ g, q.T @ m
-    v = b2 * v + (1 - b2) * gp * gp
+      if q is None or (t + offset) % gap == 0:
+        u, _, vh = np.linalg.svd(m, full_matrices=False)
+        q = vh if kind == "right" else u
+      if kind == "right":
+        gp, mp = g @ q.T, m @ q.T
+      else:
+        gp, mp = q.T @ g, q.T @ m
+    v = (1 - b2) * gp * gp if v is None else b2 * v + (1 - b2) * gp * gp
     n = mp / (np.sqrt(v) + eps)
-    back = n @ q if tall else q @ n
+    if kind is None:
+      back = n
+    else:
+      back = scale * (n @ q if kind == "right" else q @ n)
     step = lr * np.sqrt(1 - b2 ** (t + 1)) / (1 - b1 ** (t + 1))
-    w = w - step * scale * back
+    w = w - step * back
     w = w * (1 - lr * wd)
     params.append(w.copy())
-    bases.append(q.copy())
+    bases.append(None if q is None else q.copy())
   return np.stack(params), bases
 
 
