@@ -50,27 +50,38 @@ def check_ndim(
 
 
 def normalize_axes(
-  who: str, axis: int | Sequence[int], ndim: int
+  who: str, axis: int | Sequence[int], ndim: int, *, name: str = "axis"
 ) -> tuple[int, ...]:
   """Returns ``axis`` as a sorted tuple of non-negative, distinct axes.
 
+  ``name`` is the argument's name in the messages.
+
   Raises:
-    ValueError: if an axis is out of range for rank ``ndim``, repeated, or
-      ``axis`` is an empty sequence.
+    ValueError: if an axis is out of range for rank ``ndim`` (every axis
+      is, for a rank-0 input), repeated, or ``axis`` is an empty sequence.
   """
   axes = tuple(axis) if isinstance(axis, (tuple, list)) else (axis,)
   if not axes:
-    raise ValueError(f"{who}: axis must name at least one axis, got {axis=}")
+    raise ValueError(
+      f"{who}: {name} must name at least one axis, got {name}={axis!r}"
+    )
+  if ndim == 0:
+    raise ValueError(
+      f"{who}: {name}={axis!r} needs an input of rank >= 1, got a scalar "
+      "(rank 0)"
+    )
   out = []
   for a in axes:
     if not isinstance(a, (int, np.integer)) or not -ndim <= a < ndim:
       raise ValueError(
-        f"{who}: axis must be integers in [-{ndim}, {ndim}) for an input "
-        f"of rank {ndim}, got {axis=}"
+        f"{who}: {name} must be integers in [-{ndim}, {ndim}) for an input "
+        f"of rank {ndim}, got {name}={axis!r}"
       )
     out.append(int(a) % ndim)
   if len(set(out)) != len(out):
-    raise ValueError(f"{who}: axis must not repeat an axis, got {axis=}")
+    raise ValueError(
+      f"{who}: {name} must not repeat an axis, got {name}={axis!r}"
+    )
   return tuple(sorted(out))
 
 
@@ -95,6 +106,16 @@ def check_choice(
   if value not in choices:
     valid = ", ".join(repr(c) for c in choices)
     raise ValueError(f"{who}: {name} must be one of {valid}; got {value!r}")
+
+
+def check_scalar(who: str, name: str, p: Any) -> None:
+  """Raises `ValueError` unless ``p`` has shape ``()`` or ``(1,)``."""
+  shape = tuple(np.shape(p))
+  if shape not in ((), (1,)):
+    raise ValueError(
+      f"{who}: {name} must be a scalar of shape () or (1,), got "
+      f"{name}.shape={shape}"
+    )
 
 
 def check_positive_int(who: str, name: str, value: Any) -> None:

@@ -16,25 +16,26 @@ stored value, so ``y == rms_norm(h)`` exactly; both outputs have
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Float
 
-from jaxnorm import _checks, _dispatch, norms
-
-Axis = int | Sequence[int]
+from jaxnorm import _checks, _dispatch, _numerics, norms
 
 
-def _add(who: str, x: Any, residual: Any) -> jax.Array:
+def _add(who: str, x: Any, residual: Any, axis: norms.Axis) -> jax.Array:
+  """``residual + x`` in the compute dtype, stored in ``residual.dtype``.
+
+  Checks the inputs and ``axis`` first, so errors name the fused function.
+  """
   _checks.check_floating(who, "x", x)
   _checks.check_floating(who, "residual", residual)
   x, residual = jnp.asarray(x), jnp.asarray(residual)
   _checks.check_shape(who, "residual", residual, x.shape, "x.shape")
-  wide = max(jnp.finfo(x.dtype).bits, jnp.finfo(residual.dtype).bits)
-  cdt = jnp.float64 if wide == 64 else jnp.float32
+  _checks.normalize_axes(who, axis, x.ndim)
+  cdt = _numerics.compute_dtype(x, residual)
   return (x.astype(cdt) + residual.astype(cdt)).astype(residual.dtype)
 
 
@@ -44,7 +45,7 @@ def add_rms_norm(
   scale: Float[ArrayLike, " *d"] | None = None,
   *,
   eps: float = 1e-6,
-  axis: Axis = -1,
+  axis: norms.Axis = -1,
   eps_mode: str = "inside",
   scale_offset: float = 0.0,
   implementation: _dispatch.Implementation | None = None,
@@ -83,7 +84,7 @@ def add_rms_norm(
   who = "add_rms_norm"
 
   def reference():
-    h = _add(who, x, residual)
+    h = _add(who, x, residual, axis)
     return h, norms.rms_norm(
       h, scale, eps=eps, axis=axis, eps_mode=eps_mode, scale_offset=scale_offset
     )
@@ -112,7 +113,7 @@ def add_layer_norm(
   bias: Float[ArrayLike, " *d"] | None = None,
   *,
   eps: float = 1e-6,
-  axis: Axis = -1,
+  axis: norms.Axis = -1,
   scale_offset: float = 0.0,
   implementation: _dispatch.Implementation | None = None,
 ) -> tuple[Float[Array, "..."], Float[Array, "..."]]:
@@ -148,7 +149,7 @@ def add_layer_norm(
   who = "add_layer_norm"
 
   def reference():
-    h = _add(who, x, residual)
+    h = _add(who, x, residual, axis)
     return h, norms.layer_norm(
       h, scale, bias, eps=eps, axis=axis, scale_offset=scale_offset
     )

@@ -1,8 +1,10 @@
 """Conv-side attention for NHWC feature maps: ELA and polarized self-attention.
 
 Inputs are ``(B, H, W, C)``. Statistics (GroupNorm, LayerNorm, softmax) run
-in ``promote_types(x.dtype, float32)``; outputs have ``x.dtype``. Weights are
-explicit arguments; the modules live in `jaxnorm.nn.vision`.
+in ``promote_types(x.dtype, float32)``; GroupNorm and LayerNorm are
+`jaxnorm.norms.group_norm` and `jaxnorm.norms.layer_norm` (two-pass
+variances). Outputs have ``x.dtype``. Weights are explicit arguments; the
+modules live in `jaxnorm.nn.vision`.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float
 
-from jaxnorm import _checks
+from jaxnorm import _checks, _numerics, norms
 
 # ELA presets: (kernel size, conv group size or None for depthwise, GN groups).
 # Conv groups are C (depthwise) for T/B and C/8 (8 channels per group) for
@@ -44,23 +46,6 @@ def ela_config(variant: str, channels: int) -> tuple[int, int, int]:
     groups = channels // per_group
   _checks.check_divisible(who, "channels", channels, "norm_groups", ng)
   return k, groups, ng
-
-
-def _compute_dtype(x: jax.Array) -> jnp.dtype:
-  with jax.numpy_dtype_promotion("standard"):
-    return jnp.promote_types(x.dtype, jnp.float32)
-
-
-def _group_norm_1d(z, scale, bias, groups, eps):
-  """GroupNorm of ``(B, L, C)`` strips, statistics over (L, C/groups)."""
-  b, length, c = z.shape
-  zg = z.reshape(b, length, groups, c // groups)
-  mean = jnp.mean(zg, axis=(1, 3), keepdims=True)
-  var = jnp.maximum(
-    jnp.mean(zg * zg, axis=(1, 3), keepdims=True) - mean**2, 0.0
-  )
-  zn = ((zg - mean) * jax.lax.rsqrt(var + eps)).reshape(b, length, c)
-  return zn * scale.reshape(1, 1, c) + bias.reshape(1, 1, c)
 
 
 def efficient_local_attention(
@@ -121,11 +106,10 @@ def efficient_local_attention(
   _checks.check_shape(who, "norm_bias", norm_bias, (c,), "channels")
   _checks.check_positive_int(who, "norm_groups", norm_groups)
   _checks.check_divisible(who, "channels", c, "norm_groups", norm_groups)
-  dtype = _compute_dtype(x)
+  dtype = _numerics.compute_dtype(x)
   xc = x.astype(dtype)
   groups = c // conv_kernel.shape[1]
   kern = conv_kernel.astype(dtype)
-  scale, bias = norm_scale.astype(dtype), norm_bias.astype(dtype)
 
   def gate(z):  # (B, L, C)
     y = jax.lax.conv_general_dilated(
@@ -136,7 +120,10 @@ def efficient_local_attention(
       dimension_numbers=("NWC", "WIO", "NWC"),
       feature_group_count=groups,
     )
-    return jax.nn.sigmoid(_group_norm_1d(y, scale, bias, norm_groups, eps))
+    gn = norms.group_norm(
+      y, norm_scale, norm_bias, num_groups=norm_groups, eps=eps
+    )
+    return jax.nn.sigmoid(gn)
 
   a_h = gate(jnp.mean(xc, axis=2))  # (B, H, C)
   a_w = gate(jnp.mean(xc, axis=1))  # (B, W, C)
@@ -179,16 +166,11 @@ def psa_channel(
   _checks.check_shape(who, "out", out, (cp, c), "(C', C)")
   _checks.check_shape(who, "norm_scale", norm_scale, (c,), "channels")
   _checks.check_shape(who, "norm_bias", norm_bias, (c,), "channels")
-  dtype = _compute_dtype(x)
+  dtype = _numerics.compute_dtype(x)
   xc = x.astype(dtype)
   q = _spatial_softmax(xc @ query.astype(dtype))  # B H W 1
   z = jnp.sum(q * (xc @ value.astype(dtype)), axis=(1, 2))  # B C'
-  y = z @ out.astype(dtype)  # B C
-  mean = jnp.mean(y, axis=-1, keepdims=True)
-  var = jnp.maximum(jnp.mean(y * y, axis=-1, keepdims=True) - mean**2, 0.0)
-  y = (y - mean) * jax.lax.rsqrt(var + eps)
-  y = y * norm_scale.astype(dtype).reshape(1, c)
-  y = y + norm_bias.astype(dtype).reshape(1, c)
+  y = norms.layer_norm(z @ out.astype(dtype), norm_scale, norm_bias, eps=eps)
   a = jax.nn.sigmoid(y)[:, None, None, :]
   return (xc * a).astype(x.dtype)
 
@@ -212,7 +194,7 @@ def psa_spatial(
       f"{who}: query must have shape ({c}, C'), got {query.shape=}"
     )
   _checks.check_shape(who, "value", value, query.shape, "like query")
-  dtype = _compute_dtype(x)
+  dtype = _numerics.compute_dtype(x)
   xc = x.astype(dtype)
   q = jax.nn.softmax(jnp.mean(xc @ query.astype(dtype), axis=(1, 2)), -1)
   s = jnp.einsum("bhwc,bc->bhw", xc @ value.astype(dtype), q)
@@ -261,5 +243,5 @@ def polarized_self_attention(
   if layout == "sequential":
     return psa_spatial(ch, spatial_query, spatial_value)
   sp = psa_spatial(x, spatial_query, spatial_value)
-  dtype = _compute_dtype(x)
+  dtype = _numerics.compute_dtype(x)
   return (ch.astype(dtype) + sp.astype(dtype)).astype(x.dtype)

@@ -1,6 +1,7 @@
 """NumPy float64 transcriptions of the normalization-family equations.
 
-Written from ``shared/specs/norms.md`` (sections 5-9, 11, 13, 15b, 15c), not
+Written from the papers (LayerNorm, RMSNorm, GroupNorm, SeeDNorm) and from
+``shared/specs/norms.md`` (sections 5-9, 11, 13, 15b, 15c), not
 from jaxnorm: loops and plain indexing where that keeps the equation
 readable. Layouts are features-last, as in jaxnorm.
 """
@@ -10,6 +11,48 @@ import numpy as np
 
 def f64(x):
   return np.asarray(x, np.float64)
+
+
+# ---------------------------------------------------------------------------
+# LayerNorm, RMSNorm, GroupNorm, SeeDNorm.
+
+
+def layer_norm(x, scale, bias, eps=1e-6, axes=(-1,)):
+  x = f64(x)
+  mu = x.mean(axis=axes, keepdims=True)
+  var = ((x - mu) ** 2).mean(axis=axes, keepdims=True)
+  return (x - mu) / np.sqrt(var + eps) * f64(scale) + f64(bias)
+
+
+def rms_norm(x, scale, eps=1e-6, eps_mode="inside"):
+  x = f64(x)
+  ms = (x**2).mean(-1, keepdims=True)
+  denom = np.sqrt(ms + eps) if eps_mode == "inside" else np.sqrt(ms) + eps
+  return x / denom * f64(scale)
+
+
+def group_norm(x, scale, bias, groups, eps=1e-6, *, per_token=False):
+  """Per example over all positions, or with ``per_token`` per position."""
+  x = f64(x)
+  c = x.shape[-1]
+  rows = x.reshape(-1, 1, c) if per_token else x.reshape(x.shape[0], -1, c)
+  y = np.empty_like(rows)
+  for i, row in enumerate(rows):
+    for g in range(groups):
+      sl = slice(g * c // groups, (g + 1) * c // groups)
+      block = row[:, sl]
+      y[i][:, sl] = (block - block.mean()) / np.sqrt(block.var() + eps)
+  return y.reshape(x.shape) * f64(scale) + f64(bias)
+
+
+def seed_norm(x, gamma, alpha, beta, heads=1, eps=1e-6):
+  x = f64(x)
+  d = x.shape[-1]
+  xh = x.reshape(*x.shape[:-1], heads, d // heads)
+  dot = (xh * f64(beta).reshape(heads, -1)).sum(-1)
+  t = np.repeat(np.tanh(dot), d // heads, axis=-1)
+  s = f64(gamma) + f64(alpha) * t
+  return s * x / np.sqrt((x**2).mean(-1, keepdims=True) + eps)
 
 
 # ---------------------------------------------------------------------------
@@ -37,19 +80,21 @@ def evo_b0(x, scale, bias, v, running_var, *, training, momentum=0.9, eps=1e-3):
   return y, new_rv
 
 
-def evo_s0(x, scale, bias, v, *, groups, eps=1e-5):
+def evo_s0(x, scale, bias, v, *, groups, eps=1e-5, per_token=False):
+  """Per example over all positions, or with ``per_token`` per position."""
   x = f64(x)
   c = x.shape[-1]
-  y = np.empty_like(x)
-  for i in range(x.shape[0]):
-    xi = x[i].reshape(-1, c)
+  rows = x.reshape(-1, 1, c) if per_token else x
+  y = np.empty_like(rows)
+  for i in range(rows.shape[0]):
+    xi = rows[i].reshape(-1, c)
     std = np.empty(c)
     for g in range(groups):
       sl = slice(g * c // groups, (g + 1) * c // groups)
       std[sl] = np.sqrt(xi[:, sl].var() + eps)
     sig = 1.0 / (1.0 + np.exp(-f64(v) * xi))
-    y[i] = (xi * sig / std * f64(scale) + f64(bias)).reshape(x[i].shape)
-  return y
+    y[i] = (xi * sig / std * f64(scale) + f64(bias)).reshape(rows[i].shape)
+  return y.reshape(x.shape)
 
 
 # ---------------------------------------------------------------------------

@@ -1,6 +1,4 @@
-"""`jaxnorm.fused_norms` references: float64 oracle, dtypes, dispatch."""
-
-from __future__ import annotations
+"""Tests of `jaxnorm.fused_norms`: float64 oracle, dtypes, dispatch."""
 
 import jax
 import jax.numpy as jnp

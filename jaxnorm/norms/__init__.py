@@ -1,0 +1,157 @@
+"""Normalization layers as pure functions, one module per paper or family.
+
+Every function here is the executable form of its paper's equation: arrays and
+static keyword arguments in, arrays out, no parameters created. Conventions
+shared by all of them (helpers in `jaxnorm._numerics`):
+
+* Features are last by default (``axis=-1``); images are NHWC.
+* Statistics are computed in ``promote_types(x.dtype, float32)``: half inputs
+  are upcast, float64 stays float64. The output has ``x.dtype``.
+* Variances are two-pass, ``mean((x - mean(x))**2)``, so they are
+  non-negative by construction (no ``E[x^2] - E[x]^2`` cancellation to clamp)
+  and stay accurate when ``|mean| >> std``, e.g. inputs of magnitude 1e4.
+* Parameters are cast to the compute dtype at use, so a float32 ``scale``
+  works with a bfloat16 ``x`` under strict dtype promotion.
+* Static facts (rank, axis, parameter shapes, dtypes) are validated at trace
+  time by `jaxnorm._checks`; a wrong rank is a `ValueError` naming the
+  function.
+* Each docstring says whether the function is causal-safe on ``(batch, seq,
+  d)`` inputs (no statistic mixes positions of a sequence).
+
+The public path of every name is ``jaxnorm.norms.<name>``; the modules are
+`layer` (LayerNorm, RMSNorm, CRMSNorm), `batch` (BatchNorm, GroupNorm,
+InstanceNorm), `dyt`, `seednorm`, `scaling` (LayerNorm Scaling), `evonorm`,
+`powernorm`, `unified`, `region`, `unmix_tns`, `l1`, `scale_vectors`, `cls`
+and `timestep_decay`.
+"""
+
+from jaxnorm import _numerics
+from jaxnorm.norms.batch import (
+  BatchNormState,
+  batch_norm,
+  group_norm,
+  init_batch_norm_state,
+  instance_norm,
+)
+from jaxnorm.norms.cls import (
+  RegistersWith,
+  cls_token_type,
+  specialized_layer_norm,
+  specialized_linear,
+)
+from jaxnorm.norms.dyt import dyt
+from jaxnorm.norms.evonorm import (
+  EvoNormB0State,
+  EvoNormS0Variant,
+  evo_norm_b0,
+  evo_norm_s0,
+  init_evo_norm_b0_state,
+)
+from jaxnorm.norms.l1 import (
+  L1_KAPPA,
+  L1BatchNormState,
+  init_l1_batch_norm_state,
+  l1_batch_norm,
+  l1_layer_norm,
+)
+from jaxnorm.norms.layer import (
+  EPS_MODES,
+  Axis,
+  EpsMode,
+  crms_norm,
+  layer_norm,
+  rms_norm,
+)
+from jaxnorm.norms.powernorm import (
+  BackwardStat,
+  PowerNormState,
+  init_power_norm_state,
+  power_norm,
+)
+from jaxnorm.norms.region import (
+  region_norm,
+  region_norm_b,
+  region_norm_l,
+  resize_mask_nearest,
+)
+from jaxnorm.norms.scale_vectors import (
+  branch_rms_norm,
+  dual_scaled_linear,
+  magnitude_direction_scale,
+)
+from jaxnorm.norms.scaling import layer_norm_scaling
+from jaxnorm.norms.seednorm import seed_norm
+from jaxnorm.norms.timestep_decay import (
+  TimestepDecayNormState,
+  init_timestep_decay_norm_state,
+  timestep_decay_norm,
+)
+from jaxnorm.norms.unified import (
+  UnifiedNormState,
+  fold_unified_norm,
+  init_unified_norm_state,
+  unified_norm,
+)
+from jaxnorm.norms.unmix_tns import (
+  UnMixTNSState,
+  init_unmix_tns_state,
+  unmix_tns,
+  unmix_tns_momentum,
+)
+
+# Former private spelling, still called by `jaxnorm.nn.norms`; the public
+# helper is `jaxnorm._numerics.resolve_groups`.
+_resolve_groups = _numerics.resolve_groups
+
+__all__ = [
+  "EPS_MODES",
+  "L1_KAPPA",
+  "Axis",
+  "BackwardStat",
+  "BatchNormState",
+  "EpsMode",
+  "EvoNormB0State",
+  "EvoNormS0Variant",
+  "L1BatchNormState",
+  "PowerNormState",
+  "RegistersWith",
+  "TimestepDecayNormState",
+  "UnMixTNSState",
+  "UnifiedNormState",
+  "batch_norm",
+  "branch_rms_norm",
+  "cls_token_type",
+  "crms_norm",
+  "dual_scaled_linear",
+  "dyt",
+  "evo_norm_b0",
+  "evo_norm_s0",
+  "fold_unified_norm",
+  "group_norm",
+  "init_batch_norm_state",
+  "init_evo_norm_b0_state",
+  "init_l1_batch_norm_state",
+  "init_power_norm_state",
+  "init_timestep_decay_norm_state",
+  "init_unified_norm_state",
+  "init_unmix_tns_state",
+  "instance_norm",
+  "l1_batch_norm",
+  "l1_layer_norm",
+  "layer_norm",
+  "layer_norm_scaling",
+  "magnitude_direction_scale",
+  "power_norm",
+  "region_norm",
+  "region_norm_b",
+  "region_norm_l",
+  "resize_mask_nearest",
+  "rms_norm",
+  "seed_norm",
+  "specialized_layer_norm",
+  "specialized_linear",
+  "timestep_decay_norm",
+  "unified_norm",
+  "unmix_tns",
+  "unmix_tns_momentum",
+]

@@ -1,0 +1,313 @@
+"""LayerNorm, RMSNorm and CRMSNorm: per-token normalization over ``axis``.
+
+`layer_norm` and `rms_norm` carry a `jax.custom_vjp` whose backward pass
+computes ``dx`` in one fused expression from the saved per-row statistics
+(instead of differentiating through every intermediate of the forward pass);
+the gradients are the exact gradients of the forward function. All three are
+per token, so they are causal-safe on ``(batch, seq, d)`` inputs.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from typing import Literal
+
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, ArrayLike, Float
+
+from jaxnorm import _checks, _dispatch, _numerics
+
+Axis = int | Sequence[int]
+EpsMode = Literal["inside", "outside"]
+EPS_MODES: tuple[str, ...] = ("inside", "outside")
+
+
+def layer_norm(
+  x: Float[ArrayLike, "..."],
+  scale: Float[ArrayLike, " *d"] | None = None,
+  bias: Float[ArrayLike, " *d"] | None = None,
+  *,
+  eps: float = 1e-6,
+  axis: Axis = -1,
+  scale_offset: float = 0.0,
+  implementation: _dispatch.Implementation | None = None,
+) -> Float[Array, "..."]:
+  r"""Layer normalization over ``axis``.
+
+  .. math::
+    y = (\mathrm{scale} + \mathrm{scale\_offset}) \odot
+        \frac{x - \mu}{\sqrt{\sigma^2 + \epsilon}} + \mathrm{bias},
+    \quad \mu = \mathrm{mean}_{axis}(x),\;
+    \sigma^2 = \mathrm{mean}_{axis}((x - \mu)^2)
+
+  ``eps`` sits inside the square root, as in Flax and torch.
+
+  Causal-safe on ``(batch, seq, d)`` with the features last: each token
+  is normalized on its own.
+
+  Args:
+    x: input of any rank, floating dtype.
+    scale: gain of shape ``x.shape[axis]`` (a tuple of sizes for several
+      axes); ``None`` means no gain.
+    bias: offset, same shape as ``scale``; ``None`` means no offset.
+    eps: added to the variance.
+    axis: axis or axes to normalize over.
+    scale_offset: constant added to ``scale`` (1.0 gives the ``1 + scale``
+      parameterization of Gemma-style models).
+    implementation: ``"xla"`` (this reference), ``"pallas"`` (the
+      `pallas_kernels.norms` kernel) or ``None`` (the kernel on GPU/TPU when
+      it supports the case, else the reference).
+
+  Returns:
+    Normalized array with the shape and dtype of ``x``.
+
+  Raises:
+    TypeError: if ``x``, ``scale`` or ``bias`` is not floating.
+    ValueError: if ``axis`` is out of range or a parameter has the wrong shape.
+    NotImplementedError: ``implementation="pallas"`` on a case the kernel
+      does not support (named in the message).
+
+  References:
+    Ba, Kiros & Hinton, *Layer Normalization*, arXiv:1607.06450 (2016).
+  """
+  who = "layer_norm"
+  _checks.check_floating(who, "x", x)
+  x = jnp.asarray(x)
+  axes = _checks.normalize_axes(who, axis, x.ndim)
+  _numerics.check_param(who, "scale", scale, x, axes)
+  _numerics.check_param(who, "bias", bias, x, axes)
+  out = _dispatch.kernel_or_none(
+    who,
+    implementation,
+    "layer_norm_pallas",
+    lambda k: k(x, scale, bias, eps=eps, axis=axes, scale_offset=scale_offset),
+  )
+  if out is not None:
+    return out
+  return _layer_norm(x, scale, bias, float(eps), axes, float(scale_offset))
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))
+def _layer_norm(x, scale, bias, eps, axes, offset):
+  return _layer_norm_fwd(x, scale, bias, eps, axes, offset)[0]
+
+
+def _layer_norm_fwd(x, scale, bias, eps, axes, offset):
+  cdt = _numerics.compute_dtype(x)
+  xf = x.astype(cdt)
+  mean, var = _numerics.moments(xf, axes)
+  rstd = jax.lax.rsqrt(var + eps)
+  y = _numerics.affine(
+    (xf - mean) * rstd, scale, bias, axes, scale_offset=offset
+  )
+  return y.astype(x.dtype), (x, scale, bias, mean, rstd)
+
+
+def _layer_norm_bwd(eps, axes, offset, res, dy):
+  del eps
+  x, scale, bias, mean, rstd = res
+  cdt = _numerics.compute_dtype(x)
+  dy = dy.astype(cdt)
+  xhat = (x.astype(cdt) - mean) * rstd
+  g = _numerics.affine(dy, scale, None, axes, scale_offset=offset)
+  g_mean = jnp.mean(g, axis=axes, keepdims=True)
+  gx_mean = jnp.mean(g * xhat, axis=axes, keepdims=True)
+  dx = (rstd * (g - g_mean - xhat * gx_mean)).astype(x.dtype)
+  dscale = (
+    None
+    if scale is None
+    else _numerics.sum_to_param(dy * xhat, axes, jnp.result_type(scale))
+  )
+  dbias = (
+    None
+    if bias is None
+    else _numerics.sum_to_param(dy, axes, jnp.result_type(bias))
+  )
+  return dx, dscale, dbias
+
+
+_layer_norm.defvjp(_layer_norm_fwd, _layer_norm_bwd)
+
+
+# ---------------------------------------------------------------------------
+# RMSNorm.
+
+
+def rms_norm(
+  x: Float[ArrayLike, "..."],
+  scale: Float[ArrayLike, " *d"] | None = None,
+  *,
+  eps: float = 1e-6,
+  axis: Axis = -1,
+  eps_mode: EpsMode = "inside",
+  scale_offset: float = 0.0,
+  implementation: _dispatch.Implementation | None = None,
+) -> Float[Array, "..."]:
+  r"""Root-mean-square normalization over ``axis`` (no re-centering).
+
+  .. math::
+    y = (\mathrm{scale} + \mathrm{scale\_offset}) \odot x \cdot k,\quad
+    k = \begin{cases}
+      1/\sqrt{\mathrm{mean}_{axis}(x^2) + \epsilon} & \text{inside}\\
+      1/(\sqrt{\mathrm{mean}_{axis}(x^2)} + \epsilon) & \text{outside}
+    \end{cases}
+
+  ``eps_mode="inside"`` is the Flax, torch and LLaMA convention (and the
+  default); ``"outside"`` is the official ``bzhangGo/rmsnorm`` torch code,
+  which uses ``eps=1e-8``.
+
+  Causal-safe on ``(batch, seq, d)`` with the features last: each token
+  is normalized on its own.
+
+  Args:
+    x: input of any rank, floating dtype.
+    scale: gain of shape ``x.shape[axis]``; ``None`` means no gain.
+    eps: stabilizer, placed according to ``eps_mode``.
+    axis: axis or axes to normalize over.
+    eps_mode: ``"inside"`` or ``"outside"`` the square root.
+    scale_offset: constant added to ``scale`` (1.0 for ``1 + scale``).
+    implementation: ``"xla"`` (this reference), ``"pallas"`` (the
+      `pallas_kernels.norms` kernel) or ``None`` (the kernel on GPU/TPU when
+      it supports the case, else the reference).
+
+  Returns:
+    Normalized array with the shape and dtype of ``x``.
+
+  Raises:
+    TypeError: if ``x`` or ``scale`` is not floating.
+    ValueError: for a bad ``axis``, ``scale`` shape or ``eps_mode``.
+    NotImplementedError: ``implementation="pallas"`` on a case the kernel
+      does not support (named in the message).
+
+  References:
+    Zhang & Sennrich, *Root Mean Square Layer Normalization*,
+    arXiv:1910.07467 (2019).
+  """
+  who = "rms_norm"
+  _checks.check_floating(who, "x", x)
+  _checks.check_choice(who, "eps_mode", eps_mode, EPS_MODES)
+  x = jnp.asarray(x)
+  axes = _checks.normalize_axes(who, axis, x.ndim)
+  _numerics.check_param(who, "scale", scale, x, axes)
+  out = _dispatch.kernel_or_none(
+    who,
+    implementation,
+    "rms_norm_pallas",
+    lambda k: k(
+      x, scale, eps=eps, axis=axes, eps_mode=eps_mode, scale_offset=scale_offset
+    ),
+  )
+  if out is not None:
+    return out
+  return _rms_norm(x, scale, float(eps), axes, eps_mode, float(scale_offset))
+
+
+def _rms_factor(ms: jax.Array, eps: float, eps_mode: str) -> jax.Array:
+  if eps_mode == "inside":
+    return jax.lax.rsqrt(ms + eps)
+  return 1.0 / (jnp.sqrt(ms) + eps)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4, 5))
+def _rms_norm(x, scale, eps, axes, eps_mode, offset):
+  return _rms_norm_fwd(x, scale, eps, axes, eps_mode, offset)[0]
+
+
+def _rms_norm_fwd(x, scale, eps, axes, eps_mode, offset):
+  cdt = _numerics.compute_dtype(x)
+  xf = x.astype(cdt)
+  ms = jnp.mean(jnp.square(xf), axis=axes, keepdims=True)
+  k = _rms_factor(ms, eps, eps_mode)
+  y = _numerics.affine(xf * k, scale, None, axes, scale_offset=offset)
+  return y.astype(x.dtype), (x, scale, ms, k)
+
+
+def _rms_norm_bwd(eps, axes, eps_mode, offset, res, dy):
+  # With y = w * x * k(m), m = mean(x^2):
+  #   dx = k * g + (2/n) * k'(m) * sum(g * x) * x,   g = dy * w,
+  # where -2 k'(m) = k^3 (inside) or k^2 / sqrt(m) (outside). The outside
+  # correction vanishes at x = 0 (its limit), so it is guarded there.
+  del eps
+  x, scale, ms, k = res
+  cdt = _numerics.compute_dtype(x)
+  dy = dy.astype(cdt)
+  xf = x.astype(cdt)
+  g = _numerics.affine(dy, scale, None, axes, scale_offset=offset)
+  gx_mean = jnp.mean(g * xf, axis=axes, keepdims=True)
+  if eps_mode == "inside":
+    a = gx_mean * k * k * k
+  else:
+    safe = ms > 0
+    inv_rms = jnp.where(safe, jax.lax.rsqrt(jnp.where(safe, ms, 1.0)), 0.0)
+    a = gx_mean * k * k * inv_rms
+  dx = (k * g - a * xf).astype(x.dtype)
+  dscale = (
+    None
+    if scale is None
+    else _numerics.sum_to_param(dy * xf * k, axes, jnp.result_type(scale))
+  )
+  return dx, dscale
+
+
+_rms_norm.defvjp(_rms_norm_fwd, _rms_norm_bwd)
+
+
+# ---------------------------------------------------------------------------
+# CRMSNorm.
+
+
+def crms_norm(
+  z: Float[ArrayLike, "... d_minus_1"],
+  scale: Float[ArrayLike, " d_minus_1"] | None = None,
+  *,
+  eps: float = 1e-6,
+  axis: int = -1,
+) -> Float[Array, "... d_minus_1"]:
+  r"""Compressed RMSNorm on the ``(d-1)``-dim form of zero-mean vectors.
+
+  A zero-mean ``x`` in :math:`\mathbb{R}^d` is stored as its first ``d-1``
+  coordinates ``z``; the dropped one is :math:`x_d = -\sum_i z_i`, so
+
+  .. math::
+    \mathrm{CRMS}(z) = \mathrm{scale} \odot
+      \frac{z}{\sqrt{\left(\sum_i z_i^2 + (\sum_i z_i)^2\right) / d
+      + \epsilon}},
+
+  with ``d = z.shape[axis] + 1`` (the original width). For zero-mean ``x``,
+  ``crms_norm(x[..., :-1]) == rms_norm(x)[..., :-1]``.
+
+  Causal-safe on ``(batch, seq, d)`` with the features last: each token
+  is normalized on its own.
+
+  Args:
+    z: compressed input, ``d-1`` features on ``axis``.
+    scale: gain of shape ``(d-1,)``; ``None`` means none.
+    eps: added inside the square root (the source model's LayerNorm eps).
+    axis: the feature axis.
+
+  Returns:
+    Array with the shape and dtype of ``z``.
+
+  Raises:
+    TypeError: if ``z`` or ``scale`` is not floating.
+    ValueError: for a bad ``axis`` or ``scale`` shape.
+
+  References:
+    Jiang, Gu, Zhu & Pan, *Pre-RMSNorm and Pre-CRMSNorm Transformers:
+    Equivalent and Efficient Pre-LN Transformers*, NeurIPS 2023,
+    arXiv:2305.14858.
+  """
+  who = "crms_norm"
+  _checks.check_floating(who, "z", z)
+  z = jnp.asarray(z)
+  axes = _checks.normalize_axes(who, axis, z.ndim)
+  _numerics.check_param(who, "scale", scale, z, axes)
+  cdt = _numerics.compute_dtype(z)
+  zf = z.astype(cdt)
+  d = z.shape[axes[0]] + 1
+  sq = jnp.sum(jnp.square(zf), axis=axes, keepdims=True)
+  total = jnp.sum(zf, axis=axes, keepdims=True)
+  y = zf * jax.lax.rsqrt((sq + jnp.square(total)) / d + eps)
+  return _numerics.affine(y, scale, None, axes).astype(z.dtype)
