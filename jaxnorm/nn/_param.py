@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any, NamedTuple
 
 import jax
 from flax import nnx
@@ -32,3 +33,36 @@ def param(
   return variable_type(
     value, out_sharding=tuple(names), eager_sharding=sharding.has_mesh()
   )
+
+
+class OwnedParam(NamedTuple):
+  """An `nnx.Param` of a model with the module that owns it."""
+
+  path: tuple[Any, ...]  # Its path in ``nnx.state(model, nnx.Param)``.
+  owner_path: tuple[Any, ...]  # Path of the innermost module above it.
+  owner: nnx.Module
+  name: str  # The owner's attribute (a list attribute names its items).
+  value: jax.Array
+
+
+def owned_params(model: nnx.Module) -> list[OwnedParam]:
+  """Every `nnx.Param` of ``model`` with its owner, in state order.
+
+  The order is that of ``nnx.to_flat_state(nnx.state(model, nnx.Param))``.
+  """
+  modules = {
+    tuple(path): node
+    for path, node in nnx.iter_graph(model)
+    if isinstance(node, nnx.Module)
+  }
+  owned = []
+  for path, var in nnx.to_flat_state(nnx.state(model, nnx.Param)):
+    path = tuple(path)
+    depth = max(i for i in range(len(path)) if path[:i] in modules)
+    owner_path = path[:depth]
+    owned.append(
+      OwnedParam(
+        path, owner_path, modules[owner_path], str(path[depth]), var[...]
+      )
+    )
+  return owned

@@ -224,8 +224,13 @@ def test_dtypes(name):
     assert leaf.dtype == jnp.bfloat16
   x = jnp.ones(shape, jnp.bfloat16)
   assert module(x).dtype == jnp.float32
+  # dtype=None follows flax: the input promoted with the parameters.
   default = jnn.make_norm(name, D, rngs=nnx.Rngs(0), **kwargs)
-  assert default(x).dtype == jnp.bfloat16
+  assert default(x).dtype == jnp.float32
+  half = jnn.make_norm(
+    name, D, rngs=nnx.Rngs(0), param_dtype=jnp.bfloat16, **kwargs
+  )
+  assert half(x).dtype == jnp.bfloat16
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
@@ -241,6 +246,106 @@ def test_jit_and_grad_through_module(name):
   loss, grads = loss_and_grad(module, x)
   assert np.isfinite(float(loss))
   assert helpers.all_finite(nnx.state(grads))
+
+
+@pytest.mark.parametrize(
+  ("ours", "theirs"),
+  [(jnn.LayerNorm, nnx.LayerNorm), (jnn.RMSNorm, nnx.RMSNorm)],
+)
+@pytest.mark.parametrize("param_dtype", [jnp.float32, jnp.bfloat16])
+def test_dtype_semantics_beside_flax(key, ours, theirs, param_dtype):
+  """dtype=None, bf16 input: the output dtype and values of flax's module
+  (float32 from float32 parameters, computed from the exact upcast)."""
+  x = (jax.random.normal(key, (3, D)) * 3 + 1).astype(jnp.bfloat16)
+  kw = {"param_dtype": param_dtype, "rngs": nnx.Rngs(0)}
+  with jax.numpy_dtype_promotion("standard"):  # flax promotes implicitly.
+    want = theirs(D, epsilon=1e-6, **kw)(x)
+  got = ours(D, eps=1e-6, **kw)(x)
+  assert got.dtype == want.dtype == param_dtype  # bf16 promotes to f32.
+  atol = 1e-6 if got.dtype == jnp.float32 else 2e-2
+  helpers.assert_close(got, want, atol=atol)
+
+
+@pytest.mark.parametrize("cls", [jnn.LayerNorm, jnn.RMSNorm])
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_add_and_norm(key, cls, dtype):
+  """``(h, y)`` with h = x + residual and y = the module at h; the fused
+  path is the module's own parameters (perturbed so a mix-up fails)."""
+  module = cls(D, scale_offset=0.5, rngs=nnx.Rngs(0))
+  _perturb(module, key)
+  k1, k2 = jax.random.split(jax.random.fold_in(key, 3))
+  x = jax.random.normal(k1, (2, 3, D)).astype(dtype)
+  residual = jax.random.normal(k2, (2, 3, D)).astype(dtype)
+  h, y = module.add_and_norm(x, residual)
+  expected_h = (x.astype(jnp.float32) + residual.astype(jnp.float32)).astype(
+    dtype
+  )
+  np.testing.assert_array_equal(h, expected_h)
+  assert y.dtype == jnp.float32  # flax's rule: f32 parameters.
+  want = module(h.astype(jnp.float32)).astype(dtype).astype(jnp.float32)
+  helpers.assert_close(y, want, atol=1e-6 if dtype == jnp.float32 else 2e-2)
+
+
+FLAX_EQUIVALENTS = [
+  (jnn.LayerNorm, nnx.LayerNorm, {}),
+  (jnn.RMSNorm, nnx.RMSNorm, {}),
+  (jnn.BatchNorm, nnx.BatchNorm, {"use_running_average": True}),
+  (jnn.GroupNorm, nnx.GroupNorm, {"num_groups": 2}),
+]
+
+
+@pytest.mark.parametrize(("ours", "theirs", "kw"), FLAX_EQUIVALENTS)
+def test_flax_keywords(key, ours, theirs, kw):
+  """flax's spellings build the same layer as flax (same output)."""
+  flax_kw = {"epsilon": 1e-3, "use_fast_variance": False, **kw}
+  if ours is jnn.BatchNorm:
+    flax_kw["axis"] = -1
+  elif ours is not jnn.GroupNorm:
+    flax_kw |= {"reduction_axes": -1, "feature_axes": -1}
+  x = jax.random.normal(key, (4, 3, D)) * 2 + 1
+  module = ours(D, rngs=nnx.Rngs(0), **flax_kw)
+  assert module.eps == 1e-3
+  if ours is jnn.GroupNorm:  # Flax's GroupNorm reduces every non-batch axis.
+    flax_kw["reduction_axes"] = None
+  helpers.assert_close(
+    module(x), theirs(D, rngs=nnx.Rngs(0), **flax_kw)(x), atol=2e-5
+  )
+
+
+class TestFlaxKeywordErrors:
+  def test_both_eps_spellings(self):
+    with pytest.raises(
+      TypeError, match=r"LayerNorm: give eps or flax's epsilon, not both"
+    ):
+      jnn.LayerNorm(D, eps=1e-5, epsilon=1e-5, rngs=nnx.Rngs(0))
+
+  def test_other_axes(self):
+    with pytest.raises(
+      ValueError,
+      match=r"RMSNorm: reduction_axes must be -1 \(jaxnorm modules "
+      r"normalize the last, feature axis\), got reduction_axes=\(-2, -1\)",
+    ):
+      jnn.RMSNorm(D, reduction_axes=(-2, -1), rngs=nnx.Rngs(0))
+    with pytest.raises(ValueError, match=r"BatchNorm: axis must be -1"):
+      jnn.BatchNorm(D, axis=1, rngs=nnx.Rngs(0))
+
+  def test_fast_variance(self):
+    with pytest.raises(
+      ValueError, match=r"InstanceNorm: use_fast_variance=True is not"
+    ):
+      jnn.InstanceNorm(D, use_fast_variance=True, rngs=nnx.Rngs(0))
+
+  def test_metadata(self):
+    with pytest.raises(
+      TypeError,
+      match=r"LayerNorm: scale_metadata is flax's spelling; jaxnorm takes "
+      r"axis_names",
+    ):
+      jnn.LayerNorm(D, scale_metadata={}, rngs=nnx.Rngs(0))
+
+  def test_unknown_keyword_stays_a_type_error(self):
+    with pytest.raises(TypeError, match=r"unexpected keyword argument 'eta'"):
+      jnn.LayerNorm(D, eta=1.0, rngs=nnx.Rngs(0))
 
 
 def test_batchnorm_train_eval():

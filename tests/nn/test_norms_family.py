@@ -260,7 +260,8 @@ class TestScaleVectorModules:
     assert flat[("hg", "scale_magnitude")] and flat[("hg", "scale_direction")]
     assert not flat[("qk", "scale")]
     assert flat[("proj", "scale_in")] and flat[("proj", "scale_out")]
-    assert not flat[("proj", "kernel")]
+    # The dual-placement matrix is a weight matrix: decayed (one rule).
+    assert flat[("proj", "kernel")]
     assert flat[("dense", "kernel")] and flat[("dense", "bias")]
     none = jnn.weight_decay_mask(
       model, rule="none", decay_others=False, roles={"attn_norm": "output"}

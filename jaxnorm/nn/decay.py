@@ -1,0 +1,83 @@
+"""The one weight-decay policy of jaxnorm models, as an optax mask.
+
+Every parameter is decided by `jaxnorm.nn.registry.decays`: matrices
+(``ndim >= 2``: kernels, embeddings, convolutions) are decayed; vectors and
+scalars (norm scales, biases, gates) are not; the spec of the registered
+module that owns a parameter may override this for it by attribute name,
+with its paper's rule (SeeDNorm decays ``dyn_scale`` and ``dyn_proj``). The
+owners looked up are the norms of `jaxnorm.nn.NORMS`, flax's own norms
+(scales and biases never decayed), and the attention cores and residual
+modules registered with a spec that names their class.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from flax import nnx
+
+from jaxnorm.nn import _param, attention, norms, registry, residual
+
+
+def _registered_classes() -> Iterator[tuple[type, Mapping[str, bool]]]:
+  """``(class, decay overrides)`` of the attention and residual specs."""
+  for family, field in (
+    (getattr(attention, "ATTENTIONS", None), "core"),
+    (getattr(residual, "RESIDUALS", None), "build"),
+  ):
+    for spec in (family or {}).values():
+      cls = getattr(spec, field, None)
+      if isinstance(cls, type):
+        yield cls, spec.decay
+
+
+def module_decay(module: nnx.Module) -> Mapping[str, bool] | None:
+  """The decay overrides of ``module``'s registered class, if any.
+
+  Args:
+    module: a module of the model.
+
+  Returns:
+    The ``decay`` mapping of the spec registering its class (or a base
+    class) in `NORMS`, flax's norms, the attention or residual registry;
+    ``None`` for an unregistered module.
+  """
+  override = norms.norm_decay(module)
+  if override is not None:
+    return override
+  classes = dict(_registered_classes())
+  for cls in type(module).__mro__:
+    if cls in classes:
+      return classes[cls]
+  return None
+
+
+def decay_mask(model: nnx.Module) -> Any:
+  r"""Which parameters of ``model`` weight decay applies to.
+
+  .. math::
+    \mathrm{decay}(p) = \mathrm{override}_{\mathrm{owner}}(p)
+      \ \text{if given, else}\ [\mathrm{ndim}(p) \ge 2]
+
+  Args:
+    model: the module tree.
+
+  Returns:
+    An ``nnx.State`` of Python bools with the structure of
+    ``nnx.as_pure(nnx.state(model, nnx.Param))`` (True = decayed): pass it
+    as ``mask=`` of ``optax.adamw`` / ``optax.add_decayed_weights``, or to
+    ``optax.masked``; it fits both the variables `nnx.Optimizer` gives to
+    ``init`` and the arrays it gives to ``update``.
+
+  References:
+    Loshchilov & Hutter, *Decoupled Weight Decay Regularization*,
+    arXiv:1711.05101 (2019); per-parameter exceptions from each part's
+    paper (see the ``decay`` field of its spec).
+  """
+  return nnx.from_flat_state(
+    [
+      (p.path, registry.decays(p.name, p.value.ndim, module_decay(p.owner)))
+      for p in _param.owned_params(model)
+    ]
+  )

@@ -1,0 +1,104 @@
+"""Flax nnx modules for the normalization functions of `jaxnorm.norms`.
+
+Each module only declares its parameters (and running statistics) and calls
+the pure function; the maths and its documentation live there. Common
+arguments:
+
+* ``num_features``: size of the normalized (last) axis.
+* ``dtype``: output dtype; ``None`` keeps the input dtype. Statistics are
+  always computed in at least float32.
+* ``param_dtype``: storage dtype of parameters and statistics (float32).
+* ``axis_names``: logical axis name of the feature axis, attached to every
+  parameter for sharding (default ``("norm",)``, replicated by the default
+  rules of `jaxnorm.sharding`).
+* ``rngs``: an `nnx.Rngs`; the ``params`` stream feeds the initializers.
+
+Modules with running statistics follow flax's train/eval protocol
+(``use_running_average``, ``model.eval()``, ``nnx.view``). `NORMS` maps each
+name to its `jaxnorm.nn.registry.NormSpec` and `make_norm` builds any of
+them by name. Files: `layer` (per-token norms), `batch` (batch and group
+statistics), `backward` (backward-pass state), `region` (image-only norms),
+`scale_vectors`, `timestep`, `iwd` (IWD decay masks).
+"""
+
+from jaxnorm.nn.norms._registry import (
+  FLAX_NORMS,
+  NORMS,
+  NormName,
+  make_norm,
+  norm_decay,
+)
+from jaxnorm.nn.norms.backward import (
+  BACKWARD_DIFF,
+  BackwardStat,
+  PowerNorm,
+  UnifiedNorm,
+  apply_backward_updates,
+)
+from jaxnorm.nn.norms.batch import (
+  BatchNorm,
+  EvoNormB0,
+  EvoNormS0,
+  GroupNorm,
+  InstanceNorm,
+  L1BatchNorm,
+)
+from jaxnorm.nn.norms.iwd import (
+  OUTPUT_NORM_PATTERN,
+  WeightDecayRule,
+  weight_decay_mask,
+)
+from jaxnorm.nn.norms.layer import (
+  CRMSNorm,
+  DyT,
+  L1LayerNorm,
+  LayerNorm,
+  RMSNorm,
+  SeeDNorm,
+)
+from jaxnorm.nn.norms.region import RegionNormB, RegionNormL, UnMixTNS
+from jaxnorm.nn.norms.scale_vectors import (
+  NORM_ROLES,
+  CLSNorm,
+  DualScaledLinear,
+  NormRole,
+  ScaleVectorNorm,
+)
+from jaxnorm.nn.norms.timestep import TimestepDecayNorm
+
+__all__ = [
+  "BACKWARD_DIFF",
+  "FLAX_NORMS",
+  "NORMS",
+  "NORM_ROLES",
+  "OUTPUT_NORM_PATTERN",
+  "BackwardStat",
+  "BatchNorm",
+  "CLSNorm",
+  "CRMSNorm",
+  "DualScaledLinear",
+  "DyT",
+  "EvoNormB0",
+  "EvoNormS0",
+  "GroupNorm",
+  "InstanceNorm",
+  "L1BatchNorm",
+  "L1LayerNorm",
+  "LayerNorm",
+  "NormName",
+  "NormRole",
+  "PowerNorm",
+  "RMSNorm",
+  "RegionNormB",
+  "RegionNormL",
+  "ScaleVectorNorm",
+  "SeeDNorm",
+  "TimestepDecayNorm",
+  "UnMixTNS",
+  "UnifiedNorm",
+  "WeightDecayRule",
+  "apply_backward_updates",
+  "make_norm",
+  "norm_decay",
+  "weight_decay_mask",
+]

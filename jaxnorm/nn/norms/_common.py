@@ -1,0 +1,136 @@
+"""Helpers shared by the norm modules of `jaxnorm.nn.norms`."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from jaxnorm.nn import _param
+
+Initializer = Callable[..., jax.Array]
+Names = Sequence[str | None] | None
+
+
+def promote(x: jax.Array, module: nnx.Module) -> jax.Array:
+  """The input of a module call, promoted as flax's norms promote it.
+
+  With ``module.dtype=None`` the output dtype is the promotion of the input
+  dtype with the dtypes of the module's parameters, as in flax's
+  ``LayerNorm``/``RMSNorm``/``Linear``: a bfloat16 input with float32
+  parameters gives float32 (computed from the exact upcast input), a module
+  without parameters keeps the input dtype. The pure functions keep
+  ``x.dtype``; with an explicit ``dtype`` the input is left as is and
+  `cast` sets the output dtype.
+  """
+  x = jnp.asarray(x)
+  if module.dtype is not None or not jnp.issubdtype(x.dtype, jnp.floating):
+    return x
+  params = jax.tree.leaves(nnx.state(module, nnx.Param))
+  with jax.numpy_dtype_promotion("standard"):
+    dtype = jnp.result_type(x.dtype, *(p.dtype for p in params))
+  return x.astype(dtype)
+
+
+def cast(y: jax.Array, module: nnx.Module) -> jax.Array:
+  """``y`` in the module's explicit output ``dtype``, if one is set."""
+  return y if module.dtype is None else y.astype(module.dtype)
+
+
+_LAST_AXIS = (-1, (-1,))
+
+
+def flax_spelling(init: Callable[..., None]) -> Callable[..., None]:
+  """Accepts flax's constructor keywords where they mean the same.
+
+  ``epsilon`` is ``eps``; ``reduction_axes``, ``feature_axes`` and (for
+  BatchNorm) ``axis`` are accepted when they name the last axis, the only
+  one a jaxnorm module normalizes over (modules with a ``reduction_axes``
+  argument of their own take it as theirs); ``use_fast_variance=False`` is
+  jaxnorm's two-pass variance. Anything else flax spells differently is a
+  `TypeError` or `ValueError` naming the jaxnorm spelling.
+  """
+  own = set(inspect.signature(init).parameters)
+
+  @functools.wraps(init)
+  def wrapper(self: Any, *args: Any, **kwargs: Any) -> None:
+    who = type(self).__name__
+    for name in sorted(set(kwargs) - own):
+      if name == "epsilon":
+        if "eps" in kwargs:
+          raise TypeError(f"{who}: give eps or flax's epsilon, not both")
+        kwargs["eps"] = kwargs.pop("epsilon")
+      elif name in ("reduction_axes", "feature_axes", "axis"):
+        value = kwargs.pop(name)
+        if value not in _LAST_AXIS:
+          raise ValueError(
+            f"{who}: {name} must be -1 (jaxnorm modules normalize the last, "
+            f"feature axis), got {name}={value!r}; for other axes call the "
+            "pure function in jaxnorm.norms with axis="
+          )
+      elif name == "use_fast_variance":
+        if kwargs.pop(name):
+          raise ValueError(
+            f"{who}: use_fast_variance=True is not available: jaxnorm "
+            "always computes the two-pass variance (use_fast_variance=False)"
+          )
+      elif name in ("scale_metadata", "bias_metadata"):
+        raise TypeError(
+          f"{who}: {name} is flax's spelling; jaxnorm takes axis_names=(a "
+          "logical name,) for the feature axis of every parameter"
+        )
+    init(self, *args, **kwargs)
+
+  return wrapper
+
+
+def optional(
+  use: bool,
+  init: Initializer,
+  rngs: nnx.Rngs,
+  num_features: int,
+  param_dtype: Any,
+  names: Names,
+) -> nnx.Param | None:
+  """A ``(num_features,)`` parameter from ``init``, or ``None`` if unused."""
+  if not use:
+    return None
+  return _param.param(init(rngs.params(), (num_features,), param_dtype), names)
+
+
+def maybe(var: nnx.Variable | None) -> jax.Array | None:
+  """The value of an optional variable."""
+  return None if var is None else var[...]
+
+
+class RunningAverage(nnx.Module):
+  """Train/eval switch of the norms with running statistics.
+
+  ``use_running_average`` selects inference mode (the running statistics
+  are used and not updated). It follows flax's protocol: ``model.eval()`` /
+  ``model.train()`` set it, ``nnx.view(model, use_running_average=...)``
+  calls `set_view`, and a call argument overrides it for one call.
+  """
+
+  use_running_average: bool
+
+  def set_view(self, use_running_average: bool | None = None) -> None:
+    """Hook of ``nnx.view``: sets ``use_running_average`` when given.
+
+    Args:
+      use_running_average: True for inference (running statistics), False
+        for training (batch statistics, updated running statistics).
+    """
+    if use_running_average is not None:
+      self.use_running_average = use_running_average
+
+  def eval_mode(self, use_running_average: bool | None) -> bool:
+    """The call's mode: its argument if given, else the module's."""
+    if use_running_average is None:
+      return self.use_running_average
+    return use_running_average

@@ -1,0 +1,244 @@
+"""Image-only norms: Region Normalization (RN-B, RN-L) and UnMix-TNS."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from jaxnorm import _checks, norms
+from jaxnorm.nn import _param
+from jaxnorm.nn.norms._common import (
+  Names,
+  cast,
+  promote,
+)
+from jaxnorm.nn.norms.batch import BatchNorm
+
+
+class RegionNormB(nnx.Module):
+  """RN-B, region normalization with a given mask; see `norms.region_norm_b`.
+
+  Parameters ``scale_fg``, ``bias_fg``, ``scale_bg``, ``bias_bg`` (all 0,
+  used as ``1 + scale``). Call with ``mask`` (1 = foreground, e.g. hole
+  pixels), ``(n, *spatial, 1)`` at any resolution: it is resized to the
+  feature map with torch-style nearest interpolation. Without a mask the
+  whole map is one region (training-mode BatchNorm plus the fg affine and
+  both shifts).
+  """
+
+  def __init__(
+    self,
+    num_features: int,
+    *,
+    eps: float = 1e-5,
+    masked_bias: bool = False,
+    axis_name: str | None = None,
+    dtype: Any = None,
+    param_dtype: Any = jnp.float32,
+    axis_names: Names = ("norm",),
+    rngs: nnx.Rngs,
+  ):
+    _checks.check_positive_int("RegionNormB", "num_features", num_features)
+    del rngs  # Constant initialization only.
+    self.num_features, self.eps, self.masked_bias = (
+      num_features,
+      eps,
+      (masked_bias),
+    )
+    self.axis_name, self.dtype = axis_name, dtype
+    zeros = jnp.zeros((num_features,), param_dtype)
+    self.scale_fg = _param.param(zeros, axis_names)
+    self.bias_fg = _param.param(zeros, axis_names)
+    self.scale_bg = _param.param(zeros, axis_names)
+    self.bias_bg = _param.param(zeros, axis_names)
+
+  def __call__(self, x: jax.Array, mask: jax.Array | None = None) -> jax.Array:
+    """Normalizes NHWC ``x`` within the regions of ``mask``."""
+    x = promote(x, self)
+    if mask is None:
+      mask = jnp.ones((*x.shape[:-1], 1), jnp.float32)
+    elif mask.shape[1:-1] != x.shape[1:-1]:
+      mask = norms.resize_mask_nearest(mask, x.shape[1:-1])
+    y = norms.region_norm_b(
+      x,
+      mask,
+      self.scale_fg[...],
+      self.bias_fg[...],
+      self.scale_bg[...],
+      self.bias_bg[...],
+      eps=self.eps,
+      masked_bias=self.masked_bias,
+      axis_name=self.axis_name,
+    )
+    return cast(y, self)
+
+
+def _torch_uniform(
+  rngs: nnx.Rngs, shape: tuple[int, ...], fan_in: int, dtype: Any
+) -> jax.Array:
+  """The torch default conv init: U(-1/sqrt(fan_in), 1/sqrt(fan_in)).
+
+  Kaiming-uniform with ``a = sqrt(5)`` for the weight gives this bound, and
+  torch draws the bias from the same range.
+  """
+  bound = 1.0 / math.sqrt(fan_in)
+  return jax.random.uniform(
+    rngs.params(), shape, jnp.float32, -bound, bound
+  ).astype(dtype)
+
+
+class RegionNormL(nnx.Module):
+  """RN-L, region normalization with a learned mask (`norms.region_norm_l`).
+
+  Parameters (HWIO convs, torch default init): ``mask_kernel``
+  ``(k, k, 2, 1)``; ``scale_kernel``/``scale_bias`` and
+  ``bias_kernel``/``bias_bias`` (``(k, k, 1, 1)`` and ``(1,)``).
+  """
+
+  def __init__(
+    self,
+    num_features: int,
+    *,
+    kernel_size: int = 7,
+    threshold: float = 0.8,
+    eps: float = 1e-5,
+    axis_name: str | None = None,
+    dtype: Any = None,
+    param_dtype: Any = jnp.float32,
+    axis_names: Names = ("norm",),
+    rngs: nnx.Rngs,
+  ):
+    who = "RegionNormL"
+    _checks.check_positive_int(who, "num_features", num_features)
+    _checks.check_positive_int(who, "kernel_size", kernel_size)
+    if kernel_size % 2 == 0:
+      raise ValueError(f"{who}: kernel_size must be odd, got {kernel_size=}")
+    self.num_features, self.threshold, self.eps = num_features, threshold, eps
+    self.axis_name, self.dtype = axis_name, dtype
+    k = kernel_size
+    conv_names = None if axis_names is None else (None,) * 4
+    bias_names = None if axis_names is None else (None,)
+    self.mask_kernel = _param.param(
+      _torch_uniform(rngs, (k, k, 2, 1), 2 * k * k, param_dtype), conv_names
+    )
+    self.scale_kernel = _param.param(
+      _torch_uniform(rngs, (k, k, 1, 1), k * k, param_dtype), conv_names
+    )
+    self.scale_bias = _param.param(
+      _torch_uniform(rngs, (1,), k * k, param_dtype), bias_names
+    )
+    self.bias_kernel = _param.param(
+      _torch_uniform(rngs, (k, k, 1, 1), k * k, param_dtype), conv_names
+    )
+    self.bias_bias = _param.param(
+      _torch_uniform(rngs, (1,), k * k, param_dtype), bias_names
+    )
+
+  def __call__(self, x: jax.Array) -> jax.Array:
+    """Normalizes NHWC ``x`` within its learned regions."""
+    x = promote(x, self)
+    y = norms.region_norm_l(
+      x,
+      self.mask_kernel[...],
+      self.scale_kernel[...],
+      self.scale_bias[...],
+      self.bias_kernel[...],
+      self.bias_bias[...],
+      threshold=self.threshold,
+      eps=self.eps,
+      axis_name=self.axis_name,
+    )
+    return cast(y, self)
+
+
+class UnMixTNS(nnx.Module):
+  """UnMix-TNS test-time normalization; see `jaxnorm.norms.unmix_tns`.
+
+  Parameters ``scale``/``bias`` (the replaced BatchNorm's); `nnx.BatchStat`
+  components ``mean`` and ``var`` of shape ``(K, C)``, initialized from
+  ``source_mean``/``source_var`` (default 0 and 1) with noise from
+  ``rngs.params()``. Every call updates the components unless
+  ``update_stats=False``. `from_batch_norm` replaces a trained `BatchNorm`.
+  """
+
+  def __init__(
+    self,
+    num_features: int,
+    *,
+    num_components: int = 16,
+    spread: float = 0.5,
+    temperature: float = 0.07,
+    momentum: float | None = None,
+    eps: float = 1e-5,
+    update_stats: bool = True,
+    source_mean: jax.Array | None = None,
+    source_var: jax.Array | None = None,
+    axis_name: str | None = None,
+    dtype: Any = None,
+    param_dtype: Any = jnp.float32,
+    axis_names: Names = ("norm",),
+    rngs: nnx.Rngs,
+  ):
+    _checks.check_positive_int("UnMixTNS", "num_features", num_features)
+    self.num_features, self.temperature = num_features, temperature
+    self.momentum, self.eps, self.update_stats = momentum, eps, update_stats
+    self.axis_name, self.dtype = axis_name, dtype
+    shape = (num_features,)
+    mean = jnp.zeros(shape) if source_mean is None else source_mean
+    var = jnp.ones(shape) if source_var is None else source_var
+    state = norms.init_unmix_tns_state(
+      mean,
+      var,
+      rngs.params(),
+      num_components=num_components,
+      spread=spread,
+      dtype=param_dtype,
+    )
+    comp_names = None if axis_names is None else (None, *axis_names)
+    self.scale = _param.param(jnp.ones(shape, param_dtype), axis_names)
+    self.bias = _param.param(jnp.zeros(shape, param_dtype), axis_names)
+    self.mean = _param.param(state.mean, comp_names, nnx.BatchStat)
+    self.var = _param.param(state.var, comp_names, nnx.BatchStat)
+
+  @classmethod
+  def from_batch_norm(
+    cls, bn: BatchNorm, *, rngs: nnx.Rngs, **kwargs: Any
+  ) -> UnMixTNS:
+    """An UnMix-TNS layer with ``bn``'s affine, eps and source statistics."""
+    kwargs.setdefault("eps", bn.eps)
+    module = cls(
+      bn.num_features,
+      source_mean=bn.mean[...],
+      source_var=bn.var[...],
+      param_dtype=bn.mean[...].dtype,
+      rngs=rngs,
+      **kwargs,
+    )
+    if bn.scale is not None:
+      module.scale[...] = bn.scale[...]
+    if bn.bias is not None:
+      module.bias[...] = bn.bias[...]
+    return module
+
+  def __call__(self, x: jax.Array) -> jax.Array:
+    """Normalizes NHWC ``x``; updates the components (``update_stats``)."""
+    x = promote(x, self)
+    y, new = norms.unmix_tns(
+      x,
+      self.scale[...],
+      self.bias[...],
+      norms.UnMixTNSState(self.mean[...], self.var[...]),
+      momentum=self.momentum,
+      temperature=self.temperature,
+      eps=self.eps,
+      update=self.update_stats,
+      axis_name=self.axis_name,
+    )
+    if self.update_stats:
+      self.mean[...] = new.mean
+      self.var[...] = new.var
+    return cast(y, self)
