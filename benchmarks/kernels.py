@@ -7,15 +7,19 @@ Run from the repository root:
 On a GPU or TPU, for each (shape, dtype) it times, in one process:
 
 * RMSNorm and LayerNorm forward and forward+backward, and the fused
-  residual-add + RMSNorm forward and forward+backward, for
-  ``pallas_kernels`` (compiled), the jitted jnp reference
-  (``implementation="xla"``) and ``tokamax.layer_norm`` (``xla`` and
-  ``triton`` on GPU; skipped with a note when tokamax is not importable);
+  residual-add + RMSNorm forward and forward+backward, for the compiled
+  ``pallas_kernels`` row kernels (on GPU: ``mosaic_gpu``, the default
+  lowering, and ``triton`` while the installed JAX has it; on TPU:
+  ``mosaic_tpu``), the jitted jnp reference (``implementation="xla"``) and
+  ``tokamax.layer_norm`` (every implementation of ``xla``, ``triton``,
+  ``mosaic`` that runs on the device; skipped with a note when tokamax is not
+  importable);
 * achieved GB/s under the minimal byte model (forward: read x, write y = 2
   arrays; forward+backward: also read dy, write dx = 4 arrays; fused add
   forward: read x, r, write h, y = 4; fused add forward+backward: 8), divided
   by the device-to-device copy bandwidth measured in the same process
-  (``x + 1`` into a fresh array, 2 arrays), which is the practical peak;
+  (``x + 1`` into a fresh array, 2 arrays), which is the practical peak,
+  and the speed-up over XLA and over the fastest tokamax implementation;
 * attention TFLOP/s, forward and forward+backward, of the Pallas flash
   kernel (`pallas_kernels.attention`) against ``jax.nn.dot_product_attention``
   (``xla`` and, on GPU, ``cudnn``; causal counted as half the FLOPs, the
@@ -26,9 +30,13 @@ is well beyond L2; every case is checked against the float32 reference
 before timing; cases are interleaved round-robin and reported as medians.
 
 On CPU it says that no accelerator is present, and only times the
-interpreted kernels (``interpret=True`` and ``pltpu.InterpretParams()``)
-against the jnp reference on a small array as a smoke check: interpreter
-time is not kernel speed (PERFORMANCE.md 3.5).
+interpreted kernels (each lowering in its interpreter) against the jnp
+reference on a small array as a smoke check: interpreter time is not kernel
+speed (PERFORMANCE.md 3.5). ``--dry-run`` runs the accelerator table on CPU
+with interpreted kernels and tiny shapes, to check the script end to end.
+
+JAX deprecates its Pallas Triton backend; the ``triton`` rows are an
+explicit comparison, so its deprecation warning is silenced here.
 """
 
 from __future__ import annotations
@@ -39,6 +47,7 @@ import json
 import platform
 import statistics
 import time
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -47,13 +56,24 @@ import jax.numpy as jnp
 from jax.experimental.pallas import tpu as pltpu
 
 from jaxnorm import fused_norms, norms
+from pallas_kernels import _rows
 from pallas_kernels import attention as pa
 from pallas_kernels import norms as pk
 
 GPU_SHAPES = ((16384, 4096), (8192, 8192), (65536, 1024))
 TPU_SHAPES = ((16384, 4096), (8192, 8192), (65536, 1024))
-CPU_SHAPE = (256, 512)
+CPU_SHAPE = (64, 256)
 _ROTATE = 4
+_TOKAMAX_IMPLS = ("xla", "triton", "mosaic")
+
+
+def _kernel_backends(backend: str) -> tuple[str, ...]:
+  """The row-kernel lowerings to time: both GPU ones, or Mosaic TPU."""
+  if backend != "gpu":
+    return ("mosaic_tpu",)
+  if _rows.triton_available():
+    return ("mosaic_gpu", "triton")
+  return ("mosaic_gpu",)
 
 
 def _try_tokamax() -> Any:
@@ -62,6 +82,21 @@ def _try_tokamax() -> Any:
   except ImportError:
     return None
   return tokamax
+
+
+def _tokamax_impls(tokamax: Any) -> tuple[str, ...]:
+  """The tokamax.layer_norm implementations that run on this device."""
+  x = jnp.ones((8, 256), jnp.bfloat16)
+  ok = []
+  for impl in _TOKAMAX_IMPLS:
+    try:
+      jax.block_until_ready(
+        tokamax.layer_norm(x, None, None, implementation=impl)
+      )
+    except Exception:  # noqa: BLE001 - unknown or unsupported here: skip it
+      continue
+    ok.append(impl)
+  return tuple(ok)
 
 
 def _timed(fn: Callable[[Any], Any], arg_sets: list[Any], calls: int) -> float:
@@ -120,23 +155,24 @@ def _norm_cases(
   scale = jnp.ones((cols,), jnp.float32) * 1.5
   bias = jnp.full((cols,), 0.25, jnp.float32)
   impls: dict[str, dict[str, Callable]] = {
-    "pallas": {
-      "rms": lambda x, s: pk.rms_norm_pallas(x, s, interpret=interpret),
-      "ln": lambda x, s, b: pk.layer_norm_pallas(x, s, b, interpret=interpret),
-      "add_rms": lambda x, r, s: pk.add_rms_norm_pallas(
-        x, r, s, interpret=interpret
-      ),
-    },
-    "xla": {
-      "rms": lambda x, s: norms.rms_norm(x, s),
-      "ln": lambda x, s, b: norms.layer_norm(x, s, b),
-      "add_rms": lambda x, r, s: fused_norms.add_rms_norm(
-        x, r, s, implementation="xla"
-      ),
-    },
+    lowering: _pallas_fns(
+      None if lowering.startswith("mosaic") else lowering, interpret
+    )
+    for lowering in _kernel_backends(backend)
   }
+  impls.update(
+    {
+      "xla": {
+        "rms": lambda x, s: norms.rms_norm(x, s),
+        "ln": lambda x, s, b: norms.layer_norm(x, s, b),
+        "add_rms": lambda x, r, s: fused_norms.add_rms_norm(
+          x, r, s, implementation="xla"
+        ),
+      },
+    }
+  )
   if tokamax is not None:
-    for impl in ("xla", "triton") if backend == "gpu" else ("xla",):
+    for impl in _tokamax_impls(tokamax):
       impls[f"tokamax-{impl}"] = {
         "rms": lambda x, s, impl=impl: tokamax.layer_norm(
           x, s, None, subtract_mean=False, implementation=impl
@@ -165,6 +201,16 @@ def _norm_cases(
       nbytes[f"{op} fwd {impl}"] = n_fwd * arr
       nbytes[f"{op} fwd+bwd {impl}"] = n_bwd * arr
   return cases, nbytes
+
+
+def _pallas_fns(backend: str | None, interpret: Any) -> dict[str, Callable]:
+  """The row kernels of one lowering (``backend=None``: the default)."""
+  kw = {"backend": backend, "interpret": interpret}
+  return {
+    "rms": lambda x, s: pk.rms_norm_pallas(x, s, **kw),
+    "ln": lambda x, s, b: pk.layer_norm_pallas(x, s, b, **kw),
+    "add_rms": lambda x, r, s: pk.add_rms_norm_pallas(x, r, s, **kw),
+  }
 
 
 def _check(cases: dict[str, tuple[Callable, list[Any]]]) -> dict[str, float]:
@@ -272,6 +318,11 @@ def run_accelerator(
         op, kind, impl = name.split(" ")
         med = statistics.median(ts)
         xla = statistics.median(times[f"{op} {kind} xla"])
+        toka = [
+          statistics.median(t)
+          for n, t in times.items()
+          if n.startswith(f"{op} {kind} tokamax-")
+        ]
         gbps = nbytes[name] / med / 1e9
         row = {
           "shape": [rows, cols],
@@ -284,14 +335,20 @@ def run_accelerator(
           "gbps": gbps,
           "pct_peak": 100 * gbps * 1e9 / peak,
           "speedup_vs_xla": xla / med,
+          "speedup_vs_tokamax": min(toka) / med if toka else None,
           "max_err": errs.get(name, 0.0),
         }
         results["norms"].append(row)
+        vs_toka = (
+          f"x{row['speedup_vs_tokamax']:.2f} vs tokamax"
+          if toka
+          else "tokamax n/a"
+        )
         print(
           f"{rows}x{cols} {row['dtype']:8s} {op:7s} {kind:7s} "
           f"{impl:14s} {med * 1e6:9.1f} us {gbps:7.0f} GB/s "
           f"{row['pct_peak']:5.1f}% peak  x{row['speedup_vs_xla']:.2f} "
-          f"vs xla  err {row['max_err']:.1e}"
+          f"vs xla  {vs_toka}  err {row['max_err']:.1e}"
         )
   results["attention"] = _attention(
     "cpu" if dry_run else backend,
@@ -325,17 +382,18 @@ def run_cpu_smoke(rounds: int) -> dict:
       _fwd_bwd(lambda x, s: norms.rms_norm(x, s)),
       [(x, s, dy)],
     ),
-    "rms fwd+bwd interpret-gpu": (
-      _fwd_bwd(lambda x, s: pk.rms_norm_pallas(x, s, interpret=True)),
-      [(x, s, dy)],
-    ),
-    "rms fwd+bwd interpret-tpu": (
-      _fwd_bwd(
-        lambda x, s: pk.rms_norm_pallas(x, s, interpret=pltpu.InterpretParams())
-      ),
-      [(x, s, dy)],
-    ),
   }
+  lowerings = {
+    "mosaic_gpu": (None, True),
+    "mosaic_tpu": (None, pltpu.InterpretParams()),
+  }
+  if _rows.triton_available():
+    lowerings["triton"] = ("triton", True)
+  for name, (backend, interpret) in lowerings.items():
+    cases[f"rms fwd+bwd interpret-{name}"] = (
+      _fwd_bwd(_pallas_fns(backend, interpret)["rms"]),
+      [(x, s, dy)],
+    )
   errs = _check(cases)
   times = _measure(cases, rounds, 1)
   ref = statistics.median(times["rms fwd+bwd xla"])
@@ -352,7 +410,7 @@ def run_cpu_smoke(rounds: int) -> dict:
       }
     )
     print(
-      f"{name:28s} {rows}x{cols} f32 {med * 1e3:9.2f} ms  "
+      f"{name:34s} {rows}x{cols} f32 {med * 1e3:9.2f} ms  "
       f"{med / ref:7.1f}x the jnp time  max err "
       f"{errs.get(name, 0.0):.1e}"
     )
@@ -397,13 +455,18 @@ def main() -> None:
       tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")
     )
   )
-  if args.dry_run:
-    print("dry run: interpreted kernels on CPU; the numbers are not speeds")
-    results = run_accelerator("gpu", 2, 1, shapes or ((64, 96),), True)
-  elif backend in ("gpu", "tpu"):
-    results = run_accelerator(backend, args.rounds or 20, args.calls, shapes)
-  else:
-    results = run_cpu_smoke(args.rounds or 5)
+  with warnings.catch_warnings():
+    # The triton rows are an explicit comparison with a deprecated backend.
+    warnings.filterwarnings(
+      "ignore", "The Pallas Triton backend is deprecated", DeprecationWarning
+    )
+    if args.dry_run:
+      print("dry run: interpreted kernels on CPU; the numbers are not speeds")
+      results = run_accelerator("gpu", 2, 1, shapes or ((64, 96),), True)
+    elif backend in ("gpu", "tpu"):
+      results = run_accelerator(backend, args.rounds or 20, args.calls, shapes)
+    else:
+      results = run_cpu_smoke(args.rounds or 5)
   if args.json:
     with open(args.json, "w") as f:
       json.dump({**header, **results}, f, indent=1)

@@ -1,8 +1,8 @@
 """Fused RMSNorm / LayerNorm kernels, forward and backward, GPU and TPU.
 
 Each public function has the signature of its reference in `jaxnorm.norms`
-plus the keyword-only knobs ``block_rows`` and ``interpret``, and carries a
-`jax.custom_vjp` whose backward pass is a Pallas kernel too:
+plus the keyword-only knobs ``block_rows``, ``backend`` and ``interpret``,
+and carries a `jax.custom_vjp` whose backward pass is a Pallas kernel too:
 
 * forward: one read of ``x``, one write of ``y``; statistics in float32,
   two-pass within the block (the whole row is on chip), like the reference.
@@ -12,11 +12,21 @@ plus the keyword-only knobs ``block_rows`` and ``interpret``, and carries a
   second pass (`jnp.sum` over blocks) reduces.
 
 Tiling and lowerings: `pallas_kernels._rows` (one heuristic,
-`norm_block_heuristic`). Unsupported inputs raise `NotImplementedError`
-naming the case, so `implementation=None` dispatch can fall back to the
-reference: normalized axes that are not the trailing ones, rows wider than
-`MAX_FEATURES`, dtypes the lowering lacks, empty inputs, CPU without
-``interpret``.
+`norm_block_heuristic`); on GPU the default is the Mosaic GPU lowering
+(`pallas_kernels.mosaic_gpu_rows`), and ``backend="triton"`` keeps the
+Triton one while the installed JAX has it. Unsupported inputs raise
+`NotImplementedError` naming the case, so `implementation=None` dispatch can
+fall back to the reference: normalized axes that are not the trailing ones,
+rows wider than `MAX_FEATURES` (Mosaic GPU: wider than 8192 or not a
+multiple of 32), dtypes the lowering lacks, empty inputs, CPU without
+``interpret``, a backend the device or the installed JAX lacks.
+
+On a device mesh (an active `jax.set_mesh` with more than one device and no
+manual axes) every kernel runs per device under `jax.shard_map`
+(`pallas_kernels.sharding.shard_rows`): a Pallas call cannot be partitioned
+by XLA. The rows are split as the input's explicit sharding says, or, for
+`AxisType.Auto` axes, each mesh axis over the first leading axis it divides;
+a sharded normalized axis raises `NotImplementedError` (see `_on_mesh`).
 """
 
 from __future__ import annotations
@@ -27,10 +37,11 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import AxisType, PartitionSpec
 from jaxtyping import Array, ArrayLike, Float
 
 from jaxnorm import _checks
-from pallas_kernels import _rows
+from pallas_kernels import _rows, mosaic_gpu_rows, sharding
 
 Axis = int | tuple[int, ...]
 
@@ -54,13 +65,22 @@ class _Static:
 
 
 def _prepare(
-  who: str, x: Any, axis: Axis, block_rows: int | None, interpret: Any
-) -> tuple[jax.Array, tuple[int, ...], _rows.RowTiling]:
-  """Validates the kernel-specific facts and builds the tiling."""
+  who: str,
+  x: Any,
+  axis: Axis,
+  block_rows: int | None,
+  interpret: Any,
+  backend: str | None,
+) -> tuple[jax.Array, tuple[int, ...], _rows.RowTiling, Any]:
+  """Validates the kernel-specific facts and builds the tiling.
+
+  Returns ``(x, axes, tiling, interpret)`` with ``interpret`` the value to
+  pass to Pallas (`_rows.interpreter`).
+  """
   _checks.check_floating(who, "x", x)
   x = jnp.asarray(x)
   axes = _checks.normalize_axes(who, axis, x.ndim)
-  lowering = _rows.lowering_for(who, interpret)
+  lowering = _rows.row_lowering(who, interpret, backend)
   _rows.trailing_axes(who, axes, x.ndim)
   _rows.check_dtype(who, x.dtype, lowering)
   if x.size == 0:
@@ -71,7 +91,114 @@ def _prepare(
   tiling = _rows.norm_block_heuristic(
     who, lowering, rows, feats, x.dtype, block_rows
   )
-  return x, axes, tiling
+  return x, axes, tiling, _rows.interpreter(lowering, interpret)
+
+
+def _row_call(
+  st: _Static, body, row_inputs, params, out_dtypes, partials, name
+):
+  """`_rows.row_call` or its Mosaic GPU twin, per the tiling's lowering."""
+  call = (
+    mosaic_gpu_rows.row_call
+    if st.tiling.lowering == "mosaic_gpu"
+    else _rows.row_call
+  )
+  return call(
+    body,
+    st.tiling,
+    row_inputs,
+    params,
+    out_dtypes,
+    partials,
+    interpret=st.interpret,
+    name=name,
+  )
+
+
+def _mesh_rows(
+  who: str, x: Any, axis: Any
+) -> tuple[Any, PartitionSpec, int] | None:
+  """``(mesh, row_spec, num_feature_axes)`` to run per device, or ``None``.
+
+  The mesh is the context one (`jax.set_mesh`), else that of a sharded
+  ``x`` (a `NamedSharding`). ``None`` without a mesh of more than one
+  device, inside a `shard_map` (manual axes: already per device), and for
+  arguments the kernel itself rejects (it raises its own error).
+
+  Raises:
+    NotImplementedError: when ``x`` is explicitly sharded along a
+      normalized axis (a row must live on one device).
+  """
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh.empty:  # a sharded input carries its mesh
+    mesh = getattr(jax.typeof(x).sharding, "mesh", mesh)
+  if mesh.empty or mesh.size == 1:
+    return None
+  if any(t == AxisType.Manual for t in mesh.axis_types):
+    return None
+  ndim = jnp.ndim(x)
+  try:
+    axes = _checks.normalize_axes(who, axis, ndim)
+  except (TypeError, ValueError):
+    return None
+  nf = len(axes)
+  if axes != tuple(range(ndim - nf, ndim)):
+    return None
+  spec = tuple(getattr(jax.typeof(x).sharding, "spec", ()))
+  spec += (None,) * (ndim - len(spec))
+  if any(s is not None for s in spec[ndim - nf :]):
+    raise NotImplementedError(
+      f"{who}: x is sharded along a normalized axis, sharding "
+      f"spec={spec}; a row must live on one device, so reshard it or use "
+      "the reference (implementation='xla')"
+    )
+  if not any(s is not None for s in spec):
+    spec = _split_rows(mesh, jnp.shape(x)[: ndim - nf]) + (None,) * nf
+  return mesh, PartitionSpec(*spec), nf
+
+
+def _split_rows(mesh: Any, lead: tuple[int, ...]) -> tuple[Any, ...]:
+  """Each mesh axis over the first leading axis whose size it divides."""
+  left, names = list(lead), [[] for _ in lead]
+  for name, size in zip(mesh.axis_names, mesh.axis_sizes, strict=True):
+    for d, n in enumerate(left):
+      if size > 1 and n % size == 0:
+        names[d].append(name)
+        left[d] //= size
+        break
+  return tuple(
+    None if not n else n[0] if len(n) == 1 else tuple(n) for n in names
+  )
+
+
+def _on_mesh(num_row_args: int):
+  """Runs the decorated kernel per device on the context mesh.
+
+  `_mesh_rows` decides whether and how; the kernel then goes through
+  `sharding.shard_rows` with its keyword arguments, and the parameters
+  (the positional arguments after the ``num_row_args`` row arrays) are
+  replicated.
+  """
+
+  def wrap(fn):
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+      plan = _mesh_rows(fn.__name__, args[0], kwargs.get("axis", -1))
+      if plan is None:
+        return fn(*args, **kwargs)
+      mesh, spec, nf = plan
+      return sharding.shard_rows(
+        fn,
+        mesh,
+        spec,
+        num_row_args=num_row_args,
+        num_feature_axes=nf,
+        **kwargs,
+      )(*args)
+
+    return run
+
+  return wrap
 
 
 def _check_param(
@@ -100,47 +227,46 @@ def _gain(ps: list[jax.Array], st: _Static) -> jax.Array | float:
 # RMSNorm.
 
 
-def _rms_k(x: jax.Array, st: _Static) -> tuple[jax.Array, jax.Array]:
-  """Mean square and the normalizing factor ``k`` of each row."""
-  ms = _rows.row_mean(x * x, st.tiling.features)
+def _rms_k(x: jax.Array, st: _Static, ops: _rows.RowOps):
+  """Mean square and the normalizing factor ``k`` of each row (row form)."""
+  ms = ops.mean(x * x)
   if st.eps_mode == "inside":
     return ms, jax.lax.rsqrt(ms + st.eps)
-  return ms, 1.0 / (jnp.sqrt(ms) + st.eps)
+  return ms, 1.0 / (ops.sqrt(ms) + st.eps)
 
 
-def _rms_fwd_math(x, ps, st):
-  _, k = _rms_k(x, st)
-  return x * k * _gain(ps, st)
+def _rms_fwd_math(x, ps, st, ops):
+  _, k = _rms_k(x, st, ops)
+  return x * ops.full(k) * _gain(ps, st)
 
 
-def _rms_bwd_math(x, dy, ps, st):
+def _rms_bwd_math(x, dy, ps, st, ops):
   # y = w x k(m), m = mean(x^2): dx = k g - a x with g = dy w and
   # a = mean(g x) k^3 (inside) or mean(g x) k^2 / sqrt(m) (outside, 0 at m=0).
-  ms, k = _rms_k(x, st)
+  ms, k = _rms_k(x, st, ops)
   g = dy * _gain(ps, st)
-  gx = _rows.row_mean(g * x, st.tiling.features)
+  gx = ops.mean(g * x)
   if st.eps_mode == "inside":
     a = gx * k * k * k
   else:
     safe = ms > 0
     inv = jnp.where(safe, jax.lax.rsqrt(jnp.where(safe, ms, 1.0)), 0.0)
     a = gx * k * k * inv
-  contribs = [dy * x * k] if st.has_scale else []
-  return k * g - a * x, contribs
+  kf = ops.full(k)
+  contribs = [dy * x * kf] if st.has_scale else []
+  return kf * g - ops.full(a) * x, contribs
 
 
 def _rms_fwd_body(st: _Static):
-  def body(xs, ps, colmask):
-    del colmask
-    return [_rms_fwd_math(xs[0], ps, st)], []
+  def body(xs, ps, ops):
+    return [_rms_fwd_math(xs[0], ps, st, ops)], []
 
   return body
 
 
 def _rms_bwd_body(st: _Static):
-  def body(xs, ps, colmask):
-    del colmask
-    dx, contribs = _rms_bwd_math(xs[0], xs[1], ps, st)
+  def body(xs, ps, ops):
+    dx, contribs = _rms_bwd_math(xs[0], xs[1], ps, st, ops)
     return [dx], contribs
 
   return body
@@ -153,15 +279,8 @@ def _rms_core(x2, scale, st):
 
 def _rms_core_fwd(x2, scale, st):
   params = [] if scale is None else [scale]
-  (y,), _ = _rows.row_call(
-    _rms_fwd_body(st),
-    st.tiling,
-    [x2],
-    params,
-    [x2.dtype],
-    0,
-    interpret=st.interpret,
-    name="jaxnorm_rms_norm_fwd",
+  (y,), _ = _row_call(
+    st, _rms_fwd_body(st), [x2], params, [x2.dtype], 0, "jaxnorm_rms_norm_fwd"
   )
   return y, (x2, scale)
 
@@ -169,15 +288,14 @@ def _rms_core_fwd(x2, scale, st):
 def _rms_core_bwd(st, res, dy):
   x2, scale = res
   params = [] if scale is None else [scale]
-  (dx,), sums = _rows.row_call(
+  (dx,), sums = _row_call(
+    st,
     _rms_bwd_body(st),
-    st.tiling,
     [x2, dy],
     params,
     [x2.dtype],
     len(params),
-    interpret=st.interpret,
-    name="jaxnorm_rms_norm_bwd",
+    "jaxnorm_rms_norm_bwd",
   )
   dscale = None if scale is None else sums[0].astype(scale.dtype)
   return dx, dscale
@@ -186,6 +304,7 @@ def _rms_core_bwd(st, res, dy):
 _rms_core.defvjp(_rms_core_fwd, _rms_core_bwd)
 
 
+@_on_mesh(1)
 def rms_norm_pallas(
   x: Float[ArrayLike, "..."],
   scale: Float[ArrayLike, " *d"] | None = None,
@@ -195,6 +314,7 @@ def rms_norm_pallas(
   eps_mode: str = "inside",
   scale_offset: float = 0.0,
   block_rows: int | None = None,
+  backend: str | None = None,
   interpret: Any = False,
 ) -> Float[Array, "..."]:
   r"""RMSNorm as a fused Pallas kernel (forward and backward).
@@ -212,9 +332,13 @@ def rms_norm_pallas(
     eps_mode: ``"inside"`` or ``"outside"`` the square root.
     scale_offset: constant added to ``scale``.
     block_rows: rows per grid step (default: `norm_block_heuristic`).
-    interpret: ``True`` runs the GPU kernel in the interpreter,
-      ``pltpu.InterpretParams()`` the TPU kernel, ``False`` compiles for
-      the current backend.
+    backend: ``"mosaic_gpu"``, ``"triton"`` (while the installed JAX has
+      it) or ``"mosaic_tpu"``; ``None`` picks the device's default (Mosaic
+      GPU on NVIDIA GPUs of compute capability >= 9.0, Triton on older GPUs,
+      Mosaic TPU on TPUs; Mosaic GPU in the interpreter).
+    interpret: ``True`` runs the ``backend`` kernel in its interpreter,
+      ``pltpu.InterpretParams()`` the TPU kernel and ``InterpretGPUParams()``
+      the Mosaic GPU kernel in theirs, ``False`` compiles for the device.
 
   Returns:
     Array with the shape and dtype of ``x``.
@@ -231,7 +355,9 @@ def rms_norm_pallas(
   """
   who = "rms_norm_pallas"
   _checks.check_choice(who, "eps_mode", eps_mode, ("inside", "outside"))
-  x, axes, tiling = _prepare(who, x, axis, block_rows, interpret)
+  x, axes, tiling, interpret = _prepare(
+    who, x, axis, block_rows, interpret, backend
+  )
   _check_param(who, "scale", scale, x, axes)
   st = _Static(
     tiling,
@@ -250,33 +376,30 @@ def rms_norm_pallas(
 # LayerNorm.
 
 
-def _ln_stats(
-  x: jax.Array, colmask: jax.Array | None, st: _Static
-) -> tuple[jax.Array, jax.Array]:
-  """Centered rows (zero in padded columns) and ``rstd``, two-pass."""
-  n = st.tiling.features
-  xc = x - _rows.row_mean(x, n)
-  if colmask is not None:
-    xc = jnp.where(colmask, xc, 0.0)
-  rstd = jax.lax.rsqrt(_rows.row_mean(xc * xc, n) + st.eps)
+def _ln_stats(x: jax.Array, st: _Static, ops: _rows.RowOps):
+  """Centered rows (zero in padded columns) and full-tile ``rstd``, two-pass."""
+  xc = x - ops.full(ops.mean(x))
+  if ops.colmask is not None:
+    xc = jnp.where(ops.colmask, xc, 0.0)
+  rstd = ops.full(jax.lax.rsqrt(ops.mean(xc * xc) + st.eps))
   return xc, rstd
 
 
-def _ln_fwd_math(x, ps, colmask, st):
-  xc, rstd = _ln_stats(x, colmask, st)
+def _ln_fwd_math(x, ps, st, ops):
+  xc, rstd = _ln_stats(x, st, ops)
   y = xc * rstd * _gain(ps, st)
   if st.has_bias:
     y = y + ps[-1]
   return y
 
 
-def _ln_bwd_math(x, dy, ps, colmask, st):
+def _ln_bwd_math(x, dy, ps, st, ops):
   # dx = rstd (g - mean(g) - xhat mean(g xhat)), g = dy (scale + offset).
-  n = st.tiling.features
-  xc, rstd = _ln_stats(x, colmask, st)
+  xc, rstd = _ln_stats(x, st, ops)
   xhat = xc * rstd
   g = dy * _gain(ps, st)
-  dx = rstd * (g - _rows.row_mean(g, n) - xhat * _rows.row_mean(g * xhat, n))
+  mg, mgx = ops.full(ops.mean(g)), ops.full(ops.mean(g * xhat))
+  dx = rstd * (g - mg - xhat * mgx)
   contribs = []
   if st.has_scale:
     contribs.append(dy * xhat)
@@ -286,15 +409,15 @@ def _ln_bwd_math(x, dy, ps, colmask, st):
 
 
 def _ln_fwd_body(st: _Static):
-  def body(xs, ps, colmask):
-    return [_ln_fwd_math(xs[0], ps, colmask, st)], []
+  def body(xs, ps, ops):
+    return [_ln_fwd_math(xs[0], ps, st, ops)], []
 
   return body
 
 
 def _ln_bwd_body(st: _Static):
-  def body(xs, ps, colmask):
-    dx, contribs = _ln_bwd_math(xs[0], xs[1], ps, colmask, st)
+  def body(xs, ps, ops):
+    dx, contribs = _ln_bwd_math(xs[0], xs[1], ps, st, ops)
     return [dx], contribs
 
   return body
@@ -310,15 +433,14 @@ def _ln_core(x2, scale, bias, st):
 
 
 def _ln_core_fwd(x2, scale, bias, st):
-  (y,), _ = _rows.row_call(
+  (y,), _ = _row_call(
+    st,
     _ln_fwd_body(st),
-    st.tiling,
     [x2],
     _params(scale, bias),
     [x2.dtype],
     0,
-    interpret=st.interpret,
-    name="jaxnorm_layer_norm_fwd",
+    "jaxnorm_layer_norm_fwd",
   )
   return y, (x2, scale, bias)
 
@@ -326,15 +448,14 @@ def _ln_core_fwd(x2, scale, bias, st):
 def _ln_core_bwd(st, res, dy):
   x2, scale, bias = res
   params = _params(scale, bias)
-  (dx,), sums = _rows.row_call(
+  (dx,), sums = _row_call(
+    st,
     _ln_bwd_body(st),
-    st.tiling,
     [x2, dy],
     params,
     [x2.dtype],
     len(params),
-    interpret=st.interpret,
-    name="jaxnorm_layer_norm_bwd",
+    "jaxnorm_layer_norm_bwd",
   )
   sums = iter(sums)
   dscale = None if scale is None else next(sums).astype(scale.dtype)
@@ -345,6 +466,7 @@ def _ln_core_bwd(st, res, dy):
 _ln_core.defvjp(_ln_core_fwd, _ln_core_bwd)
 
 
+@_on_mesh(1)
 def layer_norm_pallas(
   x: Float[ArrayLike, "..."],
   scale: Float[ArrayLike, " *d"] | None = None,
@@ -354,6 +476,7 @@ def layer_norm_pallas(
   axis: Axis = -1,
   scale_offset: float = 0.0,
   block_rows: int | None = None,
+  backend: str | None = None,
   interpret: Any = False,
 ) -> Float[Array, "..."]:
   r"""LayerNorm as a fused Pallas kernel (forward and backward).
@@ -370,6 +493,7 @@ def layer_norm_pallas(
     axis: the trailing axis or axes to normalize over.
     scale_offset: constant added to ``scale``.
     block_rows: rows per grid step (default: `norm_block_heuristic`).
+    backend: see `rms_norm_pallas`.
     interpret: see `rms_norm_pallas`.
 
   Returns:
@@ -384,7 +508,9 @@ def layer_norm_pallas(
     Ba, Kiros & Hinton, *Layer Normalization*, arXiv:1607.06450 (2016).
   """
   who = "layer_norm_pallas"
-  x, axes, tiling = _prepare(who, x, axis, block_rows, interpret)
+  x, axes, tiling, interpret = _prepare(
+    who, x, axis, block_rows, interpret, backend
+  )
   _check_param(who, "scale", scale, x, axes)
   _check_param(who, "bias", bias, x, axes)
   st = _Static(
@@ -406,32 +532,32 @@ def layer_norm_pallas(
 # Fused residual add + RMSNorm / LayerNorm.
 
 
-def _norm_fwd_math(h, ps, colmask, st):
+def _norm_fwd_math(h, ps, st, ops):
   if st.kind == "rms":
-    return _rms_fwd_math(h, ps, st)
-  return _ln_fwd_math(h, ps, colmask, st)
+    return _rms_fwd_math(h, ps, st, ops)
+  return _ln_fwd_math(h, ps, st, ops)
 
 
-def _norm_bwd_math(h, dy, ps, colmask, st):
+def _norm_bwd_math(h, dy, ps, st, ops):
   if st.kind == "rms":
-    return _rms_bwd_math(h, dy, ps, st)
-  return _ln_bwd_math(h, dy, ps, colmask, st)
+    return _rms_bwd_math(h, dy, ps, st, ops)
+  return _ln_bwd_math(h, dy, ps, st, ops)
 
 
 def _add_fwd_body(st: _Static):
-  def body(xs, ps, colmask):
+  def body(xs, ps, ops):
     x, r = xs
     # The stream is stored in residual.dtype; normalize the stored value.
     h = (x + r).astype(st.h_dtype).astype(jnp.float32)
-    return [h, _norm_fwd_math(h, ps, colmask, st)], []
+    return [h, _norm_fwd_math(h, ps, st, ops)], []
 
   return body
 
 
 def _add_bwd_body(st: _Static):
-  def body(xs, ps, colmask):
+  def body(xs, ps, ops):
     h, dy, dh = xs
-    dn, contribs = _norm_bwd_math(h, dy, ps, colmask, st)
+    dn, contribs = _norm_bwd_math(h, dy, ps, st, ops)
     return [dn + dh], contribs
 
   return body
@@ -443,15 +569,14 @@ def _add_core(x2, r2, scale, bias, st):
 
 
 def _add_core_fwd(x2, r2, scale, bias, st):
-  (h, y), _ = _rows.row_call(
+  (h, y), _ = _row_call(
+    st,
     _add_fwd_body(st),
-    st.tiling,
     [x2, r2],
     _params(scale, bias),
     [r2.dtype, r2.dtype],
     0,
-    interpret=st.interpret,
-    name=f"jaxnorm_add_{st.kind}_norm_fwd",
+    f"jaxnorm_add_{st.kind}_norm_fwd",
   )
   return (h, y), (h, scale, bias)
 
@@ -460,15 +585,14 @@ def _add_core_bwd(st, res, cts):
   h, scale, bias = res
   dh, dy = cts
   params = _params(scale, bias)
-  (d,), sums = _rows.row_call(
+  (d,), sums = _row_call(
+    st,
     _add_bwd_body(st),
-    st.tiling,
     [h, dy, dh],
     params,
     [h.dtype],
     len(params),
-    interpret=st.interpret,
-    name=f"jaxnorm_add_{st.kind}_norm_bwd",
+    f"jaxnorm_add_{st.kind}_norm_bwd",
   )
   sums = iter(sums)
   dscale = None if scale is None else next(sums).astype(scale.dtype)
@@ -491,9 +615,12 @@ def _add_norm(
   eps_mode,
   scale_offset,
   block_rows,
+  backend,
   interpret,
 ):
-  x, axes, tiling = _prepare(who, x, axis, block_rows, interpret)
+  x, axes, tiling, interpret = _prepare(
+    who, x, axis, block_rows, interpret, backend
+  )
   _checks.check_floating(who, "residual", residual)
   residual = jnp.asarray(residual)
   _checks.check_shape(who, "residual", residual, x.shape, "x.shape")
@@ -519,6 +646,7 @@ def _add_norm(
   return h.reshape(x.shape), y.reshape(x.shape)
 
 
+@_on_mesh(2)
 def add_rms_norm_pallas(
   x: Float[ArrayLike, "..."],
   residual: Float[ArrayLike, "..."],
@@ -529,6 +657,7 @@ def add_rms_norm_pallas(
   eps_mode: str = "inside",
   scale_offset: float = 0.0,
   block_rows: int | None = None,
+  backend: str | None = None,
   interpret: Any = False,
 ) -> tuple[Float[Array, "..."], Float[Array, "..."]]:
   r"""Fused residual add + RMSNorm: one pass returns the stream and its norm.
@@ -549,6 +678,7 @@ def add_rms_norm_pallas(
     eps_mode: ``"inside"`` or ``"outside"`` the square root.
     scale_offset: constant added to ``scale``.
     block_rows: rows per grid step (default: `norm_block_heuristic`).
+    backend: see `rms_norm_pallas`.
     interpret: see `rms_norm_pallas`.
 
   Returns:
@@ -573,10 +703,12 @@ def add_rms_norm_pallas(
     eps_mode,
     scale_offset,
     block_rows,
+    backend,
     interpret,
   )
 
 
+@_on_mesh(2)
 def add_layer_norm_pallas(
   x: Float[ArrayLike, "..."],
   residual: Float[ArrayLike, "..."],
@@ -587,6 +719,7 @@ def add_layer_norm_pallas(
   axis: Axis = -1,
   scale_offset: float = 0.0,
   block_rows: int | None = None,
+  backend: str | None = None,
   interpret: Any = False,
 ) -> tuple[Float[Array, "..."], Float[Array, "..."]]:
   r"""Fused residual add + LayerNorm (see `add_rms_norm_pallas`).
@@ -603,6 +736,7 @@ def add_layer_norm_pallas(
     axis: the trailing axis or axes to normalize over.
     scale_offset: constant added to ``scale``.
     block_rows: rows per grid step (default: `norm_block_heuristic`).
+    backend: see `rms_norm_pallas`.
     interpret: see `rms_norm_pallas`.
 
   Returns:
@@ -625,6 +759,7 @@ def add_layer_norm_pallas(
     "inside",
     scale_offset,
     block_rows,
+    backend,
     interpret,
   )
 
@@ -634,8 +769,8 @@ def add_layer_norm_pallas(
 
 
 def _dyt_fwd_body(st: _Static):
-  def body(xs, ps, colmask):
-    del colmask
+  def body(xs, ps, ops):
+    del ops
     a, *rest = ps
     y = jnp.tanh(a * xs[0])
     if st.has_scale:
@@ -650,8 +785,8 @@ def _dyt_fwd_body(st: _Static):
 def _dyt_bwd_body(st: _Static):
   # y = w tanh(a x) + b: dx = dy w a (1 - t^2), da = sum dy w (1 - t^2) x,
   # dw = sum dy t, db = sum dy.
-  def body(xs, ps, colmask):
-    del colmask
+  def body(xs, ps, ops):
+    del ops
     x, dy = xs
     a, *rest = ps
     t = jnp.tanh(a * x)
@@ -679,15 +814,14 @@ def _alpha_row(alpha, st):
 
 
 def _dyt_core_fwd(x2, alpha, scale, bias, st):
-  (y,), _ = _rows.row_call(
+  (y,), _ = _row_call(
+    st,
     _dyt_fwd_body(st),
-    st.tiling,
     [x2],
     [_alpha_row(alpha, st), *_params(scale, bias)],
     [x2.dtype],
     0,
-    interpret=st.interpret,
-    name="jaxnorm_dyt_fwd",
+    "jaxnorm_dyt_fwd",
   )
   return y, (x2, alpha, scale, bias)
 
@@ -695,15 +829,14 @@ def _dyt_core_fwd(x2, alpha, scale, bias, st):
 def _dyt_core_bwd(st, res, dy):
   x2, alpha, scale, bias = res
   params = [_alpha_row(alpha, st), *_params(scale, bias)]
-  (dx,), sums = _rows.row_call(
+  (dx,), sums = _row_call(
+    st,
     _dyt_bwd_body(st),
-    st.tiling,
     [x2, dy],
     params,
     [x2.dtype],
     len(params),
-    interpret=st.interpret,
-    name="jaxnorm_dyt_bwd",
+    "jaxnorm_dyt_bwd",
   )
   dalpha, *sums = sums
   dalpha = jnp.sum(dalpha).reshape(alpha.shape).astype(alpha.dtype)
@@ -716,6 +849,7 @@ def _dyt_core_bwd(st, res, dy):
 _dyt_core.defvjp(_dyt_core_fwd, _dyt_core_bwd)
 
 
+@_on_mesh(1)
 def dyt_pallas(
   x: Float[ArrayLike, "..."],
   alpha: Float[ArrayLike, " "],
@@ -724,6 +858,7 @@ def dyt_pallas(
   *,
   axis: Axis = -1,
   block_rows: int | None = None,
+  backend: str | None = None,
   interpret: Any = False,
 ) -> Float[Array, "..."]:
   r"""Dynamic Tanh as a fused Pallas kernel (forward and backward).
@@ -742,6 +877,7 @@ def dyt_pallas(
     bias: offset over the trailing ``axis`` or ``None``.
     axis: the trailing axis or axes ``scale`` and ``bias`` run along.
     block_rows: rows per grid step (default: `norm_block_heuristic`).
+    backend: see `rms_norm_pallas`.
     interpret: see `rms_norm_pallas`.
 
   Returns:
@@ -763,7 +899,9 @@ def dyt_pallas(
       f"{who}: alpha must be a scalar of shape () or (1,), "
       f"got alpha.shape={jnp.shape(alpha)}"
     )
-  x, axes, tiling = _prepare(who, x, axis, block_rows, interpret)
+  x, axes, tiling, interpret = _prepare(
+    who, x, axis, block_rows, interpret, backend
+  )
   _check_param(who, "scale", scale, x, axes)
   _check_param(who, "bias", bias, x, axes)
   st = _Static(
@@ -785,37 +923,36 @@ def dyt_pallas(
 MAX_SEED_HEADS = 64
 
 
-def _head_masks(st: _Static, width: int) -> list[jax.Array]:
+def _head_masks(st: _Static, ops: _rows.RowOps) -> list[jax.Array]:
   hd = st.tiling.features // st.num_heads
-  col = jax.lax.broadcasted_iota(jnp.int32, (1, width), 1)
+  col = ops.col_ids()
   return [
     jnp.logical_and(col >= h * hd, col < (h + 1) * hd)
     for h in range(st.num_heads)
   ]
 
 
-def _per_head(v: jax.Array, masks: list[jax.Array], fn) -> jax.Array:
+def _per_head(v: jax.Array, masks: list[jax.Array], fn, ops) -> jax.Array:
   """Sums ``v`` over each head's columns, maps ``fn``, spreads it back."""
   out = jnp.zeros_like(v)
   for m in masks:
-    sh = jnp.sum(jnp.where(m, v, 0.0), axis=1, keepdims=True)
-    out = jnp.where(m, fn(sh), out)
+    sh = ops.sum(jnp.where(m, v, 0.0))
+    out = jnp.where(m, ops.full(fn(sh)), out)
   return out
 
 
-def _seed_terms(x, ps, st):
+def _seed_terms(x, ps, st, ops):
   gamma, alpha, beta = ps
-  masks = _head_masks(st, x.shape[1])
+  masks = _head_masks(st, ops)
   scale_dot = 1.0 / st.tiling.features if st.div_dim else 1.0
-  t = _per_head(x * beta, masks, lambda d: jnp.tanh(d * scale_dot))
-  _, k = _rms_k(x, st)
-  return gamma + alpha * t, t, k, masks, scale_dot
+  t = _per_head(x * beta, masks, lambda d: jnp.tanh(d * scale_dot), ops)
+  _, k = _rms_k(x, st, ops)
+  return gamma + alpha * t, t, ops.full(k), masks, scale_dot
 
 
 def _seed_fwd_body(st: _Static):
-  def body(xs, ps, colmask):
-    del colmask
-    s, _, k, _, _ = _seed_terms(xs[0], ps, st)
+  def body(xs, ps, ops):
+    s, _, k, _, _ = _seed_terms(xs[0], ps, st, ops)
     return [s * xs[0] * k], []
 
   return body
@@ -825,15 +962,14 @@ def _seed_bwd_body(st: _Static):
   # y = s x k with s = gamma + alpha tanh(dot_h), dot_h = <x_h, beta_h> (/D):
   # the RMS part is RMSNorm's backward with gain s; the dynamic part adds
   # ddot_h beta to dx, ddot_h = sum_h(dy x k alpha) (1 - t_h^2) (/D).
-  def body(xs, ps, colmask):
-    del colmask
+  def body(xs, ps, ops):
     x, dy = xs
     _, alpha, beta = ps
-    s, t, k, masks, scale_dot = _seed_terms(x, ps, st)
+    s, t, k, masks, scale_dot = _seed_terms(x, ps, st, ops)
     g = dy * s
-    gx = _rows.row_mean(g * x, st.tiling.features)
+    gx = ops.full(ops.mean(g * x))
     ds = dy * x * k
-    ddot = _per_head(ds * alpha, masks, lambda v: v) * (1.0 - t * t)
+    ddot = _per_head(ds * alpha, masks, lambda v: v, ops) * (1.0 - t * t)
     ddot = ddot * scale_dot
     dx = k * g - gx * k * k * k * x + ddot * beta
     return [dx], [ds, ds * t, ddot * x]
@@ -847,30 +983,28 @@ def _seed_core(x2, scale, dyn_scale, dyn_proj, st):
 
 
 def _seed_core_fwd(x2, scale, dyn_scale, dyn_proj, st):
-  (y,), _ = _rows.row_call(
+  (y,), _ = _row_call(
+    st,
     _seed_fwd_body(st),
-    st.tiling,
     [x2],
     [scale, dyn_scale, dyn_proj],
     [x2.dtype],
     0,
-    interpret=st.interpret,
-    name="jaxnorm_seed_norm_fwd",
+    "jaxnorm_seed_norm_fwd",
   )
   return y, (x2, scale, dyn_scale, dyn_proj)
 
 
 def _seed_core_bwd(st, res, dy):
   x2, *params = res
-  (dx,), sums = _rows.row_call(
+  (dx,), sums = _row_call(
+    st,
     _seed_bwd_body(st),
-    st.tiling,
     [x2, dy],
     params,
     [x2.dtype],
     3,
-    interpret=st.interpret,
-    name="jaxnorm_seed_norm_bwd",
+    "jaxnorm_seed_norm_bwd",
   )
   return (dx, *(g.astype(p.dtype) for g, p in zip(sums, params)))
 
@@ -878,6 +1012,7 @@ def _seed_core_bwd(st, res, dy):
 _seed_core.defvjp(_seed_core_fwd, _seed_core_bwd)
 
 
+@_on_mesh(1)
 def seed_norm_pallas(
   x: Float[ArrayLike, "... d"],
   scale: Float[ArrayLike, " d"],
@@ -889,6 +1024,7 @@ def seed_norm_pallas(
   axis: int = -1,
   dyn_scale_div_dim: bool = False,
   block_rows: int | None = None,
+  backend: str | None = None,
   interpret: Any = False,
 ) -> Float[Array, "... d"]:
   r"""SeeDNorm as a fused Pallas kernel (forward and backward).
@@ -910,6 +1046,7 @@ def seed_norm_pallas(
     axis: the feature axis (the last one).
     dyn_scale_div_dim: divide the dot product by ``d`` before the tanh.
     block_rows: rows per grid step (default: `norm_block_heuristic`).
+    backend: see `rms_norm_pallas`.
     interpret: see `rms_norm_pallas`.
 
   Returns:
@@ -928,21 +1065,25 @@ def seed_norm_pallas(
   who = "seed_norm_pallas"
   if isinstance(axis, (tuple, list)):
     raise ValueError(f"{who}: axis must be a single int, got {axis=}")
-  x, axes, tiling = _prepare(who, x, axis, block_rows, interpret)
-  params = {"scale": scale, "dyn_scale": dyn_scale, "dyn_proj": dyn_proj}
-  for name, p in params.items():
-    if p is None:
-      raise ValueError(f"{who}: {name} is required, got None")
-    _check_param(who, name, p, x, axes)
   _checks.check_positive_int(who, "num_heads", num_heads)
-  _checks.check_divisible(
-    who, "x.shape[axis]", tiling.features, "num_heads", num_heads
-  )
+  # The head limit holds for every lowering, so it is named before any
+  # lowering-specific width limit.
   if num_heads > MAX_SEED_HEADS:
     raise NotImplementedError(
       f"{who}: the kernel unrolls at most {MAX_SEED_HEADS} heads, got "
       f"num_heads={num_heads}; use the reference (implementation='xla')"
     )
+  x, axes, tiling, interpret = _prepare(
+    who, x, axis, block_rows, interpret, backend
+  )
+  params = {"scale": scale, "dyn_scale": dyn_scale, "dyn_proj": dyn_proj}
+  for name, p in params.items():
+    if p is None:
+      raise ValueError(f"{who}: {name} is required, got None")
+    _check_param(who, name, p, x, axes)
+  _checks.check_divisible(
+    who, "x.shape[axis]", tiling.features, "num_heads", num_heads
+  )
   st = _Static(
     tiling,
     interpret,

@@ -15,6 +15,10 @@ Example::
   mesh = jaxnorm.sharding.make_mesh((2, 2), ("data", "tensor"))
   norm = shard_rows(rms_norm_pallas, mesh, P("data", "tensor", None))
   y = jax.jit(norm)(x, scale)           # x: (batch, seq, d)
+
+The row kernels of `pallas_kernels.norms` also call `shard_rows` themselves
+under `jax.set_mesh` (or on an explicitly sharded input), so
+``implementation=None`` dispatch runs them per device on a mesh.
 """
 
 from __future__ import annotations
@@ -40,7 +44,8 @@ def shard_rows(
   Args:
     kernel: a `pallas_kernels.norms` function (or any row-local function
       with the same calling convention: row arrays first, then parameters).
-    mesh: the device mesh, e.g. axes ``("data", "tensor")``.
+    mesh: the device mesh, e.g. axes ``("data", "tensor")`` (a `Mesh` or
+      an `AbstractMesh`).
     row_spec: `PartitionSpec` of every row array (and every output); its
       entries for the ``num_feature_axes`` trailing axes must be ``None``.
     num_row_args: how many leading positional arguments are row arrays
@@ -94,12 +99,11 @@ def shard_rows(
     def local(*local_args):
       return kernel(*local_args, **kernel_kwargs)
 
-    out = jax.eval_shape(local, *args)
-    out_specs = jax.tree.map(lambda _: row_spec, out)
     # Pallas calls carry no varying-manual-axes rules, so the type check of
-    # shard_map is off; outputs are row-sharded exactly like the inputs.
+    # shard_map is off; every output is row-sharded exactly like the inputs
+    # (one spec, a prefix of the output tree).
     return jax.shard_map(
-      local, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=False
+      local, mesh=mesh, in_specs=in_specs, out_specs=row_spec, check_vma=False
     )(*args)
 
   return run

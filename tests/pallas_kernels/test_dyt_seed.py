@@ -10,24 +10,23 @@ from jaxnorm import norms
 from pallas_kernels import norms as pk
 from tests.pallas_kernels import _common as c
 
+_DYT_CASES = [
+  pytest.param(jnp.float32, (37, 96), None, id="f32-37x96"),
+  pytest.param(jnp.bfloat16, (37, 96), None, id="bf16-37x96"),
+  pytest.param(jnp.float32, (3, 13, 128), 16, id="f32-3x13x128-br16"),
+]
 
-@pytest.mark.parametrize("interpret", c.LOWERINGS)
+
 @pytest.mark.parametrize(
-  "dtype,shape,block_rows",
-  [
-    pytest.param(jnp.float32, (37, 96), None, id="f32-37x96"),
-    pytest.param(jnp.bfloat16, (37, 96), None, id="bf16-37x96"),
-    pytest.param(jnp.float32, (3, 13, 128), 16, id="f32-3x13x128-br16"),
-  ],
+  "lw,dtype,shape,block_rows",
+  c.cases(_DYT_CASES, {"bf16-37x96", "f32-3x13x128-br16"}),
 )
-def test_dyt_matches_reference(interpret, dtype, shape, block_rows, key):
-  br = c.block_rows_for(interpret, block_rows, dtype)
+def test_dyt_matches_reference(lw, dtype, shape, block_rows, key):
+  br = c.block_rows_for(lw, block_rows, dtype)
   x, (s, b) = c.inputs(key, shape, dtype, 2)
   alpha = jnp.array(0.7, jnp.float32)
   c.check_fwd_vjp(
-    lambda x, a, s, b: pk.dyt_pallas(
-      x, a, s, b, block_rows=br, interpret=interpret
-    ),
+    lambda x, a, s, b: pk.dyt_pallas(x, a, s, b, block_rows=br, **lw),
     lambda x, a, s, b: norms.dyt(x, a, s, b),
     (x, alpha, s, b),
     key=key,
@@ -37,39 +36,41 @@ def test_dyt_matches_reference(interpret, dtype, shape, block_rows, key):
   )
 
 
-@pytest.mark.parametrize("interpret", c.LOWERINGS)
-def test_dyt_without_params_alpha_shape_1(interpret, key):
-  x, _ = c.inputs(key, (3, 5, 24), jnp.float32, 0)
+@pytest.mark.parametrize("lw", c.LOWERINGS)
+def test_dyt_without_params_alpha_shape_1(lw, key):
+  x, _ = c.inputs(key, (3, 4, 24), jnp.float32, 0)
   alpha = jnp.array([0.3], jnp.float32)
   c.check_fwd_vjp(
-    lambda x, a: pk.dyt_pallas(x, a, axis=(-2, -1), interpret=interpret),
+    lambda x, a: pk.dyt_pallas(x, a, axis=(-2, -1), **lw),
     lambda x, a: norms.dyt(x, a, axis=(-2, -1)),
     (x, alpha),
     key=key,
-    n=120,
+    n=96,
     dtype=jnp.float32,
     nrows=3,
   )
 
 
-@pytest.mark.parametrize("interpret", c.LOWERINGS)
+_SEED_CASES = [
+  pytest.param(jnp.float32, 1, False, id="f32-1head"),
+  pytest.param(jnp.float32, 4, True, id="f32-4heads-div"),
+  pytest.param(jnp.bfloat16, 3, False, id="bf16-3heads"),
+]
+
+
 @pytest.mark.parametrize(
-  "dtype,num_heads,div",
-  [
-    pytest.param(jnp.float32, 1, False, id="f32-1head"),
-    pytest.param(jnp.float32, 4, True, id="f32-4heads-div"),
-    pytest.param(jnp.bfloat16, 3, False, id="bf16-3heads"),
-  ],
+  "lw,dtype,num_heads,div",
+  c.cases(_SEED_CASES, {"f32-4heads-div", "bf16-3heads"}),
 )
-def test_seed_norm_matches_reference(interpret, dtype, num_heads, div, key):
+def test_seed_norm_matches_reference(lw, dtype, num_heads, div, key):
   shape = (37, 96)
-  br = c.block_rows_for(interpret, 16, dtype)
+  br = c.block_rows_for(lw, 16, dtype)
   x, (g, a, bt) = c.inputs(key, shape, dtype, 3)
   bt = bt * 0.1  # keep tanh off saturation so the dynamic term matters
   kw = dict(num_heads=num_heads, dyn_scale_div_dim=div, eps=1e-5)
   c.check_fwd_vjp(
     lambda x, g, a, bt: pk.seed_norm_pallas(
-      x, g, a, bt, block_rows=br, interpret=interpret, **kw
+      x, g, a, bt, block_rows=br, **lw, **kw
     ),
     lambda x, g, a, bt: norms.seed_norm(x, g, a, bt, **kw),
     (x, g, a, bt),
@@ -80,17 +81,15 @@ def test_seed_norm_matches_reference(interpret, dtype, num_heads, div, key):
   )
 
 
-@pytest.mark.parametrize("interpret", c.LOWERINGS)
-def test_vmap(interpret, key):
+@pytest.mark.parametrize("lw", c.LOWERINGS)
+def test_vmap(lw, key):
   x, (g, a, bt) = c.inputs(key, (2, 9, 32), jnp.float32, 3)
   y = jax.vmap(
-    lambda xi: pk.seed_norm_pallas(
-      xi, g, a, bt * 0.1, num_heads=2, interpret=interpret
-    )
+    lambda xi: pk.seed_norm_pallas(xi, g, a, bt * 0.1, num_heads=2, **lw)
   )(x)
   yr = norms.seed_norm(x, g, a, bt * 0.1, num_heads=2)
   c.helpers.assert_close(y, yr, atol=1e-5, rtol=1e-5)
-  y = jax.vmap(lambda xi, al: pk.dyt_pallas(xi, al, g, interpret=interpret))(
+  y = jax.vmap(lambda xi, al: pk.dyt_pallas(xi, al, g, **lw))(
     x, jnp.array([0.5, 1.5])
   )
   yr = jnp.stack([norms.dyt(x[0], 0.5, g), norms.dyt(x[1], 1.5, g)])
@@ -98,8 +97,8 @@ def test_vmap(interpret, key):
 
 
 def test_errors():
-  x = jnp.ones((4, 16))
-  p = jnp.ones((16,))
+  x = jnp.ones((4, 32))
+  p = jnp.ones((32,))
   with pytest.raises(ValueError, match="alpha must be a scalar"):
     pk.dyt_pallas(x, jnp.ones((2,)), interpret=True)
   with pytest.raises(TypeError, match="alpha must have a floating"):
@@ -108,7 +107,10 @@ def test_errors():
     pk.dyt_pallas(x, 0.5, jnp.ones((4,)), axis=0, interpret=True)
   with pytest.raises(NotImplementedError, match="at most 64 heads"):
     pk.seed_norm_pallas(
-      jnp.ones((2, 130)), *[jnp.ones((130,))] * 3, num_heads=65, interpret=True
+      jnp.ones((2, 2080)),
+      *[jnp.ones((2080,))] * 3,
+      num_heads=65,
+      interpret=True,
     )
   with pytest.raises(ValueError, match="divisible by num_heads=3"):
     pk.seed_norm_pallas(x, p, p, p, num_heads=3, interpret=True)

@@ -1,13 +1,20 @@
-"""Kernels inside `shard_map` on a (data, tensor) mesh of 4 CPU devices."""
+"""Kernels inside `shard_map` on a (data, tensor) mesh of 4 CPU devices.
+
+Explicitly through `shard_rows` / `shard_heads`, and automatically: under
+`jax.set_mesh` a row kernel (called directly or by `implementation=`
+dispatch) wraps itself in `shard_rows`.
+"""
 
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
 import pytest
+from jax.experimental.pallas import tpu as pltpu
+from jax.sharding import AxisType
 from jax.sharding import PartitionSpec as P
 
-from jaxnorm import fused_norms, norms
+from jaxnorm import _dispatch, fused_norms, norms
 from jaxnorm import sharding as jsharding
 from pallas_kernels import norms as pk
 from pallas_kernels import sharding as psharding
@@ -34,9 +41,9 @@ def _loss_and_grads(fn, args):
   )
 
 
-@pytest.mark.parametrize("interpret", c.LOWERINGS)
+@pytest.mark.parametrize("lw", c.LOWERINGS)
 @pytest.mark.parametrize("name", ["rms", "layer", "add_rms", "dyt", "seed"])
-def test_sharded_kernel_matches_unsharded_reference(mesh, interpret, name, key):
+def test_sharded_kernel_matches_unsharded_reference(mesh, lw, name, key):
   x, (s, b, p) = c.inputs(key, (4, 16, 32), jnp.float32, 3)
   r, _ = c.inputs(jax.random.fold_in(key, 5), (4, 16, 32), jnp.float32, 0)
   cases = {
@@ -59,9 +66,7 @@ def test_sharded_kernel_matches_unsharded_reference(mesh, interpret, name, key):
     ),
   }
   kernel, ref, args, nrow, kw = cases[name]
-  fn = psharding.shard_rows(
-    kernel, mesh, ROWS, num_row_args=nrow, interpret=interpret, **kw
-  )
+  fn = psharding.shard_rows(kernel, mesh, ROWS, num_row_args=nrow, **lw, **kw)
   args = tuple(
     jax.device_put(a, jax.NamedSharding(mesh, ROWS)) if a.ndim == 3 else a
     for a in args
@@ -76,6 +81,70 @@ def test_sharded_kernel_matches_unsharded_reference(mesh, interpret, name, key):
   helpers.assert_close(grads, grads_ref, atol=1e-4, rtol=1e-5)
 
 
+def _explicit_mesh():
+  return jax.make_mesh(
+    (2, 2), ("data", "tensor"), axis_types=(AxisType.Explicit,) * 2
+  )
+
+
+@pytest.mark.parametrize("explicit", [True, False], ids=["explicit", "auto"])
+def test_kernels_shard_themselves_on_a_context_mesh(explicit, key):
+  # Under jax.set_mesh the kernel runs inside shard_map (a Pallas call
+  # cannot be partitioned): rows split as the input is (explicit axes) or
+  # each mesh axis over the first leading axis it divides (auto axes).
+  m = (
+    _explicit_mesh()
+    if explicit
+    else jsharding.make_mesh((2, 2), ("data", "tensor"))
+  )
+  x0, (s, b) = c.inputs(key, (4, 16, 32), jnp.float32, 2)
+  x = jax.device_put(x0, jax.NamedSharding(m, ROWS))
+  fn = jax.jit(lambda x, s, b: pk.layer_norm_pallas(x, s, b, interpret=True))
+  with jax.set_mesh(m):
+    assert "shard_map" in str(jax.make_jaxpr(fn)(x, s, b))
+    out = fn(x, s, b)
+    (_, grads) = _loss_and_grads(fn, (x, s, b))
+  (_, grads_ref) = _loss_and_grads(norms.layer_norm, (x, s, b))
+  helpers.assert_close(out, norms.layer_norm(x, s, b), atol=1e-5, rtol=1e-5)
+  helpers.assert_close(grads, grads_ref, atol=1e-4, rtol=1e-5)
+  # Without a context mesh, an unsharded input runs the kernel directly, and
+  # a sharded one runs it on its own mesh.
+  assert "shard_map" not in str(jax.make_jaxpr(fn)(x0, s, b))
+  assert "shard_map" in str(jax.make_jaxpr(fn)(x, s, b))
+
+
+def test_dispatch_on_a_mesh_runs_the_sharded_kernel(monkeypatch, key):
+  # implementation=None on an accelerator (faked: interpreted kernels) goes
+  # through the self-sharding kernel.
+  monkeypatch.setattr(_dispatch, "_backend", lambda: "gpu")
+  kernel = pk.add_rms_norm_pallas
+  monkeypatch.setattr(
+    pk,
+    "add_rms_norm_pallas",
+    lambda *a, **kw: kernel(*a, interpret=True, **kw),
+  )
+  m = _explicit_mesh()
+  x, (s,) = c.inputs(key, (4, 16, 32), jnp.float32, 1)
+  x = jax.device_put(x, jax.NamedSharding(m, ROWS))
+  fn = jax.jit(lambda x, s: fused_norms.add_rms_norm(x, x * 0.5, s))
+  with jax.set_mesh(m):
+    assert "shard_map" in str(jax.make_jaxpr(fn)(x, s))
+    h, y = fn(x, s)
+  hr, yr = fused_norms.add_rms_norm(x, x * 0.5, s, implementation="xla")
+  helpers.assert_close((h, y), (hr, yr), atol=1e-5, rtol=1e-5)
+
+
+def test_sharded_feature_axis_is_not_implemented(key):
+  m = _explicit_mesh()
+  x, _ = c.inputs(key, (4, 64), jnp.float32, 0)
+  x = jax.device_put(x, jax.NamedSharding(m, P("data", "tensor")))
+  with (
+    jax.set_mesh(m),
+    pytest.raises(NotImplementedError, match="sharded along a normalized axis"),
+  ):
+    pk.rms_norm_pallas(x, interpret=True)
+
+
 def test_shard_rows_errors(mesh):
   with pytest.raises(ValueError, match="trailing axes must be unsharded"):
     psharding.shard_rows(pk.rms_norm_pallas, mesh, P("data", "tensor"))
@@ -86,7 +155,15 @@ def test_shard_rows_errors(mesh):
     fn(jnp.ones((4, 32)))
 
 
-@pytest.mark.parametrize("interpret", c.LOWERINGS)
+# The attention kernels' own lowerings: Triton semantics in the generic
+# interpreter and Mosaic TPU in the TPU interpreter.
+ATTENTION_INTERPRETERS = [
+  pytest.param(True, id="triton"),
+  pytest.param(pltpu.InterpretParams(), id="mtpu"),
+]
+
+
+@pytest.mark.parametrize("interpret", ATTENTION_INTERPRETERS)
 @pytest.mark.parametrize("kind", ["sink", "linear"])
 def test_sharded_attention_matches_reference(mesh, interpret, kind, key):
   from jaxnorm import attention as ref
