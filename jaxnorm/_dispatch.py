@@ -1,17 +1,23 @@
 """`implementation=` dispatch between a pure reference and a Pallas kernel.
 
-``"xla"`` is the reference; ``"pallas"`` is the kernel of the same name plus
-``_pallas`` in `pallas_kernels.norms`, and any `NotImplementedError` it raises
-(naming the unsupported case) reaches the caller; ``None`` picks the kernel
-on GPU/TPU when it supports the case and the reference otherwise (always on
-CPU). `pallas_kernels` is imported lazily, so jaxnorm imports without it
-being usable (CPU-only jaxlib).
+``"xla"`` is the reference; ``"pallas"`` is the kernel, and any
+`NotImplementedError` it raises (naming the unsupported case) reaches the
+caller; ``None`` picks the kernel on GPU/TPU when it supports the case and
+the reference otherwise (always on CPU).
+
+Kernels are found through one table, `KERNEL_FAMILIES`: each family names
+the `pallas_kernels` module that holds its kernels and the kernels it
+provides, so every function with ``implementation=`` names its kernel by a
+`KernelName`. The module is imported on the first kernel call, so jaxnorm
+imports without `pallas_kernels` being usable (CPU-only jaxlib).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
-from collections.abc import Callable
+import typing
+from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
 import jax
@@ -21,6 +27,63 @@ from jaxnorm import _checks
 Implementation = Literal["xla", "pallas"]
 IMPLEMENTATIONS: tuple[Any, ...] = (None, "xla", "pallas")
 _ACCELERATORS = ("gpu", "cuda", "rocm", "tpu")
+
+Family = Literal["norms", "attention", "linear_attention"]
+NormKernel = Literal[
+  "rms_norm_pallas",
+  "layer_norm_pallas",
+  "add_rms_norm_pallas",
+  "add_layer_norm_pallas",
+  "dyt_pallas",
+  "seed_norm_pallas",
+]
+AttentionKernel = Literal[
+  "dot_product_attention_pallas",
+  "sink_attention_pallas",
+  "affine_scaled_attention_pallas",
+]
+LinearAttentionKernel = Literal["causal_linear_attention_pallas"]
+KernelName = Literal[NormKernel, AttentionKernel, LinearAttentionKernel]
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelFamily:
+  """Where one family's kernels live.
+
+  Attributes:
+    module: the `pallas_kernels` module, imported on first use.
+    kernels: the kernel functions it provides (attributes of ``module``).
+  """
+
+  module: str
+  kernels: tuple[str, ...]
+
+
+KERNEL_FAMILIES: Mapping[Family, KernelFamily] = {
+  "norms": KernelFamily("pallas_kernels.norms", typing.get_args(NormKernel)),
+  "attention": KernelFamily(
+    "pallas_kernels.attention", typing.get_args(AttentionKernel)
+  ),
+  "linear_attention": KernelFamily(
+    "pallas_kernels.linear_attention", typing.get_args(LinearAttentionKernel)
+  ),
+}
+
+
+def family_of(kernel: KernelName) -> Family:
+  """The family whose module provides ``kernel``.
+
+  Raises:
+    ValueError: for a kernel that is in no family, listing the known ones.
+  """
+  for family, spec in KERNEL_FAMILIES.items():
+    if kernel in spec.kernels:
+      return family
+  known = tuple(k for spec in KERNEL_FAMILIES.values() for k in spec.kernels)
+  raise ValueError(
+    f"_dispatch: kernel {kernel!r} is in no family of KERNEL_FAMILIES; "
+    f"known kernels: {known}"
+  )
 
 
 def check_implementation(who: str, implementation: Any) -> None:
@@ -33,14 +96,16 @@ def _backend() -> str:
   return jax.default_backend()
 
 
-def _kernel(name: str) -> Callable[..., Any]:
-  return getattr(importlib.import_module("pallas_kernels.norms"), name)
+def _kernel(name: KernelName) -> Callable[..., Any]:
+  """Imports the family module of kernel ``name`` and returns the kernel."""
+  module = KERNEL_FAMILIES[family_of(name)].module
+  return getattr(importlib.import_module(module), name)
 
 
 def kernel_or_none(
   who: str,
   implementation: Implementation | None,
-  kernel: str,
+  kernel: KernelName,
   call_kernel: Callable[[Callable[..., Any]], Any],
 ) -> Any:
   """The kernel's result, or ``None`` when the reference should run.
@@ -48,7 +113,7 @@ def kernel_or_none(
   Args:
     who: public function name for error messages.
     implementation: ``"xla"``, ``"pallas"`` or ``None``.
-    kernel: attribute of `pallas_kernels.norms`.
+    kernel: a kernel of `KERNEL_FAMILIES`.
     call_kernel: calls the given kernel function with the user's arguments.
 
   Returns:
@@ -81,7 +146,7 @@ def kernel_or_none(
 def dispatch(
   who: str,
   implementation: Implementation | None,
-  kernel: str,
+  kernel: KernelName,
   call_kernel: Callable[[Callable[..., Any]], Any],
   call_reference: Callable[[], Any],
 ) -> Any:
@@ -90,7 +155,7 @@ def dispatch(
   Args:
     who: public function name for error messages.
     implementation: ``"xla"``, ``"pallas"`` or ``None``.
-    kernel: attribute of `pallas_kernels.norms`.
+    kernel: a kernel of `KERNEL_FAMILIES`.
     call_kernel: calls the given kernel function with the user's arguments.
     call_reference: calls the reference.
 

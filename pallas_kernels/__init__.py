@@ -14,5 +14,10 @@ cross-lowering to Triton and Mosaic with `jax.export`:
 * `pallas_kernels.sharding`: `shard_rows` / `shard_heads`, running the
   kernels inside `jax.shard_map` on a (data, tensor) mesh.
 
-Submodules are imported on use; this package imports on a CPU-only jaxlib.
+The jaxnorm functions reach these kernels through ``implementation=``
+(``"pallas"``, or None on GPU/TPU) and one table, `jaxnorm._dispatch.
+KERNEL_FAMILIES`, mapping each family to its module here. Kernels import
+their reference's tables (feature maps, masked-logit constant, running
+estimate) instead of copying them. Submodules are imported on use; this
+package imports on a CPU-only jaxlib.
 """

@@ -44,11 +44,13 @@ from jax.experimental.pallas import triton as plgpu
 from jaxtyping import Array, Bool, Float
 
 from jaxnorm import _checks
-from jaxnorm import attention as attention_ref
+from jaxnorm.attention import _core as attention_core
+from jaxnorm.attention import affine_scaled as affine_ref
 from pallas_kernels import _rows
 
-# As jaxnorm.attention / jax.nn: finite, so fully masked rows stay finite.
-_NEG = -0.7 * float(jnp.finfo(jnp.float32).max)
+# The reference's masked logit (finite, as jax.nn), so fully masked rows
+# keep its semantics.
+_NEG = attention_core.large_negative()
 # K/V of one head live in one block: 2 * S * H elements; beyond this many
 # bytes (per head, input dtype) the kernel would need a key grid axis.
 MAX_KV_BYTES = 4 << 20
@@ -763,7 +765,8 @@ def affine_scaled_attention_pallas(
   r"""Affine-scaled attention with the softmax part as the flash kernel.
 
   Same maths, conventions and running-estimate update as
-  `jaxnorm.attention.affine_scaled_attention`:
+  `jaxnorm.attention.affine_scaled_attention` (beta uses the estimate from
+  before the batch; the returned one includes it):
 
   .. math::
      \mathrm{out}_i = \alpha_i\,(P v)_i + \beta_i \sum_{j \in A_i} v_j,
@@ -828,15 +831,7 @@ def affine_scaled_attention_pallas(
   )
   b, t, n, _ = query.shape
   s, kh = key.shape[1], key.shape[2]
-  _checks.check_floating(who, "alpha", alpha)
-  _checks.check_shape(who, "alpha", alpha, (b, t, n), "(batch, q_len, heads)")
-  alpha_ma = jnp.asarray(alpha_ma)
-  if alpha_ma.shape not in ((n,), ()):
-    raise ValueError(
-      f"{who}: alpha_ma must have shape ({n},) or (), got {alpha_ma.shape=}"
-    )
-  if not 0.0 <= rho <= 1.0:
-    raise ValueError(f"{who}: rho must be in [0, 1], got {rho=}")
+  alpha_ma = affine_ref.check_affine_args(who, b, t, n, alpha, alpha_ma, rho)
   f32 = jnp.float32
   v = jnp.repeat(value.astype(f32), n // kh, axis=2)  # (B, S, N, Hv)
   if mask is None and not is_causal:
@@ -856,10 +851,11 @@ def affine_scaled_attention_pallas(
     vsum = jnp.einsum("bnts,bsnh->btnh", jnp.broadcast_to(w, (b, n, t, s)), v)
   a = alpha.astype(f32)[..., None]  # (B, T, N, 1)
   valid = jnp.broadcast_to(count > 0, a.shape)
-  new_ma = attention_ref.affine_scale_running_estimate(
+  new_ma = affine_ref.affine_scale_running_estimate(
     a, valid, alpha_ma, head_axis=2, training=training, rho=rho
   )
-  ma = new_ma.reshape((1, 1, n, 1) if new_ma.ndim else (1, 1, 1, 1))
+  old = jax.lax.stop_gradient(alpha_ma.astype(f32))  # the pre-batch estimate
+  ma = old.reshape((1, 1, n, 1) if old.ndim else (1, 1, 1, 1))
   beta = (ma - a) / jnp.maximum(count, 1.0)
   out = a * soft.astype(f32) + beta * vsum
   out = jnp.where(valid, out, 0.0).astype(query.dtype)

@@ -34,14 +34,9 @@ from jax.experimental.pallas import triton as plgpu
 from jaxtyping import Array, Float
 
 from jaxnorm import _checks
-from jaxnorm import attention as reference
+from jaxnorm.attention import linear as reference
 from pallas_kernels import _rows
 
-_FEATURE_MAPS = {
-  "elu_plus_one": lambda x: jax.nn.elu(x) + 1.0,
-  "relu": lambda x: jax.nn.relu(x) + 1e-6,
-  "identity": lambda x: x,
-}
 # q, k, v of one head sit in one block (the kernel slices the chunks).
 MAX_HEAD_BYTES = 8 << 20
 
@@ -114,7 +109,7 @@ def causal_linear_attention_pallas(
   key: Float[Array, "B T K H"],
   value: Float[Array, "B T K Hv"],
   *,
-  feature_map: str = "elu_plus_one",
+  feature_map: reference.FeatureMap = "elu_plus_one",
   normalize: bool = True,
   eps: float = 1e-6,
   chunk_size: int = 64,
@@ -123,8 +118,9 @@ def causal_linear_attention_pallas(
   r"""Chunked causal linear attention with a Pallas forward kernel.
 
   Same maths and arguments as `jaxnorm.attention.causal_linear_attention`
-  (without its ``implementation`` switch: this is the chunked algorithm;
-  ``chunk_size`` is the kernel's block):
+  (this is its ``algorithm="chunked"``, with the reference's feature-map
+  table `jaxnorm.attention.linear.FEATURE_MAPS`; ``chunk_size`` is the
+  kernel's block):
 
   .. math:: \mathrm{out}_i = \frac{\sum_{j \le i} (\phi(q_i)\cdot\phi(k_j))
      v_j}{\sum_{j \le i} \phi(q_i)\cdot\phi(k_j) + \epsilon}
@@ -155,7 +151,9 @@ def causal_linear_attention_pallas(
     (2022).
   """
   who = "causal_linear_attention_pallas"
-  _checks.check_choice(who, "feature_map", feature_map, tuple(_FEATURE_MAPS))
+  _checks.check_choice(
+    who, "feature_map", feature_map, tuple(reference.FEATURE_MAPS)
+  )
   _checks.check_positive_int(who, "chunk_size", chunk_size)
   for name, a in (("query", query), ("key", key), ("value", value)):
     _checks.check_floating(who, name, a)
@@ -186,7 +184,7 @@ def causal_linear_attention_pallas(
       if dim < 16 or dim & (dim - 1):
         raise NotImplementedError(
           f"{who}: the gpu (Triton) kernel needs a power-of-two {name} "
-          f">= 16, got {dim}; use the reference"
+          f">= 16, got {dim}; use the reference (implementation='xla')"
         )
   else:
     c = pl.cdiv(c, 8) * 8
@@ -195,7 +193,8 @@ def causal_linear_attention_pallas(
   if nbytes > MAX_HEAD_BYTES:
     raise NotImplementedError(
       f"{who}: one head's q, k, v ({nbytes} bytes padded) exceed the "
-      f"single-block budget of {MAX_HEAD_BYTES} bytes; use the reference"
+      f"single-block budget of {MAX_HEAD_BYTES} bytes; use the reference "
+      "(implementation='xla')"
     )
   static = dict(
     chunk=c,
@@ -213,7 +212,7 @@ def causal_linear_attention_pallas(
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))
 def _linear(query, key, value, feature_map, chunk_size, static):
   st = dict(static)
-  phi = _FEATURE_MAPS[feature_map]
+  phi = reference.FEATURE_MAPS[feature_map]
   t, c = query.shape[1], st["chunk"]
   tp = pl.cdiv(t, c) * c
 
@@ -245,7 +244,8 @@ def _linear_bwd(feature_map, chunk_size, static, res, g):
       normalize=st["normalize"],
       eps=st["eps"],
       chunk_size=chunk_size,
-      implementation="chunked",
+      algorithm="chunked",
+      implementation="xla",
     )
 
   _, vjp = jax.vjp(ref, *res)

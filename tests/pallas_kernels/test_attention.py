@@ -12,6 +12,7 @@ from jaxnorm import attention as ref
 from pallas_kernels import _rows
 from pallas_kernels import attention as pa
 from tests import helpers
+from tests.attention import _common as attention_common
 
 TRITON, MOSAIC = True, pltpu.InterpretParams()
 
@@ -190,9 +191,11 @@ def test_lowers_for_compiled_backends(monkeypatch, platform):
   kv = jax.ShapeDtypeStruct((2, 256, 2, 64), jnp.bfloat16)
   sk = jax.ShapeDtypeStruct((4,), jnp.float32)
   checks = [export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")]
-  text = export.export(
+  run = export.export(
     jax.jit(fwd_bwd), platforms=[platform], disabled_checks=checks
-  )(q, kv, kv, sk).mlir_module()
+  )
+  with attention_common.lowering_context(platform):
+    text = run(q, kv, kv, sk).mlir_module()
   target = "xla.gpu.triton" if platform == "cuda" else "tpu_custom_call"
   assert text.count(target) >= 3  # forward, dq, dk/dv
 

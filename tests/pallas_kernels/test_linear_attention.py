@@ -12,6 +12,7 @@ from jaxnorm import attention as ref
 from pallas_kernels import _rows
 from pallas_kernels import linear_attention as pla
 from tests import helpers
+from tests.attention import _common as attention_common
 
 
 def _qkv(key, dtype, t=45):
@@ -51,7 +52,7 @@ def test_matches_quadratic_reference(
     )
   )
   oracle = lambda q, k, v: ref.causal_linear_attention(
-    q, k, v, implementation="quadratic", **kw
+    q, k, v, algorithm="quadratic", **kw
   )
   f32 = jnp.dtype(dtype) == jnp.float32
   # unnormalized identity-map sums reach ~|45 * 16|: scale atol with them
@@ -97,9 +98,11 @@ def test_lowers_for_compiled_backends(monkeypatch, platform):
   monkeypatch.setattr(_rows, "lowering_for", lambda who, interpret: lowering)
   x = jax.ShapeDtypeStruct((2, 512, 4, 64), jnp.bfloat16)
   checks = [export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")]
-  text = export.export(
+  run = export.export(
     jax.jit(lambda q, k, v: pla.causal_linear_attention_pallas(q, k, v)),
     platforms=[platform],
     disabled_checks=checks,
-  )(x, x, x).mlir_module()
+  )
+  with attention_common.lowering_context(platform):
+    text = run(x, x, x).mlir_module()
   assert ("xla.gpu.triton" if platform == "cuda" else "tpu_custom_call") in text

@@ -1,0 +1,230 @@
+"""SOFT: Gaussian kernel, Newton inverse, soft_attention."""
+
+import functools
+import pathlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxnorm import attention as attn
+from tests import helpers
+from tests.attention import _common
+
+ORACLES = pathlib.Path(__file__).parent.parent / "oracles"
+_qkv = functools.partial(_common.qkv, t=6)
+
+
+def _landmark_kernel(key, m=49, d=32, scale=0.25):
+  x = np.asarray(jax.random.normal(key, (m, d)), np.float64) * scale
+  sq = (x * x).sum(-1)
+  return np.exp(-0.5 * np.maximum(sq[:, None] + sq[None] - 2 * x @ x.T, 0))
+
+
+def test_gaussian_kernel_properties(key):
+  a = jax.random.normal(key, (2, 7, 5))
+  k2 = attn.gaussian_kernel(a, a)
+  helpers.assert_close(
+    jnp.diagonal(k2, axis1=-2, axis2=-1), np.ones((2, 7)), atol=1e-6
+  )
+  helpers.assert_close(k2, jnp.swapaxes(k2, -1, -2), atol=1e-7)
+  assert bool(jnp.all(k2 > 0))
+  with pytest.raises(ValueError, match="gaussian_kernel: a and b must"):
+    attn.gaussian_kernel(a, a[..., :4])
+
+
+def test_newton_inverse_converges_on_well_conditioned(key):
+  a = _landmark_kernel(key, scale=0.25)
+  want = np.linalg.inv(a + 0.01 * np.eye(49))
+  got = attn.newton_inverse(jnp.asarray(a, jnp.float32), num_iters=20)
+  np.testing.assert_allclose(
+    np.asarray(got, np.float64) @ (a + 0.01 * np.eye(49)), np.eye(49), atol=1e-3
+  )
+  assert np.abs(np.asarray(got) - want).max() / np.abs(want).max() < 1e-4
+  # Documented failure: cond ~1e3 does not converge in 20 steps, does in 40.
+  bad = jnp.asarray(_landmark_kernel(key, scale=0.1), jnp.float32)
+  ref = np.linalg.inv(np.asarray(bad, np.float64) + 0.01 * np.eye(49))
+  err = lambda v: np.abs(np.asarray(v) - ref).max() / np.abs(ref).max()  # noqa
+  assert err(attn.newton_inverse(bad, num_iters=20)) > 1e-2
+  assert err(attn.newton_inverse(bad, num_iters=40)) < 1e-3
+
+
+def test_newton_inverse_negative_entries_and_backtrack(key):
+  m = np.asarray(jax.random.normal(key, (16, 16)), np.float64)
+  spd = m @ m.T / 32 + 0.5 * np.eye(16)
+  assert spd.min() < 0
+  got = attn.newton_inverse(
+    jnp.asarray(spd, jnp.float32), num_iters=30, reg=0.0
+  )
+  np.testing.assert_allclose(got, np.linalg.inv(spd), atol=1e-4)
+  a = jnp.asarray(_landmark_kernel(key, m=16, scale=0.5), jnp.float32)
+  bt = attn.newton_inverse(a, num_iters=30, reg=0.0, init="backtrack")
+  np.testing.assert_allclose(
+    np.asarray(bt) @ np.asarray(a), np.eye(16), atol=1e-3
+  )
+
+
+def test_newton_custom_vjp_matches_exact_inverse(key):
+  a = jnp.asarray(_landmark_kernel(key, m=8, d=4, scale=0.5), jnp.float32)
+  eye = jnp.eye(8)
+  cot = jax.random.normal(jax.random.key(9), (8, 8))
+  f = lambda x: jnp.sum(attn.newton_inverse(x, num_iters=30) * cot)  # noqa
+  g = lambda x: jnp.sum(jnp.linalg.inv(x + 0.01 * eye) * cot)  # noqa
+  helpers.assert_close(jax.grad(f)(a), jax.grad(g)(a), atol=1e-3)
+  u = lambda x: jnp.sum(  # noqa
+    attn.newton_inverse(x, num_iters=30, grad="unrolled") * cot
+  )
+  helpers.assert_close(jax.grad(u)(a), jax.grad(g)(a), atol=1e-2)
+
+
+def test_newton_errors():
+  with pytest.raises(ValueError, match="newton_inverse: a must be square"):
+    attn.newton_inverse(jnp.ones((3, 4)))
+  with pytest.raises(ValueError, match="newton_inverse: grad must be one of"):
+    attn.newton_inverse(jnp.eye(3), grad="exact")
+
+
+@pytest.mark.parametrize("symmetric", [False, True])
+def test_soft_attention_matches_explicit_inverse(key, symmetric):
+  # 4 landmarks: with 2, every K2 has equal row sums, so SOFT-Norm's step
+  # 2 / max(row sum)^2 sits exactly on the divergence boundary (see
+  # test_soft_norm_two_landmarks_boundary).
+  q, _, _ = _qkv(key, t=16, n=2, k=2, h=4)
+  v = jax.random.normal(jax.random.key(2), (2, 16, 2, 3))
+  lm = attn.soft_landmarks(q, 4)
+  out = attn.soft_attention(q, v, lm, num_iters=40, symmetric_norm=symmetric)
+  qs = np.asarray(q, np.float64).transpose(0, 2, 1, 3) * 4**-0.25
+  lms = np.asarray(lm, np.float64).transpose(0, 2, 1, 3)
+
+  def kern(a, b):
+    d2 = ((a[..., :, None, :] - b[..., None, :, :]) ** 2).sum(-1)
+    return np.exp(-0.5 * d2)
+
+  k1, k2 = kern(qs, lms), kern(lms, lms)
+  # SOFT inverts K2 + 0.01 I; SOFT-Norm (symmetric) inverts K2 (reg 0).
+  inv = np.linalg.inv(k2 + (0.0 if symmetric else 0.01) * np.eye(4))
+  if symmetric:
+    dv = 1 / np.sqrt(k2.sum(-1))
+    inv = dv[..., :, None] * inv * dv[..., None, :]
+  want = (
+    k1
+    @ inv
+    @ (
+      np.swapaxes(k1, -1, -2) @ np.asarray(v, np.float64).transpose(0, 2, 1, 3)
+    )
+  )
+  helpers.assert_close(out, want.transpose(0, 2, 1, 3), atol=1e-4)
+  # A landmark equal to a query gives a kernel row containing 1.
+  k1row = attn.gaussian_kernel(
+    jnp.asarray(lms[..., :1, :], jnp.float32), jnp.asarray(lms, jnp.float32)
+  )
+  helpers.assert_close(k1row[..., 0, 0], np.ones((2, 2)), atol=1e-6)
+
+
+def test_soft_errors(key):
+  q, _, _ = _qkv(key, t=8)
+  with pytest.raises(ValueError, match=r"soft_attention: value must be"):
+    attn.soft_attention(q, q[:, :4], attn.soft_landmarks(q, 2))
+  with pytest.raises(ValueError, match=r"soft_attention: landmarks must"):
+    attn.soft_attention(q, q, q[:, :2, :2])
+  with pytest.raises(ValueError, match=r"query.shape\[1\]=8 must be divisible"):
+    attn.soft_landmarks(q, 3)
+
+
+def _official_soft_newton(mat, iters):
+  """NumPy transcription of SOFT/kernel/inverse.py ``newton_inv``."""
+  alpha = 0.9 * 2 / np.max(mat.sum(-1), -1) ** 2
+  p = mat + 0.01 * np.eye(mat.shape[-1])
+  v = alpha[..., None, None] * p
+  for _ in range(iters):
+    v = 2 * v - v @ p @ v
+  return v
+
+
+def _official_norm_halvings(mat):
+  """Halvings of SOFT-Norm's ``newton_inv`` backtracking (global max)."""
+  eye = np.eye(mat.shape[-1])
+  alpha = 2 / np.max(mat.sum(-1)) ** 2
+  count = 0
+  while np.max(np.abs(eye - mat @ (alpha * mat)).sum(-2)) > 1.01 and count < 10:
+    alpha *= 0.5
+    count += 1
+  return count
+
+
+def _norm_newton_jnp(mat, iters, halvings):
+  """``SoftmaxFreeNormAttentionKernel.newton_inv`` with autograd throughout."""
+  v = 2 / jnp.max(mat.sum(-1)) ** 2 * 0.5**halvings * mat
+  for _ in range(iters):
+    v = 2 * v - v @ mat @ v
+  return v
+
+
+def _landmark_batch(key):
+  # Two kernels of different spread, so per-matrix and global maxima differ.
+  k1, k2 = jax.random.split(key)
+  return np.stack(
+    [_landmark_kernel(k1, m=12, scale=0.3), _landmark_kernel(k2, m=12, scale=1)]
+  )
+
+
+@pytest.mark.parametrize("iters", [0, 3])
+def test_newton_soft_start_is_computed_on_a(key, iters):
+  a = _landmark_batch(key)
+  got = attn.newton_inverse(jnp.asarray(a, jnp.float32), num_iters=iters)
+  want = _official_soft_newton(a, iters)
+  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7)
+
+
+def test_soft_norm_is_the_official_newton(key):
+  a = _landmark_batch(key)
+  halvings = _official_norm_halvings(a)
+  a32 = jnp.asarray(a, jnp.float32)
+  f = lambda x: attn.newton_inverse(  # noqa: E731
+    x, num_iters=4, reg=0.0, init="backtrack", grad="unrolled"
+  )
+  np.testing.assert_allclose(
+    f(a32), _norm_newton_jnp(a32, 4, halvings), rtol=1e-5, atol=1e-6
+  )
+  cot = jax.random.normal(jax.random.key(3), a.shape)
+  g = jax.grad(lambda x: jnp.sum(f(x) * cot))(a32)
+  g_ref = jax.grad(lambda x: jnp.sum(_norm_newton_jnp(x, 4, halvings) * cot))(
+    a32
+  )
+  # V_0 = alpha P^T (jaxnorm) vs alpha P (official) agree on symmetric A and
+  # in every gradient that flows into a symmetric A (e.g. from landmarks):
+  # compare the symmetric parts.
+  sym = lambda x: (x + jnp.swapaxes(x, -1, -2)) / 2  # noqa: E731
+  helpers.assert_close(sym(g), sym(g_ref), atol=1e-4, rtol=1e-4)
+
+
+def test_symmetric_norm_defaults_to_soft_norm(key):
+  q, _, _ = _qkv(key, t=8, n=2, k=2, h=4)
+  v = jax.random.normal(jax.random.key(2), (2, 8, 2, 3))
+  lm = attn.soft_landmarks(q, 4)
+  norm = attn.soft_attention(q, v, lm, symmetric_norm=True)
+  explicit = attn.soft_attention(
+    q, v, lm, symmetric_norm=True, reg=0.0, init="backtrack", grad="unrolled"
+  )
+  helpers.assert_close(norm, explicit, atol=0)
+  ridge = attn.soft_attention(q, v, lm, symmetric_norm=True, reg=0.01)
+  assert float(jnp.abs(norm - ridge).max()) > 1e-4
+  soft = attn.soft_attention(q, v, lm)
+  soft_explicit = attn.soft_attention(
+    q, v, lm, reg=0.01, init="row_sum", grad="implicit"
+  )
+  helpers.assert_close(soft, soft_explicit, atol=0)
+
+
+def test_soft_norm_two_landmarks_boundary():
+  # SOFT-Norm's step (official code too) sits on the divergence boundary for
+  # a matrix whose top eigenvalue equals its largest row sum (every 2 x 2
+  # kernel): alpha * lambda_max^2 = 2 and ||I - A V_0||_1 = 1 <= 1.01, so
+  # backtracking keeps alpha and float rounding decides convergence.
+  k = np.array([[1.0, 0.6], [0.6, 1.0]])
+  assert _official_norm_halvings(k) == 0
+  alpha = 2 / k.sum(-1).max() ** 2
+  np.testing.assert_allclose(alpha * np.linalg.eigvalsh(k).max() ** 2, 2.0)
+  residual = np.eye(2) - k @ (alpha * k)
+  np.testing.assert_allclose(np.abs(residual).sum(-2).max(), 1.0)
