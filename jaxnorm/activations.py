@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Bool, Float
 
-from jaxnorm import _checks
+from jaxnorm import _checks, _numerics
 
 # Fixed-point constants of Klambauer et al. (2017), eq. 14; identical to the
 # constants in the `jax.nn.selu` source.
@@ -24,20 +24,15 @@ SELU_LAMBDA: float = 1.0507009873554804934193349852946
 SELU_SATURATION: float = -SELU_LAMBDA * SELU_ALPHA
 
 
-def _compute_dtype(x: jax.Array) -> jnp.dtype:
-  with jax.numpy_dtype_promotion("standard"):
-    return jnp.promote_types(x.dtype, jnp.float32)
-
-
 def elu(x: Float[Array, "..."], *, alpha: float = 1.0) -> Float[Array, "..."]:
   r"""Exponential linear unit.
 
   .. math:: \mathrm{elu}(x) = x \text{ if } x > 0 \text{ else }
      \alpha (e^{x} - 1)
 
-  The linear branch is taken at exactly 0, so the derivative there is 1
-  (``lambda`` for `selu`). Deviation: `jax.nn.elu` takes the exponential
-  branch at 0 (derivative ``alpha``); values agree everywhere.
+  The exponential branch is taken at exactly 0, as in `jax.nn.elu` and
+  ``torch.nn.ELU``, so the derivative there is ``alpha`` (``lambda *
+  alpha`` for `selu`).
 
   Args:
     x: input of any shape, floating dtype.
@@ -54,8 +49,8 @@ def elu(x: Float[Array, "..."], *, alpha: float = 1.0) -> Float[Array, "..."]:
     Learning by Exponential Linear Units (ELUs)*, arXiv:1511.07289 (2015).
   """
   _checks.check_floating("elu", "x", x)
-  xc = x.astype(_compute_dtype(x))
-  pos = xc >= 0
+  xc = x.astype(_numerics.compute_dtype(x))
+  pos = xc > 0
   neg = jnp.asarray(alpha, xc.dtype) * jnp.expm1(jnp.where(pos, 0.0, xc))
   return jnp.where(pos, xc, neg).astype(x.dtype)
 
@@ -84,7 +79,7 @@ def selu(x: Float[Array, "..."]) -> Float[Array, "..."]:
     Networks*, arXiv:1706.02515 (2017).
   """
   _checks.check_floating("selu", "x", x)
-  xc = x.astype(_compute_dtype(x))
+  xc = x.astype(_numerics.compute_dtype(x))
   y = elu(xc, alpha=SELU_ALPHA) * jnp.asarray(SELU_LAMBDA, xc.dtype)
   return y.astype(x.dtype)
 
@@ -175,7 +170,7 @@ def alpha_dropout(
         f"mask.dtype={jnp.result_type(mask)}"
       )
     _checks.check_shape(who, "mask", mask, x.shape, "x.shape")
-  xc = x.astype(_compute_dtype(x))
+  xc = x.astype(_numerics.compute_dtype(x))
   kept = jnp.where(mask, xc, jnp.asarray(SELU_SATURATION, xc.dtype))
   y = kept * jnp.asarray(a, xc.dtype) + jnp.asarray(b, xc.dtype)
   return y.astype(x.dtype)
@@ -217,6 +212,14 @@ def lecun_normal(
   )
 
 
+def _channels_last(who: str, x: ArrayLike) -> jax.Array:
+  """Checks ``x`` is floating with a channel axis; casts to compute dtype."""
+  _checks.check_floating(who, "x", x)
+  _checks.check_ndim(who, "x", x, minimum=1)
+  x = jnp.asarray(x)
+  return x.astype(_numerics.compute_dtype(x))
+
+
 def _per_channel(
   who: str, name: str, p: ArrayLike, x: jax.Array, dtype: jnp.dtype
 ) -> jax.Array:
@@ -256,7 +259,8 @@ def salu(
 
   Raises:
     TypeError: if ``x`` is not floating.
-    ValueError: if a parameter is neither a scalar nor of shape ``(c,)``.
+    ValueError: for a scalar ``x`` (no channel axis) or a parameter that is
+      neither a scalar nor of shape ``(c,)``.
 
   References:
     Zaied, *SaluNet: Enabling Total Plasticity in Normalization-Free Deep
@@ -264,9 +268,8 @@ def salu(
     granularity is our default; the paper body was not read.
   """
   who = "salu"
-  _checks.check_floating(who, "x", x)
-  dt = _compute_dtype(x)
-  xc = x.astype(dt)
+  xc = _channels_last(who, x)
+  dt = xc.dtype
   a = _per_channel(who, "gain", gain, xc, dt)
   b = _per_channel(who, "curvature", curvature, xc, dt)
   y = a * xc * jax.lax.rsqrt(1.0 + a * b * xc * xc)
@@ -297,15 +300,15 @@ def salu_sw(
 
   Raises:
     TypeError: if ``x`` is not floating.
-    ValueError: if a parameter is neither a scalar nor of shape ``(c,)``.
+    ValueError: for a scalar ``x`` (no channel axis) or a parameter that is
+      neither a scalar nor of shape ``(c,)``.
 
   References:
     Zaied, arXiv:2606.02927 (2026), eq. 1 (the ``(a, b)`` form).
   """
   who = "salu_sw"
-  _checks.check_floating(who, "x", x)
-  dt = _compute_dtype(x)
-  xc = x.astype(dt)
+  xc = _channels_last(who, x)
+  dt = xc.dtype
   s = _per_channel(who, "amplitude", amplitude, xc, dt)
   w = _per_channel(who, "width", width, xc, dt)
   u = xc / w
@@ -344,9 +347,8 @@ def _experimental_gate(
       f"abstract was readable), so {who} is jaxnorm's own design; pass "
       f"experimental=True to use it, got {experimental=}"
     )
-  _checks.check_floating(who, "x", x)
-  dt = _compute_dtype(x)
-  xc = x.astype(dt)
+  xc = _channels_last(who, x)
+  dt = xc.dtype
   w = _per_channel(who, "width", width, xc, dt)
   u = xc / w
   gate = 0.5 * (1.0 + u * jax.lax.rsqrt(1.0 + u * u))
@@ -378,7 +380,8 @@ def swalu(
     Array of ``x.shape`` and ``x.dtype``.
 
   Raises:
-    ValueError: if ``experimental`` is False or ``width`` has a bad shape.
+    ValueError: if ``experimental`` is False, ``x`` is a scalar or
+      ``width`` has a bad shape.
     TypeError: if ``x`` is not floating.
 
   References:
@@ -409,7 +412,8 @@ def galu(
     Array of ``x.shape`` and ``x.dtype``.
 
   Raises:
-    ValueError: if ``experimental`` is False or ``width`` has a bad shape.
+    ValueError: if ``experimental`` is False, ``x`` is a scalar or
+      ``width`` has a bad shape.
     TypeError: if ``x`` is not floating.
 
   References:

@@ -8,25 +8,77 @@ with nnx modules (call them inside a module's ``__call__``).
 
 from __future__ import annotations
 
+import functools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Literal
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Array, ArrayLike, Float
+from jaxtyping import Array, ArrayLike, Bool, Float
 
-from jaxnorm import _checks, norms
+from jaxnorm import _checks, _numerics, norms
 
 ArrayFn = Callable[[jax.Array], jax.Array]
+AddNormFn = Callable[[jax.Array, jax.Array], tuple[jax.Array, jax.Array]]
+IndexLike = int | jax.Array
 
 
-def _scaled(norm: ArrayFn, layer_index: int | None) -> ArrayFn:
+def _add(x: ArrayLike, y: jax.Array) -> jax.Array:
+  """The residual add ``x + y`` in the compute dtype, cast to ``x.dtype``.
+
+  The stream keeps its dtype whatever the branch or a norm returns (e.g. a
+  float32 norm output for a bfloat16 stream, flax's dtype rule).
+  """
+  x = jnp.asarray(x)
+  ct = _numerics.compute_dtype(x)
+  return (x.astype(ct) + y.astype(ct)).astype(x.dtype)
+
+
+def check_layer_index(who: str, layer_index: IndexLike | None) -> None:
+  """Raises `ValueError` unless ``layer_index`` is a 0-based layer index.
+
+  A non-negative Python integer, ``None``, or an integer array of shape
+  ``()`` (a traced index, e.g. the layer counter of an ``nnx.scan``; its
+  value is not checked).
+  """
+  if layer_index is None:
+    return
+  if isinstance(layer_index, (jax.Array, np.ndarray)):
+    if not jnp.issubdtype(layer_index.dtype, jnp.integer) or (
+      layer_index.ndim != 0
+    ):
+      raise ValueError(
+        f"{who}: an array layer_index must be an integer scalar, got "
+        f"layer_index.dtype={layer_index.dtype}, "
+        f"layer_index.shape={layer_index.shape}"
+      )
+    return
+  if (
+    isinstance(layer_index, bool)
+    or not isinstance(layer_index, (int, np.integer))
+    or layer_index < 0
+  ):
+    raise ValueError(
+      f"{who}: layer_index must be a non-negative integer (0-based), an "
+      f"integer scalar array or None, got {layer_index=}"
+    )
+
+
+def _scaled(norm: ArrayFn, layer_index: IndexLike | None) -> ArrayFn:
   if layer_index is None:
     return norm
-  factor = norms.layer_norm_scaling(layer_index)
-  return lambda h: norm(h) * factor
+  if not isinstance(layer_index, (jax.Array, np.ndarray)):
+    factor = norms.layer_norm_scaling(int(layer_index))
+    return lambda h: norm(h) * factor
+
+  def scaled(h: jax.Array) -> jax.Array:
+    y = norm(h)
+    ell = jnp.asarray(layer_index).astype(jnp.float32) + 1.0
+    return y * jax.lax.rsqrt(ell).astype(y.dtype)
+
+  return scaled
 
 
 def pre_norm(
@@ -34,7 +86,7 @@ def pre_norm(
   sublayer: ArrayFn,
   norm: ArrayFn,
   *,
-  layer_index: int | None = None,
+  layer_index: IndexLike | None = None,
 ) -> jax.Array:
   r"""Pre-norm residual step :math:`x + f(\mathrm{norm}(x))`.
 
@@ -47,29 +99,38 @@ def pre_norm(
     x: residual stream.
     sublayer: the branch ``f``.
     norm: the normalization applied to the branch input.
-    layer_index: 0-based block index enabling LayerNorm Scaling; ``None``
-      (default) is the plain pre-norm block.
+    layer_index: 0-based block index enabling LayerNorm Scaling: a Python
+      integer, or an integer scalar array (traced, e.g. inside ``nnx.scan``
+      over layers; the factor is then formed in float32 and cast to the
+      norm's output dtype); ``None`` (default) is the plain pre-norm block.
 
   Returns:
-    The updated stream, shaped like ``x``.
+    The updated stream, with the shape and dtype of ``x`` (the sum is formed
+    in ``promote_types(x.dtype, float32)``).
+
+  Raises:
+    ValueError: for a negative, non-integer or non-scalar ``layer_index``.
 
   References:
     Xiong et al., *On Layer Normalization in the Transformer Architecture*,
     arXiv:2002.04745 (2020); Sun et al., *The Curse of Depth in Large
     Language Models*, arXiv:2502.05795 (2025).
   """
-  return x + sublayer(_scaled(norm, layer_index)(x))
+  check_layer_index("pre_norm", layer_index)
+  return _add(x, sublayer(_scaled(norm, layer_index)(x)))
 
 
 def post_norm(x: jax.Array, sublayer: ArrayFn, norm: ArrayFn) -> jax.Array:
   r"""Post-norm residual step :math:`\mathrm{norm}(x + f(x))`.
 
-  The original Transformer wiring.
+  The original Transformer wiring. The sum is formed in
+  ``promote_types(x.dtype, float32)``; the output has the dtype of ``x``
+  (the residual steps keep the stream's dtype).
 
   References:
     Vaswani et al., *Attention Is All You Need*, arXiv:1706.03762 (2017).
   """
-  return norm(x + sublayer(x))
+  return norm(_add(x, sublayer(x))).astype(jnp.result_type(x))
 
 
 def sandwich_norm(
@@ -78,7 +139,7 @@ def sandwich_norm(
   norm_in: ArrayFn,
   norm_out: ArrayFn,
   *,
-  layer_index: int | None = None,
+  layer_index: IndexLike | None = None,
 ) -> jax.Array:
   r"""Sandwich residual step.
 
@@ -91,7 +152,71 @@ def sandwich_norm(
     Ding et al., *CogView: Mastering Text-to-Image Generation via
     Transformers*, arXiv:2105.13290 (2021).
   """
-  return x + norm_out(sublayer(_scaled(norm_in, layer_index)(x)))
+  check_layer_index("sandwich_norm", layer_index)
+  return _add(x, norm_out(sublayer(_scaled(norm_in, layer_index)(x))))
+
+
+def fused_pre_norm(
+  x: Float[ArrayLike, "... d"],
+  sublayers: Sequence[ArrayFn],
+  norm: ArrayFn,
+  add_norms: Sequence[AddNormFn],
+  *,
+  return_hidden: bool = False,
+) -> jax.Array | tuple[jax.Array, jax.Array]:
+  r"""A stack of `pre_norm` steps with every residual add fused into a norm.
+
+  The pre-norm stack :math:`x_{k+1} = x_k + f_k(\mathrm{norm}_k(x_k))`,
+  ``k = 0 .. K-1``, regrouped so that each residual add meets the norm that
+  reads its result (one pass over the stream with a fused kernel):
+
+  .. math::
+    y_0 = \mathrm{norm}_0(x_0),\quad b_k = f_k(y_k),\quad
+    (x_{k+1}, y_{k+1}) = \mathrm{add\_norm}_{k+1}(b_k, x_k)
+    \ (k < K - 1),\quad x_K = x_{K-1} + b_{K-1},
+
+  where ``add_norm(b, x)`` returns :math:`(x + b, \mathrm{norm}(x + b))`
+  (`jaxnorm.fused_norms.add_rms_norm`, ``add_layer_norm``, or a norm
+  module's ``add_and_norm``). The result equals the unfused stack.
+
+  Args:
+    x: residual stream ``(..., d)``.
+    sublayers: the branches ``f_0 .. f_{K-1}``, each ``(..., d)`` to
+      ``(..., d)``.
+    norm: :math:`\mathrm{norm}_0`, applied to ``x``.
+    add_norms: :math:`\mathrm{add\_norm}_1 .. \mathrm{add\_norm}_{K-1}`
+      (one fewer than ``sublayers``).
+    return_hidden: also return :math:`x_1 .. x_K` stacked to
+      ``(K, ..., d)``.
+
+  Returns:
+    :math:`x_K` in the dtype of ``x`` (and the stacked hidden states).
+
+  Raises:
+    ValueError: for an empty ``sublayers``, or ``add_norms`` whose length is
+      not ``len(sublayers) - 1``.
+
+  References:
+    Xiong et al., *On Layer Normalization in the Transformer Architecture*,
+    arXiv:2002.04745 (2020).
+  """
+  who = "fused_pre_norm"
+  if not sublayers or len(add_norms) != len(sublayers) - 1:
+    raise ValueError(
+      f"{who}: need at least one sublayer and one add_norm per sublayer "
+      f"after the first, got {len(sublayers)} sublayers and "
+      f"{len(add_norms)} add_norms"
+    )
+  x = jnp.asarray(x)
+  hidden = []
+  branch = sublayers[0](norm(x))
+  for sublayer, add_norm in zip(sublayers[1:], add_norms):
+    x, y = add_norm(branch, x)
+    hidden.append(x)
+    branch = sublayer(y)
+  x = _add(x, branch)
+  hidden.append(x)
+  return (x, jnp.stack(hidden)) if return_hidden else x
 
 
 # ---------------------------------------------------------------------------
@@ -103,13 +228,6 @@ Readout = Literal["sum", "mean"]
 READOUTS: tuple[str, ...] = ("sum", "mean")
 ResidualMap = Literal["sinkhorn", "quaternion", "identity"]
 RESIDUAL_MAPS: tuple[str, ...] = ("sinkhorn", "quaternion", "identity")
-
-
-def _compute_dtype(x: jax.Array) -> jnp.dtype:
-  """``promote_types(x.dtype, float32)``, valid under strict promotion."""
-  if jnp.finfo(x.dtype).bits < 32:
-    return jnp.dtype(jnp.float32)
-  return jnp.dtype(x.dtype)
 
 
 def _leading(v: jax.Array, shape: tuple[int, ...]) -> jax.Array:
@@ -153,6 +271,17 @@ def _check_scalar(who: str, name: str, v: ArrayLike) -> None:
 
 def _scalar(v: ArrayLike, dtype: jnp.dtype) -> jax.Array:
   return jnp.reshape(jnp.asarray(v), ()).astype(dtype)
+
+
+def _unit(v: jax.Array, eps: float) -> jax.Array:
+  """``v / max(||v||_2, eps)`` over the last axis, with finite gradients.
+
+  Written as ``v * rsqrt(max(sum(v^2), eps^2))``: the same value, but an
+  all-zero row differentiates through the constant branch of the max
+  (gradient ``1/eps``) instead of through ``sqrt`` at 0 (NaN).
+  """
+  sq = jnp.sum(v * v, axis=-1, keepdims=True)
+  return v * jax.lax.rsqrt(jnp.maximum(sq, eps * eps))
 
 
 # ---------------------------------------------------------------------------
@@ -267,7 +396,7 @@ def scaled_residual(
       f"{who}: the sublayer must keep the shape of x, got "
       f"{x.shape=} and output shape {y.shape}"
     )
-  ct = _compute_dtype(x)
+  ct = _numerics.compute_dtype(x)
   if isinstance(scale, (int, float)):
     s = jnp.asarray(scale, ct)
   else:
@@ -333,7 +462,7 @@ def reduce_streams(
   _checks.check_choice(who, "readout", readout, READOUTS)
   _check_streams(who, h)
   h = jnp.asarray(h)
-  ct = _compute_dtype(h)
+  ct = _numerics.compute_dtype(h)
   out = jnp.sum(h.astype(ct), axis=-2)
   if readout == "mean":
     out = out / h.shape[-2]
@@ -393,7 +522,7 @@ def hyper_connection(
   _check_map(who, "h_pre", h_pre, lead, (n,))
   _check_map(who, "h_post", h_post, lead, (n,))
   _check_map(who, "h_res", h_res, lead, (n, n))
-  ct = _compute_dtype(h)
+  ct = _numerics.compute_dtype(h)
   hc = h.astype(ct)
   pre = _leading(jnp.asarray(h_pre).astype(ct), h.shape[:-1])
   post = _leading(jnp.asarray(h_post).astype(ct), h.shape[:-1])
@@ -497,7 +626,7 @@ def hc_maps(
       f"{who}: give both dynamic_alpha and dynamic_beta "
       "(dynamic HC) or neither (static HC)"
     )
-  ct = _compute_dtype(h)
+  ct = _numerics.compute_dtype(h)
   alpha = jnp.asarray(static_alpha).astype(ct)
   beta = jnp.asarray(static_beta).astype(ct)
   if dynamic_alpha is not None:
@@ -515,9 +644,7 @@ def hc_maps(
     )
     _check_scalar(who, "alpha_scale", alpha_scale)
     _check_scalar(who, "beta_scale", beta_scale)
-    hc = h.astype(ct)
-    norm = jnp.sqrt(jnp.sum(hc * hc, axis=-1, keepdims=True))
-    normed = hc / jnp.maximum(norm, eps) * math.sqrt(d)
+    normed = _unit(h.astype(ct), eps) * math.sqrt(d)
     if norm_scale is not None:
       _checks.check_floating(who, "norm_scale", norm_scale)
       _checks.check_shape(
@@ -535,7 +662,7 @@ def hc_maps(
 
 
 def hc_static_init(
-  num_streams: int, layer_index: int, *, dtype: jnp.dtype = jnp.float32
+  num_streams: int, layer_index: IndexLike, *, dtype: jnp.dtype = jnp.float32
 ) -> tuple[jax.Array, jax.Array]:
   r"""HC's initial ``(static_alpha, static_beta)`` for sublayer ``k``.
 
@@ -545,7 +672,9 @@ def hc_static_init(
 
   Args:
     num_streams: ``n``.
-    layer_index: 0-based sublayer index ``k``.
+    layer_index: 0-based sublayer index ``k``: a Python integer, or an
+      integer scalar array (traced, e.g. when the layers are created under
+      ``nnx.vmap`` for an ``nnx.scan`` over layers).
     dtype: dtype of the returned arrays.
 
   Returns:
@@ -553,22 +682,17 @@ def hc_static_init(
     that they follow an active mesh.
 
   Raises:
-    ValueError: for a non-positive ``num_streams`` or negative index.
+    ValueError: for a non-positive ``num_streams`` or a negative,
+      non-integer or non-scalar index.
   """
   who = "hc_static_init"
   _checks.check_positive_int(who, "num_streams", num_streams)
-  if (
-    isinstance(layer_index, bool)
-    or not isinstance(layer_index, int)
-    or (layer_index < 0)
-  ):
-    raise ValueError(
-      f"{who}: layer_index must be a non-negative integer, got {layer_index=}"
-    )
+  if layer_index is None:
+    raise ValueError(f"{who}: layer_index must be given, got None")
+  check_layer_index(who, layer_index)
+  read = jax.nn.one_hot(jnp.asarray(layer_index) % num_streams, num_streams)
   eye = jnp.eye(num_streams, dtype=dtype)
-  alpha = jnp.concatenate(
-    [eye[:, layer_index % num_streams, None], eye], axis=1
-  )
+  alpha = jnp.concatenate([read.astype(dtype)[:, None], eye], axis=1)
   return alpha, jnp.ones((num_streams,), dtype)
 
 
@@ -647,24 +771,37 @@ def sinkhorn_knopp(
       f"log_domain=False with {eps=}"
     )
   logits = jnp.asarray(logits)
-  ct = _compute_dtype(logits)
+  ct = _numerics.compute_dtype(logits)
   z = logits.astype(ct) / temperature
+  m = _sinkhorn_iterations(
+    z, num_iters=num_iters, log_domain=log_domain, eps=float(eps)
+  )
+  return m.astype(logits.dtype)
+
+
+@functools.partial(jax.jit, static_argnames=("num_iters", "log_domain", "eps"))
+def _sinkhorn_iterations(
+  z: jax.Array, *, num_iters: int, log_domain: bool, eps: float
+) -> jax.Array:
+  """The iterations of `sinkhorn_knopp` on logits ``z`` (compute dtype).
+
+  Jitted so that eager callers (one call per layer) compile the loop once
+  per shape instead of once per call; inside a traced caller it inlines.
+  """
   if log_domain:
 
     def body(_, z):
       z = z - jax.nn.logsumexp(z, axis=-2, keepdims=True)
       return z - jax.nn.logsumexp(z, axis=-1, keepdims=True)
 
-    m = jnp.exp(jax.lax.fori_loop(0, num_iters, body, z))
-  else:
-    z = z - jax.lax.stop_gradient(jnp.max(z, axis=-2, keepdims=True))
+    return jnp.exp(jax.lax.fori_loop(0, num_iters, body, z))
+  z = z - jax.lax.stop_gradient(jnp.max(z, axis=-2, keepdims=True))
 
-    def body(_, m):
-      m = m / (jnp.sum(m, axis=-2, keepdims=True) + eps)
-      return m / (jnp.sum(m, axis=-1, keepdims=True) + eps)
+  def body(_, m):
+    m = m / (jnp.sum(m, axis=-2, keepdims=True) + eps)
+    return m / (jnp.sum(m, axis=-1, keepdims=True) + eps)
 
-    m = jax.lax.fori_loop(0, num_iters, body, jnp.exp(z))
-  return m.astype(logits.dtype)
+  return jax.lax.fori_loop(0, num_iters, body, jnp.exp(z))
 
 
 def _check_quaternion(who: str, name: str, p: ArrayLike) -> None:
@@ -772,10 +909,9 @@ def quaternion_rotation(
       f"{np.shape(p)=} and {np.shape(q)=}"
     )
   p, q = jnp.asarray(p), jnp.asarray(q)
-  ct = _compute_dtype(p)
+  ct = _numerics.compute_dtype(p)
   p, q = p.astype(ct), q.astype(ct)
-  p = p / jnp.maximum(jnp.linalg.norm(p, axis=-1, keepdims=True), eps)
-  q = q / jnp.maximum(jnp.linalg.norm(q, axis=-1, keepdims=True), eps)
+  p, q = _unit(p, eps), _unit(q, eps)
   return quaternion_left_matrix(p) @ jnp.swapaxes(
     quaternion_right_matrix(q), -1, -2
   )
@@ -921,7 +1057,7 @@ def mhc_maps(
       _checks.check_shape(
         who, name, phi, (n * d, out), f"(n*d, {out}) with n, d = h.shape[-2:]"
       )
-  ct = _compute_dtype(h)
+  ct = _numerics.compute_dtype(h)
   if any(phi is not None for phi in (phi_pre, phi_post, phi_res)):
     xv = jnp.reshape(h.astype(ct), (*h.shape[:-2], n * d))
     xn = xv * jax.lax.rsqrt(jnp.mean(xv * xv, axis=-1, keepdims=True) + eps)
@@ -1027,6 +1163,7 @@ def attn_res_weights(
   *,
   key_scale: Float[ArrayLike, " d"] | None = None,
   eps: float = 1e-6,
+  mask: Bool[ArrayLike, " m"] | None = None,
 ) -> Float[Array, "m ..."]:
   r"""Depth-attention weights :math:`a_{i\to l}` of AttnRes.
 
@@ -1044,15 +1181,19 @@ def attn_res_weights(
     query: the pseudo-query :math:`w_l`, ``(d,)``.
     key_scale: RMSNorm gain of the keys, ``(d,)``; ``None`` means 1.
     eps: RMSNorm epsilon (Unverified: not stated; 1e-6).
+    mask: ``(m,)`` booleans, True for the sources that exist; the others
+      get weight exactly 0 (a fixed-size buffer of sources, filled as the
+      network deepens). At least one entry must be True (not checked).
 
   Returns:
     ``(m, ...)`` weights summing to 1 over axis 0 (float32, or float64 for
     float64 input).
 
   Raises:
-    TypeError: for non-floating inputs.
-    ValueError: for ``sources`` of rank < 2 or a ``query``/``key_scale``
-      whose length is not ``sources.shape[-1]``.
+    TypeError: for non-floating inputs or a non-boolean ``mask``.
+    ValueError: for ``sources`` of rank < 2, a ``query``/``key_scale``
+      whose length is not ``sources.shape[-1]``, or a ``mask`` not shaped
+      ``(m,)``.
 
   References:
     Kimi Team, *Attention Residuals*, arXiv:2603.15031 (2026).
@@ -1069,11 +1210,23 @@ def attn_res_weights(
     _checks.check_shape(
       who, "key_scale", key_scale, (d,), "(d,), d = sources.shape[-1]"
     )
-  ct = _compute_dtype(sources)
+  if mask is not None:
+    if jnp.result_type(mask) != jnp.bool_:
+      raise TypeError(
+        f"{who}: mask must be boolean (True = the source exists), got "
+        f"mask.dtype={jnp.result_type(mask)}"
+      )
+    _checks.check_shape(
+      who, "mask", mask, sources.shape[:1], "(m,), m = sources.shape[0]"
+    )
+  ct = _numerics.compute_dtype(sources)
   keys = norms.rms_norm(sources.astype(ct), None, eps=eps)
   if key_scale is not None:
     keys = keys * _leading(jnp.asarray(key_scale).astype(ct), keys.shape)
   scores = keys @ jnp.asarray(query).astype(ct)
+  if mask is not None:
+    valid = jnp.reshape(jnp.asarray(mask), (-1,) + (1,) * (scores.ndim - 1))
+    scores = jnp.where(valid, scores, -jnp.inf)
   return jax.nn.softmax(scores, axis=0)
 
 
@@ -1083,6 +1236,7 @@ def attn_res(
   *,
   key_scale: Float[ArrayLike, " d"] | None = None,
   eps: float = 1e-6,
+  mask: Bool[ArrayLike, " m"] | None = None,
 ) -> Float[Array, "... d"]:
   r"""Attention residual: the input of layer ``l`` as attention over depth.
 
@@ -1101,6 +1255,8 @@ def attn_res(
     query: pseudo-query ``(d,)``.
     key_scale: key RMSNorm gain ``(d,)`` or ``None``.
     eps: key RMSNorm epsilon.
+    mask: ``(m,)`` booleans, True for the sources that exist (the others
+      get weight 0).
 
   Returns:
     ``(..., d)`` in the dtype of ``sources`` (weighted sum in float32).
@@ -1112,7 +1268,7 @@ def attn_res(
   References:
     Kimi Team, *Attention Residuals*, arXiv:2603.15031 (2026).
   """
-  w = attn_res_weights(sources, query, key_scale=key_scale, eps=eps)
+  w = attn_res_weights(sources, query, key_scale=key_scale, eps=eps, mask=mask)
   sources = jnp.asarray(sources)
   out = jnp.sum(w[..., None] * sources.astype(w.dtype), axis=0)
   return out.astype(sources.dtype)

@@ -27,9 +27,20 @@ def test_selu_elu_values():
   helpers.assert_close(act.elu(x, alpha=0.5), jax.nn.elu(x, 0.5), atol=1e-7)
 
 
-def test_selu_slope_at_zero_takes_positive_branch():
-  g = jax.grad(act.selu)(jnp.float32(0.0))
-  assert float(g) == pytest.approx(act.SELU_LAMBDA, rel=1e-6)
+def test_selu_elu_gradient_at_zero_takes_exponential_branch():
+  # jax.nn and torch take the exponential branch at x = 0: SELU's slope
+  # there is lambda * alpha (not lambda), ELU's is alpha (not 1).
+  zero = jnp.float32(0.0)
+  g = jax.grad(act.selu)(zero)
+  assert float(g) == pytest.approx(act.SELU_LAMBDA * act.SELU_ALPHA, rel=1e-6)
+  assert float(g) == pytest.approx(float(jax.grad(jax.nn.selu)(zero)))
+  for alpha in (1.0, 0.5):
+    g = jax.grad(lambda t, a=alpha: act.elu(t, alpha=a))(zero)
+    assert float(g) == pytest.approx(alpha, rel=1e-6)
+    assert float(g) == float(
+      jax.grad(lambda t, a=alpha: jax.nn.elu(t, a))(zero)
+    )
+  assert float(act.selu(zero)) == 0.0 and float(act.elu(zero)) == 0.0
 
 
 def test_selu_moments(key):
@@ -124,19 +135,22 @@ def test_lecun_normal_bad_distribution():
 
 @pytest.mark.parametrize("distribution", ["normal", "truncated_normal"])
 def test_selu_self_normalizes_through_64_layers(key, distribution):
-  width = 256
+  width = 128
   init = act.lecun_normal(distribution)
   kx, kw = jax.random.split(key)
-  x = jax.random.normal(kx, (512, width), jnp.float32)
-  for k in jax.random.split(kw, 64):
-    x = act.selu(x @ init(k, (width, width), jnp.float32))
+  ws = jax.vmap(lambda k: init(k, (width, width), jnp.float32))(
+    jax.random.split(kw, 64)
+  )
+  x0 = jax.random.normal(kx, (256, width), jnp.float32)
+
+  def deep(f):
+    return jax.lax.scan(lambda h, w: (f(h @ w), None), x0, ws)[0]
+
+  x = deep(act.selu)
   assert abs(float(x.mean())) < 0.1
   assert abs(float(x.var()) - 1.0) < 0.15
   # The control diverges from unit variance: ReLU halves the second moment.
-  y = jax.random.normal(kx, (512, width), jnp.float32)
-  for k in jax.random.split(kw, 64):
-    y = jax.nn.relu(y @ init(k, (width, width), jnp.float32))
-  assert float(y.var()) < 1e-3
+  assert float(deep(jax.nn.relu).var()) < 1e-3
 
 
 def test_salu_values_and_reparameterization():
@@ -158,8 +172,9 @@ def test_salu_values_and_reparameterization():
 
 def test_salu_properties():
   f = lambda x: act.salu(x, 2.0, 0.5)  # noqa: E731
-  assert float(jax.grad(f)(jnp.float32(0.0))) == pytest.approx(2.0)
-  assert abs(float(f(jnp.float32(1e6))) - 2.0) < 1e-6
+  slope = jax.grad(lambda t: f(t[None])[0])(jnp.float32(0.0))
+  assert float(slope) == pytest.approx(2.0)
+  assert abs(float(f(jnp.full((1,), 1e6))[0]) - 2.0) < 1e-6
   x = jnp.linspace(-20, 20, 101)
   assert bool(jnp.all(jnp.abs(f(x)) < 2.0))
   helpers.assert_close(f(-x), -f(x), atol=0)
@@ -173,6 +188,26 @@ def test_salu_per_channel_and_errors():
   )
   with pytest.raises(ValueError, match=r"salu: gain must have shape \(3,\)"):
     act.salu(x, jnp.ones((2,)), 1.0)
+  with pytest.raises(ValueError, match=r"salu_sw: width must have shape"):
+    act.salu_sw(x, 1.0, jnp.ones((3, 1)))
+
+
+@pytest.mark.parametrize(
+  "fn",
+  [
+    lambda x: act.salu(x, 1.0, 1.0),
+    lambda x: act.salu_sw(x, 1.0, 1.0),
+    lambda x: act.swalu(x, experimental=True),
+    lambda x: act.galu(x, experimental=True),
+  ],
+  ids=["salu", "salu_sw", "swalu", "galu"],
+)
+def test_channel_activations_refuse_a_scalar(fn, request):
+  who = request.node.callspec.id
+  with pytest.raises(
+    ValueError, match=rf"^{who}: x must have rank >= 1, got x.ndim=0"
+  ):
+    fn(jnp.float32(1.0))
 
 
 def test_swalu_galu_experimental_flag_and_values():
@@ -187,7 +222,9 @@ def test_swalu_galu_experimental_flag_and_values():
     y, np.asarray(x) * 0.5 * (1 + u / np.sqrt(1 + u * u)), atol=1e-6
   )
   # Slopes of the gates at 0 match Swish (1/4) and GELU (1/sqrt(2 pi)).
-  gate = lambda f: jax.grad(lambda t: f(t, experimental=True) / t)  # noqa
+  gate = lambda f: jax.grad(  # noqa: E731
+    lambda t: f(t[None], experimental=True)[0] / t
+  )
   assert float(gate(act.swalu)(jnp.float32(1e-3))) == pytest.approx(
     0.25, rel=1e-3
   )
@@ -234,3 +271,34 @@ def test_alpha_dropout_module():
     act.alpha_dropout(x, 0.1, key=jax.random.key(3)),
     atol=0,
   )
+
+
+class _MixedDropoutNet(nnx.Module):
+  """flax's Dropout and jaxnorm's AlphaDropout in one model."""
+
+  def __init__(self, rngs):
+    self.linear = nnx.Linear(8, 8, rngs=rngs)
+    self.dropout = nnx.Dropout(0.5, rngs=rngs)
+    self.alpha_dropout = nn_act.AlphaDropout(0.5, rngs=rngs)
+
+  def __call__(self, x):
+    return self.alpha_dropout(act.selu(self.dropout(self.linear(x))))
+
+
+def test_alpha_dropout_follows_flax_view_protocol():
+  model = _MixedDropoutNet(nnx.Rngs(0, dropout=1))
+  x = jnp.ones((64, 8))
+  plain = act.selu(model.linear(x))
+  assert not np.allclose(model(x), plain)  # Both dropouts active.
+  view = nnx.view(model, deterministic=True)
+  assert view.alpha_dropout.deterministic and view.dropout.deterministic
+  helpers.assert_close(view(x), plain, atol=0)
+  assert not model.alpha_dropout.deterministic  # The view is a copy.
+  train = nnx.view(view, deterministic=False)
+  assert not np.allclose(train(x), plain)
+  model.eval()
+  helpers.assert_close(model(x), plain, atol=0)
+  model.train()
+  assert not model.alpha_dropout.deterministic
+  only = nnx.view(model, only=nn_act.AlphaDropout, deterministic=True)
+  assert only.alpha_dropout.deterministic and not only.dropout.deterministic

@@ -703,3 +703,227 @@ def test_attn_res_errors():
     R.attn_res(jnp.zeros(8), jnp.zeros(8))
   with pytest.raises(ValueError, match=r"key_scale must have shape \(8,\)"):
     R.attn_res_weights(jnp.zeros((3, 8)), jnp.zeros(8), key_scale=jnp.ones(3))
+  with pytest.raises(TypeError, match="attn_res_weights: mask must be boolean"):
+    R.attn_res(jnp.zeros((3, 8)), jnp.zeros(8), mask=jnp.ones(3))
+  with pytest.raises(ValueError, match=r"mask must have shape \(3,\)"):
+    R.attn_res(jnp.zeros((3, 8)), jnp.zeros(8), mask=jnp.ones(2, bool))
+
+
+def test_attn_res_mask_equals_the_existing_sources(key):
+  kv, kw = jax.random.split(key)
+  v = jax.random.normal(kv, (5, 2, 8))
+  w = jax.random.normal(kw, (8,))
+  buffer = v.at[3:].set(0.0)  # Two slots not yet written.
+  mask = jnp.arange(5) < 3
+  helpers.assert_close(
+    R.attn_res(buffer, w, mask=mask), R.attn_res(v[:3], w), atol=1e-6
+  )
+  a = R.attn_res_weights(buffer, w, mask=mask)
+  assert float(jnp.max(a[3:])) == 0.0
+  g = jax.grad(lambda b: jnp.sum(R.attn_res(b, w, mask=mask) ** 2))(buffer)
+  assert helpers.all_finite(g) and float(jnp.max(jnp.abs(g[3:]))) == 0.0
+
+
+# ---------------------------------------------------------------------------
+# Traced layer indices (nnx.scan over layers) and the fused recurrence.
+
+
+def test_traced_layer_index_equals_python_index(key):
+  x = jax.random.normal(key, (2, 3, 8))
+  f = _linear(jax.random.normal(jax.random.key(1), (8, 8)))
+
+  @jax.jit
+  def traced(x, index):
+    return R.pre_norm(x, f, _rms, layer_index=index), R.sandwich_norm(
+      x, f, _rms, jnp.tanh, layer_index=index
+    )
+
+  for index in (0, 5):
+    got = traced(x, jnp.asarray(index))
+    helpers.assert_close(
+      got[0], R.pre_norm(x, f, _rms, layer_index=index), atol=1e-6
+    )
+    helpers.assert_close(
+      got[1],
+      R.sandwich_norm(x, f, _rms, jnp.tanh, layer_index=index),
+      atol=1e-6,
+    )
+  bf16 = R.pre_norm(x.astype(jnp.bfloat16), f, _rms, layer_index=jnp.asarray(3))
+  assert bf16.dtype == jnp.bfloat16
+  for k in (0, 5):
+    want = R.hc_static_init(4, k)
+    got = jax.jit(lambda k: R.hc_static_init(4, k))(jnp.asarray(k))
+    for a, b in zip(got, want):
+      helpers.assert_close(a, b, atol=0)
+
+
+def test_layer_index_errors():
+  x = jnp.ones((2, 8))
+  with pytest.raises(
+    ValueError, match="pre_norm: layer_index must be a non-negative integer"
+  ):
+    R.pre_norm(x, jnp.tanh, _rms, layer_index=-1)
+  with pytest.raises(
+    ValueError, match="sandwich_norm: an array layer_index must be an integer"
+  ):
+    R.sandwich_norm(x, jnp.tanh, _rms, _rms, layer_index=jnp.float32(1.0))
+  with pytest.raises(ValueError, match="must be an integer scalar"):
+    R.hc_static_init(4, jnp.arange(2))
+  with pytest.raises(ValueError, match="hc_static_init: layer_index must be"):
+    R.hc_static_init(4, None)
+
+
+def test_fused_pre_norm_equals_unfused_stack(key):
+  from jaxnorm import fused_norms
+
+  d, depth = 16, 4
+  kx, kw, ks = jax.random.split(key, 3)
+  x = jax.random.normal(kx, (2, 5, d))
+  fs = [_linear(w / 4) for w in jax.random.normal(kw, (depth, d, d))]
+  scales = 1.0 + 0.1 * jax.random.normal(ks, (depth, d))
+  norm_k = [lambda h, s=s: norms.rms_norm(h, s) for s in scales]
+  add_k = [
+    lambda b, h, s=s: fused_norms.add_rms_norm(b, h, s, implementation="xla")
+    for s in scales[1:]
+  ]
+  y, hidden = R.fused_pre_norm(x, fs, norm_k[0], add_k, return_hidden=True)
+  ref, ref_hidden = x, []
+  for f, norm in zip(fs, norm_k):
+    ref = R.pre_norm(ref, f, norm)
+    ref_hidden.append(ref)
+  helpers.assert_close(y, ref, atol=1e-5)
+  helpers.assert_close(hidden, jnp.stack(ref_hidden), atol=1e-5)
+  helpers.assert_close(
+    R.fused_pre_norm(x, fs[:1], norm_k[0], []), x + fs[0](norm_k[0](x)), atol=0
+  )
+  with pytest.raises(
+    ValueError, match="fused_pre_norm: need at least one sublayer and one"
+  ):
+    R.fused_pre_norm(x, fs, norm_k[0], add_k[:1])
+
+
+# ---------------------------------------------------------------------------
+# Degenerate inputs: every function with a norm or a division.
+
+
+def _degenerate_cases():
+  n, d = 4, 8
+  alpha, beta = R.hc_static_init(n, 1)
+  b_pre, b_post, b_res = R.mhc_static_init(n)
+  rng = np.random.RandomState(0)
+  phi = lambda out: jnp.asarray(0.1 * rng.randn(n * d, out), jnp.float32)  # noqa
+
+  def hc(h):
+    return R.hc_maps(
+      h,
+      static_alpha=alpha,
+      static_beta=beta,
+      dynamic_alpha=phi(n + 1)[:d],
+      dynamic_beta=phi(1)[:d, 0],
+    )
+
+  def mhc(h, residual="sinkhorn"):
+    out, bias = {"sinkhorn": (n * n, b_res), "quaternion": (8, None)}[residual]
+    if bias is None:
+      bias = R.mhc_static_init(n, residual="quaternion")[2]
+    return R.mhc_maps(
+      h,
+      phi_pre=phi(n),
+      phi_post=phi(n),
+      phi_res=phi(out),
+      b_pre=b_pre,
+      b_post=b_post,
+      b_res=bias,
+      residual=residual,
+    )
+
+  return {
+    "hc_maps": (hc, (3, n, d)),
+    "mhc_maps": (mhc, (3, n, d)),
+    "ohc_maps": (lambda h: mhc(h, "quaternion"), (3, n, d)),
+    "quaternion_rotation": (lambda p: R.quaternion_rotation(p, p), (3, 4)),
+    "attn_res": (lambda v: R.attn_res(v, jnp.ones(d)), (3, 2, d)),
+    "reduce_streams": (
+      lambda h: R.reduce_streams(h, readout="mean"),
+      (3, n, d),
+    ),
+    "sinkhorn_knopp": (
+      lambda z: R.sinkhorn_knopp(z, log_domain=False, eps=1e-6),
+      (3, n, n),
+    ),
+  }
+
+
+DEGENERATE = _degenerate_cases()
+
+
+@pytest.mark.parametrize("name", sorted(DEGENERATE))
+def test_all_zero_rows_give_finite_values_and_gradients(name, key):
+  fn, shape = DEGENERATE[name]
+  x = jax.random.normal(key, shape).at[0].set(0.0)  # One all-zero row.
+
+  def loss(x):
+    return sum(jnp.sum(jnp.tanh(t)) for t in jax.tree.leaves(fn(x)))
+
+  value, grad = jax.value_and_grad(loss)(x)
+  assert helpers.all_finite((value, grad)), name
+  assert helpers.all_finite(jax.grad(loss)(jnp.zeros(shape))), name
+
+
+WRONG_RANK = {
+  "expand_streams": (lambda: R.expand_streams(jnp.float32(1.0), 2), "x"),
+  "reduce_streams": (lambda: R.reduce_streams(jnp.ones(4)), "h"),
+  "hyper_connection": (
+    lambda: R.hyper_connection(
+      jnp.ones(4),
+      jnp.tanh,
+      h_pre=jnp.ones(4),
+      h_post=jnp.ones(4),
+      h_res=jnp.eye(4),
+    ),
+    "h",
+  ),
+  "hc_maps": (
+    lambda: R.hc_maps(
+      jnp.ones(4), static_alpha=jnp.ones((1, 2)), static_beta=jnp.ones(1)
+    ),
+    "h",
+  ),
+  "mhc_maps": (
+    lambda: R.mhc_maps(
+      jnp.ones(4),
+      phi_pre=None,
+      phi_post=None,
+      phi_res=None,
+      b_pre=jnp.ones(1),
+      b_post=jnp.ones(1),
+      b_res=None,
+      residual="identity",
+    ),
+    "h",
+  ),
+  "sinkhorn_knopp": (lambda: R.sinkhorn_knopp(jnp.ones(4)), "logits"),
+  "quaternion_left_matrix": (
+    lambda: R.quaternion_left_matrix(jnp.float32(1.0)),
+    "p",
+  ),
+  "quaternion_rotation": (
+    lambda: R.quaternion_rotation(jnp.float32(1.0), jnp.float32(1.0)),
+    "p",
+  ),
+  "scaled_residual": (
+    lambda: R.scaled_residual(jnp.float32(1.0), jnp.tanh, 0.5),
+    "x",
+  ),
+  "attn_res_weights": (
+    lambda: R.attn_res_weights(jnp.ones(4), jnp.ones(4)),
+    "sources",
+  ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(WRONG_RANK))
+def test_wrong_rank_raises_a_named_error(name):
+  call, arg = WRONG_RANK[name]
+  with pytest.raises(ValueError, match=rf"^{name}: {arg} must have rank >= "):
+    call()

@@ -148,8 +148,9 @@ class AlphaDropout(nnx.Module):
   """Alpha-dropout for SELU networks (see `activations.alpha_dropout`).
 
   Draws its keep-mask from the ``dropout`` stream of ``rngs``. Like
-  `nnx.Dropout`, it is active unless ``deterministic`` is True (set it here,
-  per call, or through ``model.eval()``).
+  `nnx.Dropout`, it is active unless ``deterministic`` is True: set it here,
+  per call, through ``model.eval()`` / ``model.train()``, or through flax's
+  view protocol, ``nnx.view(model, deterministic=True)`` (`set_view`).
   """
 
   def __init__(
@@ -186,3 +187,13 @@ class AlphaDropout(nnx.Module):
         )
       key = self.rngs()
     return activations.alpha_dropout(x, self.rate, key=key)
+
+  def set_view(self, deterministic: bool | None = None) -> None:
+    """Sets the mode for ``nnx.view`` (flax's view protocol).
+
+    Args:
+      deterministic: if True, disables the dropout (inference); ``None``
+        leaves the mode unchanged.
+    """
+    if deterministic is not None:
+      self.deterministic = deterministic

@@ -3,13 +3,22 @@
 Every model is built from a small frozen config whose string fields name its
 parts, so a variant is one flag away:
 
-* ``norm``: any name of `jaxnorm.nn.NORMS` (via `make_norm`);
-* ``attention``: any name of the attention registry (via `make_attention`);
-* ``residual``: any name of `jaxnorm.nn.residual.RESIDUALS` (via
+* ``norm``: a name of `jaxnorm.nn.NORMS` (via `make_norm`, which applies the
+  spec's width-dependent defaults);
+* ``attention``: a name of `jaxnorm.nn.attention.ATTENTIONS` (the core of
+  `MultiHeadAttention`, with the spec's defaults for the head sizes and
+  token count);
+* ``residual``: a name of `jaxnorm.nn.residual.RESIDUALS` (via
   `make_residual`, which wraps the list of sublayers, attention and MLP
   alternating, into the network);
 * ``activation``: any name of `ACTIVATIONS`.
 
+This file reads the parts' specs, never their names: which parts a model
+accepts follows from their capabilities (`check_parts`, `registries`): the
+decoder LM needs causal attention and norms that are causal in the tokens
+layout (batch-statistics norms only with ``allow_batch_stats=True``), the ViT
+the tokens layout, the CNN the images layout. A refusal is a ``ValueError``
+raised before anything is built, naming the reason and the valid names.
 Parts that later land in those registries plug in without touching this
 file. Parameters carry logical axis names (``vocab``, ``embed``, ``mlp``,
 ``channels``) resolved by `jaxnorm.sharding`.
@@ -28,7 +37,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxnorm import activations, sharding
-from jaxnorm.nn import _param
+from jaxnorm.nn import _param, registry
 from jaxnorm.nn import activations as nn_activations
 from jaxnorm.nn import attention as nn_attention
 from jaxnorm.nn import norms as nn_norms
@@ -36,13 +45,6 @@ from jaxnorm.nn import residual as nn_residual
 
 # ---------------------------------------------------------------------------
 # Building blocks.
-
-
-# Variants whose pure function has no causal mask are bidirectional only
-# (SOFT, NaLaFormer and LINA come from vision); they build into the ViT.
-CAUSAL_ATTENTIONS: tuple[str, ...] = tuple(
-  n for n in nn_attention.ATTENTION_NAMES if n not in ("soft", "nala", "lina")
-)
 
 
 class Dense(nnx.Module):
@@ -181,39 +183,148 @@ class MLP(nnx.Module):
     return self.down(h)
 
 
-def _residual_kwargs(
-  name: str, norm: str, norm_kwargs: Mapping[str, Any]
-) -> dict[str, Any]:
-  if name in ("skipinit", "rezero"):  # The papers' branches have no norm.
-    return {}
-  kwargs: dict[str, Any] = {"norm": norm, "norm_kwargs": dict(norm_kwargs)}
-  if name == "lns":
-    kwargs["sublayers_per_layer"] = 2
-  if name in ("hc", "mhc", "ohc", "ihc"):
-    kwargs["readout"] = "mean"
-  if name == "block_attnres":
-    kwargs["num_blocks"] = 2
-  return kwargs
+def _residual(
+  name: str,
+  blocks: list[nnx.Module],
+  *,
+  width: int,
+  per_layer: int,
+  norm: str | None,
+  norm_kwargs: Mapping[str, Any],
+  rngs: nnx.Rngs,
+) -> nnx.Module:
+  """Wraps the sublayers (``per_layer`` per layer) into the scheme.
+
+  `make_residual` starts from the scheme's spec defaults; the norm goes to
+  the schemes whose spec places norms (``uses_norm``).
+  """
+  spec = nn_residual.RESIDUALS.get(name)
+  kwargs = (
+    {"norm": norm, "norm_kwargs": dict(norm_kwargs)}
+    if spec is not None and spec.uses_norm
+    else {}
+  )
+  return nn_residual.make_residual(
+    name,
+    blocks,
+    num_features=width,
+    rngs=rngs,
+    sublayers_per_layer=per_layer,
+    **kwargs,
+  )
 
 
-# Grouped norms keep their paper's group count when it divides the width,
-# else the largest divisor of the width below it.
-_GROUP_DEFAULTS = types.MappingProxyType(
-  {"groupnorm": 32, "evonorms0": 32, "timestepdecaynorm": 64}
-)
+# ---------------------------------------------------------------------------
+# Which parts a model accepts, from the parts' specs.
 
-# Norms whose statistics need an image (NHWC) or a sequence layout.
-IMAGE_ONLY_NORMS: tuple[str, ...] = ("regionnorml",)
-SEQUENCE_ONLY_NORMS: tuple[str, ...] = ("timestepdecaynorm",)
+NORM_FREE = "none"
+"""``LMConfig.norm`` of the norm-free stack (no norm module at all)."""
+NORM_FREE_RESIDUAL = "prenorm"
+"""The scheme the norm-free stack is defined for: ``x + f(x)``."""
+# Builds it: ``x + 1 * f(x)`` (the pre-norm step does not take norm=None).
+_NORM_FREE_SCHEME = "scaled"
 
 
-def _norm_kwargs(norm: str, width: int) -> dict[str, Any]:
-  if norm in _GROUP_DEFAULTS:
-    groups = math.gcd(width, _GROUP_DEFAULTS[norm])
-    if norm == "timestepdecaynorm" and groups == width:  # needs G < D.
-      groups = max(width // 2, 1)
-    return {"num_groups": groups}
-  return {}
+def _norm_refusal(
+  spec: registry.NormSpec, layout: str, causal: bool, allow_batch_stats: bool
+) -> str | None:
+  """Why a model of ``layout`` (causal or not) refuses a norm, or None."""
+  if layout not in spec.layouts:
+    return (
+      f"does not normalize the {layout} layout (it supports "
+      f"{', '.join(sorted(spec.layouts))})"
+    )
+  if causal and not spec.causal:
+    return (
+      "is not causal in the tokens layout (its statistics at position t "
+      "use later positions)"
+    )
+  if causal and spec.batch_stats and not allow_batch_stats:
+    return (
+      "takes batch statistics in training mode (over batch and sequence, so "
+      "position t sees later tokens); set allow_batch_stats=True in the "
+      "config to accept this"
+    )
+  return None
+
+
+def _valid_norms(layout: str, causal: bool, allow_batch_stats: bool):
+  return tuple(
+    sorted(
+      name
+      for name, spec in nn_norms.NORMS.items()
+      if _norm_refusal(spec, layout, causal, allow_batch_stats) is None
+    )
+  )
+
+
+def _valid_attentions(layout: str, causal: bool) -> tuple[str, ...]:
+  return tuple(
+    sorted(
+      name
+      for name, spec in nn_attention.ATTENTIONS.items()
+      if layout in spec.layouts and (spec.causal or not causal)
+    )
+  )
+
+
+def check_parts(
+  who: str,
+  *,
+  layout: str,
+  causal: bool,
+  norm: str | None = None,
+  attention: str | None = None,
+  allow_batch_stats: bool = False,
+) -> None:
+  """Refuses, before anything is built, parts a model cannot run faithfully.
+
+  Args:
+    who: the model's name, for the message.
+    layout: the layout the model's norms and attention see (``tokens`` or
+      ``images``).
+    causal: the model is autoregressive: position ``t`` may depend on
+      positions ``<= t`` only, so attention needs a causal form and norms a
+      causal statistic (batch statistics only with ``allow_batch_stats``).
+    norm: the norm name (None or `NORM_FREE`: no norm).
+    attention: the attention name (None: the model has no attention).
+    allow_batch_stats: the explicit opt-in for batch-statistics norms.
+
+  Raises:
+    ValueError: naming the part, the reason and the valid alternatives.
+  """
+  if attention is not None:
+    valid = _valid_attentions(layout, causal)
+    if attention not in nn_attention.ATTENTIONS:
+      raise ValueError(
+        f"{who}: unknown attention {attention!r}; valid names are "
+        f"{', '.join(valid)}"
+      )
+    spec = nn_attention.ATTENTIONS[attention]
+    if layout not in spec.layouts:
+      raise ValueError(
+        f"{who}: attention {attention!r} does not act on the {layout} "
+        f"layout; choose one of {', '.join(valid)}"
+      )
+    if causal and not spec.causal:
+      raise ValueError(
+        f"{who}: attention {attention!r} has no causal form, so a decoder "
+        f"would see future tokens; choose one of {', '.join(valid)}"
+      )
+  if norm is None or norm == NORM_FREE:
+    return
+  valid = _valid_norms(layout, causal, allow_batch_stats)
+  if norm not in nn_norms.NORMS:
+    raise ValueError(
+      f"{who}: unknown norm {norm!r}; valid names are {', '.join(valid)}"
+    )
+  reason = _norm_refusal(
+    nn_norms.NORMS[norm], layout, causal, allow_batch_stats
+  )
+  if reason is not None:
+    raise ValueError(
+      f"{who}: norm {norm!r} {reason}; choose one of {', '.join(valid)}"
+    )
 
 
 # ---------------------------------------------------------------------------
@@ -233,10 +344,12 @@ class LMConfig:
     mlp_ratio: MLP hidden size over ``width`` (when ``mlp_hidden`` is None).
     mlp_hidden: MLP hidden size; overrides ``mlp_ratio``.
     max_len: longest sequence (learned positions).
-    norm: norm name; ``norm_kwargs`` are passed to every norm. ``"none"``
-      builds a norm-free pre-norm stack ``x + f(x)`` without a final norm
-      (the LayerNorm-free export of `jaxnorm.convert.remove_fake_ln`).
-    attention: attention variant (causal ones only).
+    norm: norm name; its spec must support the ``tokens`` layout and be
+      causal there. ``norm_kwargs`` are passed to every norm (over the
+      spec's defaults). ``"none"`` builds a norm-free pre-norm stack ``x +
+      f(x)`` without a final norm (the LayerNorm-free export of
+      `jaxnorm.nn.convert.remove_fake_ln`).
+    attention: attention name; its spec must have a causal form.
     residual: residual scheme.
     activation: MLP activation.
     positional: ``learned``, ``rope`` or ``none``.
@@ -247,6 +360,12 @@ class LMConfig:
     zero_mean_writers: center the embedding and every sublayer output over
       the stream axis, the training re-parameterization of Pre-RMSNorm
       (equivalent to using ``W - mean_out(W)`` for every writer).
+    attention_kwargs: ``(name, value)`` options of the attention core, over
+      its spec's defaults.
+    allow_batch_stats: accept a norm whose training mode takes statistics
+      over the batch and sequence (its spec's ``batch_stats``): in training
+      mode position ``t`` then sees later tokens through the statistics.
+      Refused unless set; a run that sets it should record it.
   """
 
   vocab_size: int = 256
@@ -266,6 +385,8 @@ class LMConfig:
   use_bias: bool = False
   norm_kwargs: tuple[tuple[str, Any], ...] = ()
   zero_mean_writers: bool = False
+  attention_kwargs: tuple[tuple[str, Any], ...] = ()
+  allow_batch_stats: bool = False
 
 
 def _center(x: jax.Array) -> jax.Array:
@@ -294,12 +415,20 @@ class DecoderLM(nnx.Module):
     self, config: LMConfig, *, dtype: Any = jnp.float32, rngs: nnx.Rngs
   ):
     c = self.config = config
-    if c.attention not in CAUSAL_ATTENTIONS:
+    if c.norm == NORM_FREE and c.residual != NORM_FREE_RESIDUAL:
       raise ValueError(
-        f"DecoderLM: attention {c.attention!r} has no causal form, so a "
-        f"decoder would see future tokens; choose one of "
-        f"{', '.join(CAUSAL_ATTENTIONS)}"
+        f"DecoderLM: norm={NORM_FREE!r} is the norm-free pre-norm stack "
+        f"x + f(x); it needs residual={NORM_FREE_RESIDUAL!r}, got "
+        f"residual={c.residual!r}"
       )
+    check_parts(
+      "DecoderLM",
+      layout="tokens",
+      causal=True,
+      norm=c.norm,
+      attention=c.attention,
+      allow_batch_stats=c.allow_batch_stats,
+    )
     self.dtype = dtype
     d = c.width
     # Unit-norm rows: the tied head then starts with logits of std ~1.
@@ -318,15 +447,21 @@ class DecoderLM(nnx.Module):
       if c.positional == "learned"
       else None
     )
-    norm_kwargs = {**_norm_kwargs(c.norm, d), **dict(c.norm_kwargs)}
+    head_dim = c.head_dim or d // c.num_heads
+    spec = nn_attention.ATTENTIONS[c.attention]
+    attention_kwargs = {
+      **spec.defaults(c.num_heads, head_dim, None),
+      **dict(c.attention_kwargs),
+    }
     blocks = []
     for _ in range(c.depth):
       blocks.append(
-        nn_attention.make_attention(
-          c.attention,
+        nn_attention.MultiHeadAttention(
           d,
           c.num_heads,
           head_dim=c.head_dim,
+          attention=c.attention,
+          attention_kwargs=attention_kwargs,
           is_causal=True,
           use_rope=c.positional == "rope",
           use_bias=c.use_bias,
@@ -346,29 +481,33 @@ class DecoderLM(nnx.Module):
       )
     if c.zero_mean_writers:
       blocks = [ZeroMeanOutput(b) for b in blocks]
-    if c.norm == "none" and c.residual != "prenorm":
-      raise ValueError(
-        f"DecoderLM: norm='none' is the norm-free pre-norm "
-        f"stack x + f(x); it needs residual='prenorm', got "
-        f"residual={c.residual!r}"
-      )
+    norm = None if c.norm == NORM_FREE else c.norm
+    # make_norm reads the layout: e.g. per-token groups on sequences.
+    norm_kwargs = {"layout": "tokens", **dict(c.norm_kwargs)}
     self.net = (
       nn_residual.make_residual(
-        "scaled", blocks, num_features=d, rngs=rngs, norm=None, scale=1.0
-      )
-      if c.norm == "none"
-      else nn_residual.make_residual(
-        c.residual,
+        _NORM_FREE_SCHEME,
         blocks,
         num_features=d,
         rngs=rngs,
-        **_residual_kwargs(c.residual, c.norm, norm_kwargs),
+        norm=None,
+        scale=1.0,
+      )
+      if norm is None
+      else _residual(
+        c.residual,
+        blocks,
+        width=d,
+        per_layer=2,
+        norm=norm,
+        norm_kwargs=norm_kwargs,
+        rngs=rngs,
       )
     )
     self.final_norm = (
       None
-      if c.norm == "none"
-      else nn_norms.make_norm(c.norm, d, rngs=rngs, **norm_kwargs)
+      if norm is None
+      else nn_norms.make_norm(norm, d, rngs=rngs, **norm_kwargs)
     )
     self.head = (
       None
@@ -409,7 +548,15 @@ class DecoderLM(nnx.Module):
 
 @dataclasses.dataclass(frozen=True)
 class ViTConfig:
-  """A Vision Transformer classifier on NHWC images."""
+  """A Vision Transformer classifier on NHWC images.
+
+  ``norm`` must support the ``tokens`` layout and ``attention`` act on it;
+  ``norm_kwargs`` / ``attention_kwargs`` are ``(name, value)`` pairs over
+  the specs' defaults (the attention spec sees the token count, CLS + patches).
+  An attention whose spec ``needs_grid`` (SOFT, NaLaFormer) is built as the
+  paper's layer on the patch map: the ViT passes it ``grid_shape=(H / p, W
+  / p)`` and ``num_prefix=1`` (the [CLS]).
+  """
 
   num_classes: int = 10
   image_shape: tuple[int, int, int] = (28, 28, 1)
@@ -422,14 +569,8 @@ class ViTConfig:
   attention: str = "softmax"
   residual: str = "prenorm"
   activation: str = "gelu"
-
-
-def _vit_attention_kwargs(name: str, tokens: int) -> dict[str, Any]:
-  if name == "lina":  # Static KV gates over the token positions.
-    return {"lina_max_len": tokens}
-  if name == "soft":  # Landmark windows must tile the tokens (CLS + patches).
-    return {"soft_ratio": math.gcd(tokens, 2)}
-  return {}
+  norm_kwargs: tuple[tuple[str, Any], ...] = ()
+  attention_kwargs: tuple[tuple[str, Any], ...] = ()
 
 
 class ViT(nnx.Module):
@@ -439,6 +580,9 @@ class ViT(nnx.Module):
     self, config: ViTConfig, *, dtype: Any = jnp.float32, rngs: nnx.Rngs
   ):
     c = self.config = config
+    check_parts(
+      "ViT", layout="tokens", causal=False, norm=c.norm, attention=c.attention
+    )
     h, w, ch = c.image_shape
     if h % c.patch_size or w % c.patch_size:
       raise ValueError(
@@ -461,28 +605,38 @@ class ViT(nnx.Module):
       ),
       (None, "embed"),
     )
-    norm_kwargs = _norm_kwargs(c.norm, d)
+    norm_kwargs = {"layout": "tokens", **dict(c.norm_kwargs)}
+    spec = nn_attention.ATTENTIONS[c.attention]
+    attention_kwargs = {
+      **spec.defaults(c.num_heads, d // c.num_heads, num_patches + 1),
+      **dict(c.attention_kwargs),
+    }
+    if spec.needs_grid:  # The patch map, row-major after the [CLS].
+      grid = (h // c.patch_size, w // c.patch_size)
+      attention_kwargs.update(grid_shape=grid, num_prefix=1)
     blocks = []
     for _ in range(c.depth):
       blocks.append(
-        nn_attention.make_attention(
-          c.attention,
+        nn_attention.MultiHeadAttention(
           d,
           c.num_heads,
+          attention=c.attention,
+          attention_kwargs=attention_kwargs,
           dtype=dtype,
           rngs=rngs,
-          **_vit_attention_kwargs(c.attention, num_patches + 1),
         )
       )
       blocks.append(
         MLP(d, c.mlp_ratio * d, activation=c.activation, dtype=dtype, rngs=rngs)
       )
-    self.net = nn_residual.make_residual(
+    self.net = _residual(
       c.residual,
       blocks,
-      num_features=d,
+      width=d,
+      per_layer=2,
+      norm=c.norm,
+      norm_kwargs=norm_kwargs,
       rngs=rngs,
-      **_residual_kwargs(c.residual, c.norm, norm_kwargs),
     )
     self.final_norm = nn_norms.make_norm(c.norm, d, rngs=rngs, **norm_kwargs)
     self.head = Dense(
@@ -510,7 +664,11 @@ class ViT(nnx.Module):
 
 @dataclasses.dataclass(frozen=True)
 class CNNConfig:
-  """A ResNet-style CNN: strided stem, residual conv blocks, pooled head."""
+  """A ResNet-style CNN: strided stem, residual conv blocks, pooled head.
+
+  ``norm`` must support the ``images`` layout; ``norm_kwargs`` are
+  ``(name, value)`` pairs over its spec's defaults.
+  """
 
   num_classes: int = 10
   image_shape: tuple[int, int, int] = (28, 28, 1)
@@ -519,6 +677,7 @@ class CNNConfig:
   norm: str = "batchnorm"
   residual: str = "prenorm"
   activation: str = "relu"
+  norm_kwargs: tuple[tuple[str, Any], ...] = ()
 
 
 class ConvBlock(nnx.Module):
@@ -549,20 +708,23 @@ class CNN(nnx.Module):
     self, config: CNNConfig, *, dtype: Any = jnp.float32, rngs: nnx.Rngs
   ):
     c = self.config = config
+    check_parts("CNN", layout="images", causal=False, norm=c.norm)
     ch = c.image_shape[-1]
     stride = 2 if min(c.image_shape[:2]) >= 16 else 1
     self.stem = Conv(ch, c.width, stride=stride, dtype=dtype, rngs=rngs)
-    norm_kwargs = _norm_kwargs(c.norm, c.width)
+    norm_kwargs = {"layout": "images", **dict(c.norm_kwargs)}
     blocks = [
       ConvBlock(c.width, activation=c.activation, dtype=dtype, rngs=rngs)
       for _ in range(c.depth)
     ]
-    self.net = nn_residual.make_residual(
+    self.net = _residual(
       c.residual,
       blocks,
-      num_features=c.width,
+      width=c.width,
+      per_layer=1,
+      norm=c.norm,
+      norm_kwargs=norm_kwargs,
       rngs=rngs,
-      **_residual_kwargs(c.residual, c.norm, norm_kwargs),
     )
     self.final_norm = nn_norms.make_norm(
       c.norm, c.width, rngs=rngs, **norm_kwargs
@@ -655,20 +817,44 @@ class SNN(nnx.Module):
 # Registry used by the runner.
 
 
-def registries(model: str = "lm") -> dict[str, tuple[str, ...]]:
-  """Valid part names per config field for ``model``."""
-  attention = (
-    CAUSAL_ATTENTIONS if model == "lm" else nn_attention.ATTENTION_NAMES
-  )
-  excluded = {
-    "lm": IMAGE_ONLY_NORMS,
-    "vit": IMAGE_ONLY_NORMS,
-    "cnn": SEQUENCE_ONLY_NORMS,
-  }.get(model, ())
-  norms = [n for n in nn_norms.NORMS if n not in excluded]
+# Each model's (layout, causal, has attention).
+_MODEL_PARTS = types.MappingProxyType(
+  {
+    "lm": ("tokens", True, True),
+    "vit": ("tokens", False, True),
+    "cnn": ("images", False, False),
+  }
+)
+
+
+def registries(
+  model: str = "lm", *, allow_batch_stats: bool = False
+) -> dict[str, tuple[str, ...]]:
+  """Valid part names per config field for ``model``, from the part specs.
+
+  ``lm``: attentions with a causal form; norms that support the ``tokens``
+  layout and are causal there (batch-statistics norms only with
+  ``allow_batch_stats``). ``vit``: attentions and norms of the ``tokens``
+  layout. ``cnn``: norms of the ``images`` layout. A model without a part
+  (the CNN's attention, the MLP's norm) accepts every name: it ignores it.
+
+  Args:
+    model: ``lm``, ``vit``, ``cnn`` or ``mlp``.
+    allow_batch_stats: the LM's opt-in for batch-statistics norms.
+
+  Returns:
+    ``{"norm", "attention", "residual", "activation"} -> sorted names``.
+  """
+  norms = tuple(sorted(nn_norms.NORMS))
+  attention = tuple(sorted(nn_attention.ATTENTIONS))
+  if model in _MODEL_PARTS:
+    layout, causal, has_attention = _MODEL_PARTS[model]
+    norms = _valid_norms(layout, causal, allow_batch_stats)
+    if has_attention:
+      attention = _valid_attentions(layout, causal)
   return {
-    "norm": tuple(sorted(norms)),
-    "attention": tuple(sorted(attention)),
+    "norm": norms,
+    "attention": attention,
     "residual": tuple(sorted(nn_residual.RESIDUALS)),
     "activation": tuple(sorted(ACTIVATIONS)),
   }
@@ -703,6 +889,7 @@ def build_model(
         residual=cfg.residual,
         activation=cfg.activation,
         positional=cfg.positional,
+        allow_batch_stats=getattr(cfg, "allow_batch_stats", False),
       ),
       dtype=dtype,
       rngs=rngs,

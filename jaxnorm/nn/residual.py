@@ -13,6 +13,16 @@ The output is the residual stream before the model's final norm and head
 `jaxnorm.residual`; these modules only declare parameters (with logical axis
 names ``embed``, ``streams``, ``norm``) and call it.
 
+`RESIDUALS` maps each name to a `jaxnorm.nn.registry.ResidualSpec` (builder,
+paper, defaults as a function of ``(num_sublayers, sublayers_per_layer)``,
+whether the scheme places norms, weight-decay exceptions); `make_residual`
+applies the spec's defaults under the caller's options. For an
+``nnx.scan`` over layers, `make_residual_step` builds one layer's steps by
+name (`SCAN_RESIDUALS`: every scheme whose state is a fixed-size carry).
+Every step module draws exactly one ``params`` key from ``rngs`` whatever
+its norm and options, so swapping a norm never shifts the initialization of
+later modules.
+
 Schemes (`RESIDUALS`):
 
 ======================  ====================================================
@@ -21,11 +31,11 @@ name                    wiring of sublayer ``f_k`` (norms from `make_norm`)
 ``prenorm``             ``x + f(norm(x))``
 ``postnorm``            ``norm(x + f(x))``
 ``sandwich``            ``x + norm_out(f(norm_in(x)))``
-``lns``                 ``x + f(norm(x) / sqrt(l))``, LayerNorm Scaling
+``lns``                 ``x + f(norm(x) / sqrt(l))``, ``l`` the layer
 ``scaled``              ``x + lam * f(norm(x))``, ``lam = 1/n`` or 1/sqrt(n)
 ``skipinit``            ``x + alpha * f(x)``, scalar ``alpha`` init 0
-``rezero``              ``x + alpha * f(x)``, scalar ``alpha`` init 0
-``layerscale``          ``x + diag(gamma) f(norm(x))``, ``gamma`` init 1e-5
+``rezero``              same, one ``alpha`` per layer (all its sublayers)
+``layerscale``          ``x + diag(gamma) f(norm(x))``, CaiT's ``gamma`` init
 ``hc``                  Hyper-Connections (dynamic or static), ``n`` streams
 ``mhc``                 mHC: Sinkhorn-constrained stream mixing
 ``ohc``                 oHC: SO(4) stream mixing from two quaternions
@@ -35,15 +45,16 @@ name                    wiring of sublayer ``f_k`` (norms from `make_norm`)
 ======================  ====================================================
 
 Depth growth at initialization, measured by
-``tests/nn/test_residual.py::test_depth_growth_table`` (marked slow) on a
+``tests/nn/test_residual.py::test_24_layer_stack_depth_growth_and_finite``
+(marked slow) on a
 24-layer (48-sublayer) stack of single-head causal softmax attention and
 GELU MLP sublayers with Gaussian weights (std ``1/sqrt(fan_in)``), ``d = 32``,
 RMSNorm everywhere, batch 2 x 8 tokens of unit-RMS Gaussian embeddings,
-float32. "growth" is the RMS of the hidden state after the last layer over
-its RMS after the first layer (multi-stream schemes read out with
-``"mean"``; for AttnRes the hidden state is the aggregated sublayer input
-:math:`h_l`). All schemes also stay finite in float32 and bfloat16, with
-finite gradients (``test_24_layer_stack_finite``).
+float32, every scheme with its spec defaults. "growth" is the RMS of the
+hidden state after the last sublayer over its RMS after the first
+(multi-stream schemes read out with ``"mean"``; for AttnRes the hidden state
+is the aggregated sublayer input :math:`h_l`). All schemes also stay finite
+in float32 and bfloat16, with finite gradients (same test).
 
 =================  ======  ================================================
 scheme             growth  note
@@ -51,7 +62,7 @@ scheme             growth  note
 prenorm            3.67    the stream accumulates unnormalized branches
 postnorm           1.00    every step ends in a norm
 sandwich           4.05    branch outputs normalized to RMS 1 and summed
-lns                1.24    1/sqrt(l) damps the late branches
+lns                1.44    1/sqrt(l) per layer damps the late branches
 scaled (1/n)       1.00    every branch weighted 1/48
 skipinit, rezero   1.00    identity network at init (gate 0)
 layerscale         1.00    branches weighted 1e-5
@@ -67,33 +78,67 @@ The slow test recomputes every entry and checks it within 10%.
 from __future__ import annotations
 
 import types
+import typing
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
-from jaxnorm import _checks, fused_norms, residual
-from jaxnorm.nn import _param
+from jaxnorm import _checks, residual
+from jaxnorm.nn import _param, registry
 from jaxnorm.nn import norms as nn_norms
 
 Sublayer = Callable[[jax.Array], jax.Array]
 NormSpec = str | None
 
 
+class LayerIndex(nnx.Variable):
+  """A constant 0-based layer index held as state (never trained).
+
+  A step module built with a traced index (under ``nnx.vmap``, to stack the
+  layers of an ``nnx.scan``) keeps it here, so each scanned layer reads its
+  own index; a Python integer index stays a static attribute.
+  """
+
+
+def _store_index(layer_index: residual.IndexLike | None) -> Any:
+  if isinstance(layer_index, (jax.Array, np.ndarray)):
+    return LayerIndex(jnp.asarray(layer_index))
+  return None if layer_index is None else int(layer_index)
+
+
+def _read_index(layer_index: Any) -> residual.IndexLike | None:
+  if isinstance(layer_index, LayerIndex):
+    return layer_index[...]
+  return layer_index
+
+
+def _key(rngs: nnx.Rngs) -> jax.Array:
+  """The one ``params`` key a residual module draws, whatever its options.
+
+  Norms, random initializers and options of a module all derive their keys
+  from it (``fold_in``), so swapping the norm or an option never shifts the
+  keys that later modules draw from ``rngs``.
+  """
+  return rngs.params()
+
+
 def _make_norm(
-  norm: NormSpec, num_features: int, norm_kwargs: Mapping | None, rngs: nnx.Rngs
+  norm: NormSpec,
+  num_features: int,
+  norm_kwargs: Mapping | None,
+  key: jax.Array,
+  slot: int = 0,
 ) -> nnx.Module | None:
   if norm is None:
     return None
+  rngs = nnx.Rngs(params=jax.random.fold_in(key, slot))
   return nn_norms.make_norm(
     norm, num_features, rngs=rngs, **dict(norm_kwargs or {})
   )
-
-
-def _identity(x: jax.Array) -> jax.Array:
-  return x
 
 
 def _then(norm: nnx.Module | None, sublayer: Sublayer) -> Sublayer:
@@ -103,16 +148,24 @@ def _then(norm: nnx.Module | None, sublayer: Sublayer) -> Sublayer:
   return lambda x: sublayer(norm(x))
 
 
-def _check_layer_index(who: str, layer_index: int | None) -> None:
-  if layer_index is not None and (
-    isinstance(layer_index, bool)
-    or not isinstance(layer_index, int)
-    or layer_index < 0
-  ):
-    raise ValueError(
-      f"{who}: layer_index must be a non-negative integer "
-      f"(0-based) or None, got {layer_index=}"
-    )
+class _Branch:
+  """A sublayer handed to a step module as a plain callable.
+
+  ``nnx.tabulate`` records the arguments of every module call and cannot
+  render a Module passed as one, so the stacks hand each step this wrapper
+  (shown as the sublayer's class name) instead of the sublayer module.
+  """
+
+  __slots__ = ("fn",)
+
+  def __init__(self, fn: Sublayer):
+    self.fn = fn
+
+  def __call__(self, x: jax.Array) -> jax.Array:
+    return self.fn(x)
+
+  def __repr__(self) -> str:
+    return type(self.fn).__name__
 
 
 def _check_input(who: str, x: jax.Array, num_features: int) -> None:
@@ -144,7 +197,9 @@ def _check_state(
 class PreNormResidual(nnx.Module):
   """Pre-norm step ``x + f(norm(x))``; see `jaxnorm.residual.pre_norm`.
 
-  ``layer_index`` (0-based Transformer layer) enables LayerNorm Scaling.
+  ``layer_index`` (0-based Transformer layer: a Python integer, or an
+  integer scalar array when the layers are created under ``nnx.vmap`` for
+  ``nnx.scan``) enables LayerNorm Scaling.
   """
 
   def __init__(
@@ -153,18 +208,22 @@ class PreNormResidual(nnx.Module):
     *,
     norm: str = "rmsnorm",
     norm_kwargs: Mapping | None = None,
-    layer_index: int | None = None,
+    layer_index: residual.IndexLike | None = None,
     rngs: nnx.Rngs,
   ):
-    _checks.check_positive_int("PreNormResidual", "num_features", num_features)
-    _check_layer_index("PreNormResidual", layer_index)
-    self.num_features, self.layer_index = num_features, layer_index
-    self.norm = _make_norm(norm, num_features, norm_kwargs, rngs)
+    who = "PreNormResidual"
+    _checks.check_positive_int(who, "num_features", num_features)
+    residual.check_layer_index(who, layer_index)
+    key = _key(rngs)
+    self.num_features = num_features
+    self.layer_index = _store_index(layer_index)
+    self.norm = _make_norm(norm, num_features, norm_kwargs, key)
 
   def __call__(self, x: jax.Array, sublayer: Sublayer) -> jax.Array:
     """Applies one residual step around ``sublayer``."""
+    _check_input(type(self).__name__, x, self.num_features)
     return residual.pre_norm(
-      x, sublayer, self.norm, layer_index=self.layer_index
+      x, sublayer, self.norm, layer_index=_read_index(self.layer_index)
     )
 
 
@@ -180,11 +239,13 @@ class PostNormResidual(nnx.Module):
     rngs: nnx.Rngs,
   ):
     _checks.check_positive_int("PostNormResidual", "num_features", num_features)
+    key = _key(rngs)
     self.num_features = num_features
-    self.norm = _make_norm(norm, num_features, norm_kwargs, rngs)
+    self.norm = _make_norm(norm, num_features, norm_kwargs, key)
 
   def __call__(self, x: jax.Array, sublayer: Sublayer) -> jax.Array:
     """Applies one residual step around ``sublayer``."""
+    _check_input(type(self).__name__, x, self.num_features)
     return residual.post_norm(x, sublayer, self.norm)
 
 
@@ -192,6 +253,8 @@ class SandwichNormResidual(nnx.Module):
   """Sandwich step ``x + norm_out(f(norm_in(x)))``.
 
   See `jaxnorm.residual.sandwich_norm`; both norms are built by name.
+  ``layer_index`` applies LayerNorm Scaling to ``norm_in`` as in
+  `PreNormResidual`.
   """
 
   def __init__(
@@ -200,21 +263,27 @@ class SandwichNormResidual(nnx.Module):
     *,
     norm: str = "rmsnorm",
     norm_kwargs: Mapping | None = None,
-    layer_index: int | None = None,
+    layer_index: residual.IndexLike | None = None,
     rngs: nnx.Rngs,
   ):
-    _checks.check_positive_int(
-      "SandwichNormResidual", "num_features", num_features
-    )
-    _check_layer_index("SandwichNormResidual", layer_index)
-    self.num_features, self.layer_index = num_features, layer_index
-    self.norm_in = _make_norm(norm, num_features, norm_kwargs, rngs)
-    self.norm_out = _make_norm(norm, num_features, norm_kwargs, rngs)
+    who = "SandwichNormResidual"
+    _checks.check_positive_int(who, "num_features", num_features)
+    residual.check_layer_index(who, layer_index)
+    key = _key(rngs)
+    self.num_features = num_features
+    self.layer_index = _store_index(layer_index)
+    self.norm_in = _make_norm(norm, num_features, norm_kwargs, key, 0)
+    self.norm_out = _make_norm(norm, num_features, norm_kwargs, key, 1)
 
   def __call__(self, x: jax.Array, sublayer: Sublayer) -> jax.Array:
     """Applies one residual step around ``sublayer``."""
+    _check_input(type(self).__name__, x, self.num_features)
     return residual.sandwich_norm(
-      x, sublayer, self.norm_in, self.norm_out, layer_index=self.layer_index
+      x,
+      sublayer,
+      self.norm_in,
+      self.norm_out,
+      layer_index=_read_index(self.layer_index),
     )
 
 
@@ -238,12 +307,14 @@ class ScaledResidual(nnx.Module):
     rngs: nnx.Rngs,
   ):
     _checks.check_positive_int("ScaledResidual", "num_features", num_features)
+    key = _key(rngs)
     self.num_features = num_features
     self.scale = residual.residual_scale(num_residuals, scale)
-    self.norm = _make_norm(norm, num_features, norm_kwargs, rngs)
+    self.norm = _make_norm(norm, num_features, norm_kwargs, key)
 
   def __call__(self, x: jax.Array, sublayer: Sublayer) -> jax.Array:
     """Applies one residual step around ``sublayer``."""
+    _check_input(type(self).__name__, x, self.num_features)
     return residual.scaled_residual(x, sublayer, self.scale, norm=self.norm)
 
 
@@ -251,9 +322,13 @@ class GatedResidual(nnx.Module):
   """Learned branch gate ``x + g * f(norm(x))`` (SkipInit, ReZero, LayerScale).
 
   ``shape="scalar"``: one ``gate`` (shape ``(1,)``), SkipInit / ReZero with
-  ``init_value=0`` and ``norm=None``. ``shape="vector"``: a per-channel
-  ``gate`` (shape ``(d,)``), LayerScale with a pre-norm and a small
-  ``init_value`` (CaiT: 0.1 up to depth 18, 1e-5 at 24, 1e-6 beyond). See
+  ``init_value=0`` and ``norm=None``: the gate multiplies the end of the
+  residual branch, as SkipInit's official code (``skipinit_gain``, one per
+  residual block) and ReZero's (``resweight``; one per Transformer layer,
+  shared by its attention and MLP: `make_residual` shares one module across
+  the sublayers of a layer). ``shape="vector"``: a per-channel ``gate``
+  (shape ``(d,)``), LayerScale with a pre-norm and a small ``init_value``
+  (CaiT: 0.1 up to depth 18, 1e-5 at 24, 1e-6 beyond). See
   `jaxnorm.residual.scaled_residual`.
   """
 
@@ -271,14 +346,16 @@ class GatedResidual(nnx.Module):
     who = "GatedResidual"
     _checks.check_positive_int(who, "num_features", num_features)
     _checks.check_choice(who, "shape", shape, ("scalar", "vector"))
+    key = _key(rngs)
     self.num_features = num_features
     size = 1 if shape == "scalar" else num_features
     names = (None,) if shape == "scalar" else ("norm",)
     self.gate = _param.param(jnp.full((size,), init_value, param_dtype), names)
-    self.norm = _make_norm(norm, num_features, norm_kwargs, rngs)
+    self.norm = _make_norm(norm, num_features, norm_kwargs, key)
 
   def __call__(self, x: jax.Array, sublayer: Sublayer) -> jax.Array:
     """Applies one residual step around ``sublayer``."""
+    _check_input(type(self).__name__, x, self.num_features)
     return residual.scaled_residual(x, sublayer, self.gate[...], norm=self.norm)
 
 
@@ -288,6 +365,10 @@ class GatedResidual(nnx.Module):
 
 class HyperConnection(nnx.Module):
   """One Hyper-Connection around sublayer ``layer_index``.
+
+  ``layer_index`` is the 0-based sublayer index ``k`` (a Python integer, or
+  an integer scalar array under ``nnx.vmap``); it only selects the stream
+  the branch reads at initialization.
 
   Parameters (paper init, equivalent to Pre-Norm): ``static_alpha``
   ``(n, n+1)`` = ``[e_{k mod n} | I]``, ``static_beta`` ``(n,)`` = 1 and, when
@@ -301,7 +382,7 @@ class HyperConnection(nnx.Module):
     self,
     num_features: int,
     *,
-    layer_index: int,
+    layer_index: residual.IndexLike,
     num_streams: int = 4,
     dynamic: bool = True,
     tanh: bool = True,
@@ -314,6 +395,7 @@ class HyperConnection(nnx.Module):
     who = "HyperConnection"
     _checks.check_positive_int(who, "num_features", num_features)
     _checks.check_positive_int(who, "num_streams", num_streams)
+    key = _key(rngs)
     d, n = num_features, num_streams
     self.num_features, self.num_streams = d, n
     self.dynamic, self.tanh = dynamic, tanh
@@ -328,7 +410,7 @@ class HyperConnection(nnx.Module):
       self.alpha_scale = _param.param(jnp.full((), scale_init, param_dtype), ())
       self.beta_scale = _param.param(jnp.full((), scale_init, param_dtype), ())
       self.norm_scale = _param.param(jnp.zeros((d,), param_dtype), ("norm",))
-    self.norm = _make_norm(norm, num_features, norm_kwargs, rngs)
+    self.norm = _make_norm(norm, num_features, norm_kwargs, key)
 
   def maps(self, h: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
     """``(h_pre, h_post, h_res)`` for stream state ``h`` ``(..., n, d)``."""
@@ -406,6 +488,7 @@ class ManifoldHyperConnection(nnx.Module):
         f"{who}: residual_map='quaternion' (oHC) needs "
         f"num_streams=4, got {num_streams=}"
       )
+    key = _key(rngs)
     d, n = num_features, num_streams
     self.num_features, self.num_streams = d, n
     self.residual_map, self.dynamic = residual_map, dynamic
@@ -420,23 +503,23 @@ class ManifoldHyperConnection(nnx.Module):
     self.b_res = None if b_res is None else _param.param(b_res, names)
     res_out = {"sinkhorn": n * n, "quaternion": 8, "identity": 0}[residual_map]
 
-    def phi(out: int) -> nnx.Param:
-      shape = (n * d, out)
+    def phi(out: int, slot: int) -> nnx.Param:
+      shape, k = (n * d, out), jax.random.fold_in(key, slot)
       value = (
-        phi_init_std * jax.random.normal(rngs.params(), shape, param_dtype)
+        (phi_init_std * jax.random.normal(k, shape)).astype(param_dtype)
         if phi_init_std
         else jnp.zeros(shape, param_dtype)
       )
       return _param.param(value, ("embed", None))
 
-    self.phi_pre = phi(n) if dynamic else None
-    self.phi_post = phi(n) if dynamic else None
-    self.phi_res = phi(res_out) if dynamic and res_out else None
+    self.phi_pre = phi(n, 1) if dynamic else None
+    self.phi_post = phi(n, 2) if dynamic else None
+    self.phi_res = phi(res_out, 3) if dynamic and res_out else None
     gate = jnp.full((), gate_init, param_dtype)
     self.a_pre = _param.param(gate, ())
     self.a_post = _param.param(gate, ())
     self.a_res = _param.param(gate, ())
-    self.norm = _make_norm(norm, num_features, norm_kwargs, rngs)
+    self.norm = _make_norm(norm, num_features, norm_kwargs, key)
 
   def maps(self, h: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
     """``(h_pre, h_post, h_res)`` for stream state ``h`` ``(..., n, d)``."""
@@ -494,10 +577,16 @@ class AttnResQuery(nnx.Module):
       jnp.ones((num_features,), param_dtype), ("norm",)
     )
 
-  def __call__(self, sources: jax.Array) -> jax.Array:
-    """Aggregates ``sources`` ``(m, ..., d)`` into ``(..., d)``."""
+  def __call__(
+    self, sources: jax.Array, mask: jax.Array | None = None
+  ) -> jax.Array:
+    """Aggregates ``sources`` ``(m, ..., d)`` (``mask``: which exist)."""
     return residual.attn_res(
-      sources, self.query[...], key_scale=self.key_scale[...], eps=self.eps
+      sources,
+      self.query[...],
+      key_scale=self.key_scale[...],
+      eps=self.eps,
+      mask=mask,
     )
 
 
@@ -520,46 +609,19 @@ def _check_blocks(who: str, blocks: Sequence[Sublayer]) -> list[Sublayer]:
   return blocks
 
 
-def _fused_norm_call(
-  norm: nnx.Module, branch: jax.Array, stream: jax.Array, implementation: Any
-) -> tuple[jax.Array, jax.Array]:
-  """``(stream + branch, norm(stream + branch))`` through `fused_norms`."""
-  scale = None if norm.scale is None else norm.scale[...]
-  if isinstance(norm, nn_norms.RMSNorm):
-    h, y = fused_norms.add_rms_norm(
-      branch,
-      stream,
-      scale,
-      eps=norm.eps,
-      eps_mode=norm.eps_mode,
-      scale_offset=norm.scale_offset,
-      implementation=implementation,
-    )
-  else:
-    bias = None if norm.bias is None else norm.bias[...]
-    h, y = fused_norms.add_layer_norm(
-      branch,
-      stream,
-      scale,
-      bias,
-      eps=norm.eps,
-      scale_offset=norm.scale_offset,
-      implementation=implementation,
-    )
-  return h, (y if norm.dtype is None else y.astype(norm.dtype))
-
-
 class ResidualStack(nnx.Module):
   """Single-stream network: ``x = steps[k](x, blocks[k])`` for every k.
 
   ``steps`` are residual-step modules (`PreNormResidual`, ...), one per
-  sublayer.
+  sublayer (one module may serve several sublayers, e.g. ReZero's gate
+  shared by a layer's attention and MLP).
 
-  ``fused_implementation`` (``"xla"`` or ``"pallas"``; pre-norm RMSNorm or
-  LayerNorm steps without LayerNorm Scaling only) runs each residual add
-  together with the next step's norm, ``(h, y) = add_norm(f(y_prev), h)``,
-  through `jaxnorm.fused_norms` (one kernel pass with ``"pallas"``). The
-  result equals the unfused stack.
+  ``fused=True`` (pre-norm steps without LayerNorm Scaling whose norms have
+  an ``add_and_norm`` method, e.g. `RMSNorm`, `LayerNorm`) runs each
+  residual add together with the next step's norm, ``(h, y) =
+  norm.add_and_norm(f(y_prev), h)`` (one kernel pass when the norm's
+  ``implementation`` is ``"pallas"``); the recurrence is
+  `jaxnorm.residual.fused_pre_norm`. The result equals the unfused stack.
   """
 
   def __init__(
@@ -568,7 +630,7 @@ class ResidualStack(nnx.Module):
     steps: Sequence[nnx.Module],
     *,
     num_features: int,
-    fused_implementation: Literal["xla", "pallas"] | None = None,
+    fused: bool = False,
   ):
     who = "ResidualStack"
     blocks = _check_blocks(who, blocks)
@@ -577,24 +639,19 @@ class ResidualStack(nnx.Module):
         f"{who}: need one step per block, got "
         f"{len(steps)} steps for {len(blocks)} blocks"
       )
-    if fused_implementation is not None:
-      _checks.check_choice(
-        who, "fused_implementation", fused_implementation, ("xla", "pallas")
-      )
-      for k, step in enumerate(steps):
-        if not (
-          isinstance(step, PreNormResidual)
-          and step.layer_index is None
-          and isinstance(step.norm, (nn_norms.RMSNorm, nn_norms.LayerNorm))
-        ):
-          raise NotImplementedError(
-            f"{who}: fused_implementation needs pre-norm steps with an "
-            f"RMSNorm or LayerNorm and no LayerNorm Scaling; steps[{k}] is "
-            f"{type(step).__name__} with norm "
-            f"{type(getattr(step, 'norm', None)).__name__}"
-          )
-    self.num_features = num_features
-    self.fused_implementation = fused_implementation
+    for k, step in enumerate(steps if fused else ()):
+      if not (
+        isinstance(step, PreNormResidual)
+        and step.layer_index is None
+        and hasattr(step.norm, "add_and_norm")
+      ):
+        raise NotImplementedError(
+          f"{who}: fused needs pre-norm steps whose norm has a fused "
+          f"add_and_norm (RMSNorm, LayerNorm) and no LayerNorm Scaling; "
+          f"steps[{k}] is {type(step).__name__} with norm "
+          f"{type(getattr(step, 'norm', None)).__name__}"
+        )
+    self.num_features, self.fused = num_features, fused
     self.blocks, self.steps = nnx.List(blocks), nnx.List(steps)
 
   def __call__(
@@ -606,23 +663,17 @@ class ResidualStack(nnx.Module):
     sublayer, stacked to ``(num_sublayers, ..., d)``.
     """
     _check_input("ResidualStack", x, self.num_features)
+    if self.fused:
+      return residual.fused_pre_norm(
+        x,
+        [_Branch(block) for block in self.blocks],
+        self.steps[0].norm,
+        [step.norm.add_and_norm for step in self.steps[1:]],
+        return_hidden=return_hidden,
+      )
     hidden = []
-    if self.fused_implementation is not None:
-      branch = None
-      for block, step in zip(self.blocks, self.steps):
-        if branch is None:
-          y = step.norm(x)
-        else:
-          x, y = _fused_norm_call(
-            step.norm, branch, x, self.fused_implementation
-          )
-          hidden.append(x)
-        branch = block(y)
-      x = (x + branch).astype(x.dtype)
-      hidden.append(x)
-      return (x, jnp.stack(hidden)) if return_hidden else x
     for block, step in zip(self.blocks, self.steps):
-      x = step(x, block)
+      x = step(x, _Branch(block))
       hidden.append(x)
     return (x, jnp.stack(hidden)) if return_hidden else x
 
@@ -668,7 +719,7 @@ class StreamStack(nnx.Module):
     h = residual.expand_streams(x, self.num_streams)
     hidden = []
     for block, step in zip(self.blocks, self.steps):
-      h = step(h, block)
+      h = step(h, _Branch(block))
       if return_hidden:
         hidden.append(residual.reduce_streams(h, readout=self.readout))
     out = residual.reduce_streams(h, readout=self.readout)
@@ -718,8 +769,12 @@ class AttnResStack(nnx.Module):
         for _ in blocks
       ]
     )
+    key = _key(rngs)
     self.norms = nnx.List(
-      [_make_norm(norm, num_features, norm_kwargs, rngs) for _ in blocks]
+      [
+        _make_norm(norm, num_features, norm_kwargs, key, k)
+        for k in range(len(blocks))
+      ]
     )
     self.readout_query = (
       AttnResQuery(num_features, eps=eps, param_dtype=param_dtype)
@@ -737,16 +792,18 @@ class AttnResStack(nnx.Module):
     """
     _check_input("AttnResStack", x, self.num_features)
     # Slot 0 holds the embedding, slot j >= 1 the (partial) sum of block j;
-    # sublayer k reads the non-empty slots 0..ceil(k / block_size). One
-    # buffer with static slices keeps the traced graph linear in depth.
+    # sublayer k reads the non-empty slots 0..ceil(k / block_size), the
+    # others masked out. One buffer of fixed shape keeps the traced graph
+    # linear in depth and every sublayer's ops of one shape.
     size = self.block_size
     num_slots = -(-len(self.blocks) // size) + 1
     slots = jnp.zeros((num_slots, *x.shape), x.dtype).at[0].set(x)
+    slot = jnp.arange(num_slots)
     hidden = []
     for k, (block, query, norm) in enumerate(
       zip(self.blocks, self.queries, self.norms)
     ):
-      h = query(slots[: -(-k // size) + 1])
+      h = query(slots, slot <= -(-k // size))
       hidden.append(h)
       y = _then(norm, block)(h)
       slots = slots.at[k // size + 1].add(y.astype(x.dtype))
@@ -760,85 +817,134 @@ class AttnResStack(nnx.Module):
 # ---------------------------------------------------------------------------
 # Registry.
 
+_GATED = ("skipinit", "rezero")
+_STREAM_MAPS: Mapping[str, residual.ResidualMap] = types.MappingProxyType(
+  {"mhc": "sinkhorn", "ohc": "quaternion", "ihc": "identity"}
+)
+
+
+def _step(
+  name: str,
+  num_features: int,
+  *,
+  layer: residual.IndexLike,
+  sublayer: residual.IndexLike,
+  num_sublayers: int,
+  rngs: nnx.Rngs,
+  kwargs: Mapping[str, Any],
+) -> nnx.Module:
+  """The step module of scheme ``name`` around one sublayer."""
+  d = num_features
+  if name == "prenorm":
+    return PreNormResidual(d, rngs=rngs, **kwargs)
+  if name == "lns":
+    return PreNormResidual(d, layer_index=layer, rngs=rngs, **kwargs)
+  if name == "postnorm":
+    return PostNormResidual(d, rngs=rngs, **kwargs)
+  if name == "sandwich":
+    return SandwichNormResidual(d, rngs=rngs, **kwargs)
+  if name == "scaled":
+    return ScaledResidual(d, num_residuals=num_sublayers, rngs=rngs, **kwargs)
+  if name in _GATED:
+    return GatedResidual(d, shape="scalar", rngs=rngs, **kwargs)
+  if name == "layerscale":
+    return GatedResidual(d, shape="vector", rngs=rngs, **kwargs)
+  if name == "hc":
+    return HyperConnection(d, layer_index=sublayer, rngs=rngs, **kwargs)
+  return ManifoldHyperConnection(
+    d, residual_map=_STREAM_MAPS[name], rngs=rngs, **kwargs
+  )
+
+
+def _layer_steps(
+  name: str,
+  num_features: int,
+  *,
+  layer: residual.IndexLike,
+  sublayers: Sequence[residual.IndexLike],
+  num_sublayers: int,
+  rngs: nnx.Rngs,
+  kwargs: Mapping[str, Any],
+) -> list[nnx.Module]:
+  """The step modules of one layer, one per sublayer index in ``sublayers``.
+
+  With ``shared=True`` (ReZero's official placement, or SkipInit on
+  request) one module serves every sublayer of the layer.
+  """
+  kwargs = dict(kwargs)
+  shared = kwargs.pop("shared", False)
+  if shared and name not in _GATED:
+    raise ValueError(
+      f"make_residual: shared applies to {', '.join(_GATED)} only, got {name!r}"
+    )
+
+  def build(sublayer: residual.IndexLike) -> nnx.Module:
+    return _step(
+      name,
+      num_features,
+      layer=layer,
+      sublayer=sublayer,
+      num_sublayers=num_sublayers,
+      rngs=rngs,
+      kwargs=kwargs,
+    )
+
+  if shared:
+    return [build(sublayers[0])] * len(sublayers)
+  return [build(k) for k in sublayers]
+
+
+def _all_steps(
+  name: str, num_sublayers: int, num_features: int, rngs: nnx.Rngs, kwargs: dict
+) -> list[nnx.Module]:
+  """Steps of every sublayer, grouped ``sublayers_per_layer`` to a layer."""
+  per_layer = kwargs.pop("sublayers_per_layer")
+  _checks.check_positive_int("make_residual", "sublayers_per_layer", per_layer)
+  steps = []
+  for layer, first in enumerate(range(0, num_sublayers, per_layer)):
+    steps += _layer_steps(
+      name,
+      num_features,
+      layer=layer,
+      sublayers=range(first, min(first + per_layer, num_sublayers)),
+      num_sublayers=num_sublayers,
+      rngs=rngs,
+      kwargs=kwargs,
+    )
+  return steps
+
 
 def _build_single(
   name: str, blocks: list, num_features: int, rngs: nnx.Rngs, kwargs: dict
 ) -> nnx.Module:
-  d = num_features
-  per_layer = kwargs.pop("sublayers_per_layer", 1)
-  _checks.check_positive_int("make_residual", "sublayers_per_layer", per_layer)
+  who = "make_residual"
   fused = kwargs.pop("fused_implementation", None)
-  if fused is not None and name != "prenorm":
-    raise ValueError(
-      f"make_residual: fused_implementation applies to "
-      f"'prenorm' only, got {name!r}"
-    )
-  if name == "prenorm":
-    steps = [PreNormResidual(d, rngs=rngs, **kwargs) for _ in blocks]
-    return ResidualStack(
-      blocks, steps, num_features=d, fused_implementation=fused
-    )
-  elif name == "lns":
-    steps = [
-      PreNormResidual(d, layer_index=k // per_layer, rngs=rngs, **kwargs)
-      for k in range(len(blocks))
-    ]
-  elif name == "postnorm":
-    steps = [PostNormResidual(d, rngs=rngs, **kwargs) for _ in blocks]
-  elif name == "sandwich":
-    steps = [SandwichNormResidual(d, rngs=rngs, **kwargs) for _ in blocks]
-  elif name == "scaled":
-    steps = [
-      ScaledResidual(d, num_residuals=len(blocks), rngs=rngs, **kwargs)
-      for _ in blocks
-    ]
-  elif name in ("skipinit", "rezero"):
-    shared = kwargs.pop("shared", False)
-    steps = [
-      GatedResidual(d, shape="scalar", rngs=rngs, **kwargs)
-      for _ in range(0, len(blocks), per_layer if shared else 1)
-    ]
-    if shared:  # ReZero option: one alpha per Transformer layer.
-      steps = [steps[k // per_layer] for k in range(len(blocks))]
-  else:  # layerscale
-    kwargs.setdefault("init_value", 1e-5)
-    kwargs.setdefault("norm", "rmsnorm")
-    steps = [
-      GatedResidual(d, shape="vector", rngs=rngs, **kwargs) for _ in blocks
-    ]
-  return ResidualStack(blocks, steps, num_features=d)
+  if fused is not None:
+    if name != "prenorm":
+      raise ValueError(
+        f"{who}: fused_implementation applies to 'prenorm' only, got {name!r}"
+      )
+    _checks.check_choice(who, "fused_implementation", fused, ("xla", "pallas"))
+    # The norms' own implementation runs the fused add (add_and_norm).
+    norm_kwargs = dict(kwargs.get("norm_kwargs") or {})
+    if norm_kwargs.setdefault("implementation", fused) != fused:
+      raise ValueError(
+        f"{who}: fused_implementation={fused!r} conflicts with "
+        f"norm_kwargs implementation={norm_kwargs['implementation']!r}"
+      )
+    kwargs["norm_kwargs"] = norm_kwargs
+  steps = _all_steps(name, len(blocks), num_features, rngs, kwargs)
+  return ResidualStack(
+    blocks, steps, num_features=num_features, fused=fused is not None
+  )
 
 
 def _build_streams(
   name: str, blocks: list, num_features: int, rngs: nnx.Rngs, kwargs: dict
 ) -> nnx.Module:
-  num_streams = kwargs.pop("num_streams", 4)
-  readout = kwargs.pop("readout", "sum")
-  if name == "hc":
-    steps = [
-      HyperConnection(
-        num_features,
-        layer_index=k,
-        num_streams=num_streams,
-        rngs=rngs,
-        **kwargs,
-      )
-      for k in range(len(blocks))
-    ]
-  else:
-    residual_map = {"mhc": "sinkhorn", "ohc": "quaternion", "ihc": "identity"}[
-      name
-    ]
-    steps = [
-      ManifoldHyperConnection(
-        num_features,
-        num_streams=num_streams,
-        residual_map=residual_map,
-        rngs=rngs,
-        **kwargs,
-      )
-      for _ in blocks
-    ]
+  readout = kwargs.pop("readout")
+  num_streams = kwargs["num_streams"]
+  steps = _all_steps(name, len(blocks), num_features, rngs, kwargs)
   return StreamStack(
     blocks,
     steps,
@@ -851,14 +957,46 @@ def _build_streams(
 def _build_attnres(
   name: str, blocks: list, num_features: int, rngs: nnx.Rngs, kwargs: dict
 ) -> nnx.Module:
+  del kwargs["sublayers_per_layer"]  # Sources are sublayers, not layers.
   if name == "block_attnres":
-    num_blocks = kwargs.pop("num_blocks", 8)
+    num_blocks = kwargs.pop("num_blocks")
     _checks.check_positive_int("make_residual", "num_blocks", num_blocks)
     _checks.check_divisible(
       "make_residual", "len(blocks)", len(blocks), "num_blocks", num_blocks
     )
     kwargs["block_size"] = len(blocks) // num_blocks
   return AttnResStack(blocks, num_features=num_features, rngs=rngs, **kwargs)
+
+
+def _per_layer(num_sublayers: int, sublayers_per_layer: int) -> dict:
+  """LayerNorm Scaling: one factor per layer of ``sublayers_per_layer``."""
+  del num_sublayers
+  return {"sublayers_per_layer": sublayers_per_layer}
+
+
+def _rezero(num_sublayers: int, sublayers_per_layer: int) -> dict:
+  """ReZero: one gate per layer, shared by its sublayers (official code)."""
+  del num_sublayers
+  return {"sublayers_per_layer": sublayers_per_layer, "shared": True}
+
+
+def _layerscale(num_sublayers: int, sublayers_per_layer: int) -> dict:
+  """LayerScale: CaiT's init by depth (0.1 to 18 layers, 1e-5 to 24, 1e-6)."""
+  depth = -(-num_sublayers // sublayers_per_layer)
+  init = 0.1 if depth <= 18 else 1e-5 if depth <= 24 else 1e-6
+  return {"init_value": init, "norm": "rmsnorm"}
+
+
+def _streams(num_sublayers: int, sublayers_per_layer: int) -> dict:
+  """HC family: 4 streams (both papers), read out by their mean."""
+  del num_sublayers, sublayers_per_layer
+  return {"num_streams": 4, "readout": "mean"}
+
+
+def _blocks(num_sublayers: int, sublayers_per_layer: int) -> dict:
+  """Block AttnRes: the paper's 8 blocks, or the largest divisor below."""
+  del sublayers_per_layer
+  return {"num_blocks": max(b for b in range(1, 9) if num_sublayers % b == 0)}
 
 
 ResidualName = Literal[
@@ -878,24 +1016,87 @@ ResidualName = Literal[
   "block_attnres",
 ]
 
-RESIDUALS: Mapping[str, Callable[..., nnx.Module]] = types.MappingProxyType(
+_HC = "Zhu et al., Hyper-Connections, arXiv:2409.19606"
+_MHC = "Xie et al., mHC, arXiv:2512.24880"
+_OHC = "Guo et al., oHC, arXiv:2609.02672"
+_ATTNRES = "Kimi Team, Attention Residuals, arXiv:2603.15031"
+# Static routing (HC's alpha, mHC's Sinkhorn logits) is a bias of the
+# stream mixing: not decayed, as DepthBench trains HC and mHC.
+RESIDUALS: Mapping[str, registry.ResidualSpec] = types.MappingProxyType(
   {
-    "prenorm": _build_single,
-    "postnorm": _build_single,
-    "sandwich": _build_single,
-    "lns": _build_single,
-    "scaled": _build_single,
-    "skipinit": _build_single,
-    "rezero": _build_single,
-    "layerscale": _build_single,
-    "hc": _build_streams,
-    "mhc": _build_streams,
-    "ohc": _build_streams,
-    "ihc": _build_streams,
-    "attnres": _build_attnres,
-    "block_attnres": _build_attnres,
+    "prenorm": registry.ResidualSpec(
+      _build_single, "Xiong et al., arXiv:2002.04745"
+    ),
+    "postnorm": registry.ResidualSpec(
+      _build_single, "Vaswani et al., arXiv:1706.03762"
+    ),
+    "sandwich": registry.ResidualSpec(
+      _build_single, "Ding et al., CogView, arXiv:2105.13290"
+    ),
+    "lns": registry.ResidualSpec(
+      _build_single,
+      "Sun et al., The Curse of Depth, arXiv:2502.05795",
+      defaults=_per_layer,
+    ),
+    "scaled": registry.ResidualSpec(
+      _build_single,
+      "Dherin & Munn, On residual network depth, arXiv:2510.03470",
+    ),
+    "skipinit": registry.ResidualSpec(
+      _build_single, "De & Smith, arXiv:2002.10444", uses_norm=False
+    ),
+    "rezero": registry.ResidualSpec(
+      _build_single,
+      "Bachlechner et al., ReZero, arXiv:2003.04887",
+      defaults=_rezero,
+      uses_norm=False,
+    ),
+    "layerscale": registry.ResidualSpec(
+      _build_single,
+      "Touvron et al., CaiT, arXiv:2103.17239",
+      defaults=_layerscale,
+    ),
+    "hc": registry.ResidualSpec(
+      _build_streams,
+      _HC,
+      defaults=_streams,
+      decay=types.MappingProxyType({"static_alpha": False}),
+    ),
+    "mhc": registry.ResidualSpec(
+      _build_streams,
+      _MHC,
+      defaults=_streams,
+      decay=types.MappingProxyType({"b_res": False}),
+    ),
+    "ohc": registry.ResidualSpec(_build_streams, _OHC, defaults=_streams),
+    "ihc": registry.ResidualSpec(_build_streams, _OHC, defaults=_streams),
+    "attnres": registry.ResidualSpec(_build_attnres, _ATTNRES),
+    "block_attnres": registry.ResidualSpec(
+      _build_attnres, _ATTNRES, defaults=_blocks
+    ),
   }
 )
+
+
+def _options(
+  name: str,
+  num_sublayers: int,
+  sublayers_per_layer: int,
+  kwargs: Mapping[str, Any],
+) -> dict[str, Any]:
+  """The spec's defaults of ``name`` under the user's ``kwargs``."""
+  if name not in RESIDUALS:
+    raise ValueError(
+      f"make_residual: unknown residual scheme {name!r}; "
+      f"valid names are {', '.join(sorted(RESIDUALS))}"
+    )
+  _checks.check_positive_int(
+    "make_residual", "sublayers_per_layer", sublayers_per_layer
+  )
+  options = dict(RESIDUALS[name].defaults(num_sublayers, sublayers_per_layer))
+  options.setdefault("sublayers_per_layer", sublayers_per_layer)
+  options.update(kwargs)
+  return options
 
 
 def make_residual(
@@ -904,9 +1105,16 @@ def make_residual(
   *,
   num_features: int,
   rngs: nnx.Rngs,
+  sublayers_per_layer: int = 2,
   **kwargs: Any,
 ) -> nnx.Module:
-  """Wraps a list of sublayers into a network with the named residual scheme.
+  r"""Wraps a list of sublayers into a network with the named residual scheme.
+
+  The options start from the scheme's spec defaults
+  (``RESIDUALS[name].defaults(len(blocks), sublayers_per_layer)``: LNS and
+  ReZero per layer, LayerScale's init by depth, 4 streams read out by their
+  mean for the HC family, 8 blocks (or the largest divisor of
+  ``len(blocks)`` below) for Block AttnRes); ``kwargs`` override them.
 
   Args:
     name: one of `RESIDUALS` (table in the module docstring).
@@ -914,16 +1122,23 @@ def make_residual(
       residual or norm of its own (an attention and an MLP per Transformer
       layer count as two).
     num_features: hidden size ``d``.
-    rngs: parameter RNG streams.
+    rngs: parameter RNG streams; every step module draws exactly one
+      ``params`` key, whatever its norm and options.
+    sublayers_per_layer: consecutive blocks that form one layer (2 for a
+      Transformer's attention and MLP; 1 for a ResNet-style stack): LNS
+      scales layer ``l`` by :math:`1/\sqrt{l}` and ReZero shares one gate
+      per layer.
     **kwargs: options of the scheme's step module (e.g. ``norm``,
       ``norm_kwargs``; ``scale`` for ``scaled``; ``init_value`` for the
-      gated schemes; ``num_streams``, ``dynamic``, ``tanh`` for ``hc``;
-      ``num_iters``, ``temperature``, ``res_diag``, ``gate_init`` for
+      gated schemes, ``shared`` for ``skipinit``/``rezero``;
+      ``num_streams``, ``dynamic``, ``tanh`` for ``hc``; ``num_iters``,
+      ``temperature``, ``res_diag``, ``gate_init`` for
       ``mhc``/``ohc``/``ihc``), plus ``readout`` (streams: ``"sum"`` or
-      ``"mean"``; AttnRes: ``"attnres"`` or ``"sum"``),
-      ``sublayers_per_layer`` (``lns``, and ``rezero`` with
-      ``shared=True``), ``num_blocks`` (``block_attnres``, default 8; must
-      divide ``len(blocks)``).
+      ``"mean"``; AttnRes: ``"attnres"`` or ``"sum"``), ``num_blocks``
+      (``block_attnres``; must divide ``len(blocks)``) and
+      ``fused_implementation`` (``prenorm`` with RMSNorm or LayerNorm:
+      ``"xla"`` or ``"pallas"``, set as the norms' ``implementation``, each
+      residual add fused into the next norm).
 
   Returns:
     An nnx module ``net`` with ``net(x)`` mapping ``(..., d)`` to
@@ -934,11 +1149,147 @@ def make_residual(
     ValueError: for an unknown name (the message lists the valid names),
       an empty or non-callable block list, or a bad option.
   """
-  if name not in RESIDUALS:
-    raise ValueError(
-      f"make_residual: unknown residual scheme {name!r}; "
-      f"valid names are {', '.join(sorted(RESIDUALS))}"
-    )
   _checks.check_positive_int("make_residual", "num_features", num_features)
   blocks = _check_blocks("make_residual", blocks)
-  return RESIDUALS[name](name, blocks, num_features, rngs, dict(kwargs))
+  options = _options(name, len(blocks), sublayers_per_layer, kwargs)
+  return RESIDUALS[name].build(name, blocks, num_features, rngs, options)
+
+
+# ---------------------------------------------------------------------------
+# One layer at a time, for nnx.scan.
+
+
+class ResidualLayer(nnx.Module):
+  """The residual steps of one layer, applied to a scan carry.
+
+  ``self(carry, sublayers)`` runs ``carry = steps[j](carry, sublayers[j])``
+  for the layer's sublayers in order. The carry is the residual stream
+  ``(..., d)`` for single-stream schemes and the stream state ``(..., n,
+  d)`` for the HC family: `embed` makes it from the embedding, `output`
+  reads the hidden state out. Built by `make_residual_step`.
+  """
+
+  def __init__(
+    self,
+    steps: Sequence[nnx.Module],
+    *,
+    num_features: int,
+    num_streams: int | None = None,
+    readout: residual.Readout = "sum",
+  ):
+    self.num_features, self.num_streams = num_features, num_streams
+    self.readout = readout
+    self.steps = nnx.List(steps)
+
+  def embed(self, x: jax.Array) -> jax.Array:
+    """The initial carry for embeddings ``x`` ``(..., d)``."""
+    _check_input("ResidualLayer", x, self.num_features)
+    if self.num_streams is None:
+      return x
+    return residual.expand_streams(x, self.num_streams)
+
+  def output(self, carry: jax.Array) -> jax.Array:
+    """The hidden state ``(..., d)`` before the final norm."""
+    if self.num_streams is None:
+      return carry
+    return residual.reduce_streams(carry, readout=self.readout)
+
+  def __call__(
+    self, carry: jax.Array, sublayers: Sequence[Sublayer]
+  ) -> jax.Array:
+    """Applies the layer's steps around ``sublayers`` (one per step)."""
+    if len(sublayers) != len(self.steps):
+      raise ValueError(
+        f"ResidualLayer: need one sublayer per step, got "
+        f"{len(sublayers)} sublayers for {len(self.steps)} steps"
+      )
+    for step, sublayer in zip(self.steps, sublayers):
+      carry = step(carry, sublayer)
+    return carry
+
+
+SCAN_RESIDUALS: tuple[str, ...] = tuple(
+  name for name in typing.get_args(ResidualName) if "attnres" not in name
+)
+
+
+def make_residual_step(
+  name: ResidualName,
+  num_features: int,
+  *,
+  layer_index: residual.IndexLike,
+  num_layers: int,
+  rngs: nnx.Rngs,
+  sublayers_per_layer: int = 2,
+  **kwargs: Any,
+) -> ResidualLayer:
+  """The residual steps of layer ``layer_index``, by scheme name, for scans.
+
+  Builds the same step modules as `make_residual` builds for the sublayers
+  ``layer_index * sublayers_per_layer + j`` of a ``num_layers``-layer stack,
+  so an ``nnx.scan`` over layers created under ``nnx.vmap`` (with
+  ``layer_index = jnp.arange(num_layers)`` as the vmapped input) equals the
+  unrolled network::
+
+    @nnx.split_rngs(splits=num_layers)
+    @nnx.vmap(in_axes=(0, 0))
+    def create(index, rngs):
+      return Layer(index, rngs)  # holds attn, mlp and
+      # make_residual_step(name, d, layer_index=index, num_layers=L, ...)
+
+    @nnx.scan(in_axes=(nnx.Carry, 0), out_axes=nnx.Carry)
+    def forward(carry, layer):
+      return layer.res(carry, [layer.attn, layer.mlp])
+
+  The carry's state must have a fixed shape, so the AttnRes schemes (whose
+  sources grow with depth) are refused. A traced ``layer_index`` is held in
+  a `LayerIndex` variable where the step reads it (LNS).
+
+  Args:
+    name: one of `SCAN_RESIDUALS`.
+    num_features: hidden size ``d``.
+    layer_index: 0-based layer index: a Python integer or an integer scalar
+      array (traced under ``nnx.vmap``).
+    num_layers: layers of the whole stack (the depth rules of ``scaled``
+      and ``layerscale`` read it).
+    rngs: parameter RNG streams (one ``params`` key per step module).
+    sublayers_per_layer: sublayers of each layer (2: attention and MLP).
+    **kwargs: options, as for `make_residual` (``readout`` and
+      ``num_streams`` set the carry of the HC family).
+
+  Returns:
+    A `ResidualLayer`.
+
+  Raises:
+    ValueError: for a scheme outside `SCAN_RESIDUALS`, a bad index or a bad
+      option.
+  """
+  who = "make_residual_step"
+  if name not in SCAN_RESIDUALS:
+    raise ValueError(
+      f"{who}: residual scheme {name!r} has no fixed-size scan carry; "
+      f"valid names are {', '.join(SCAN_RESIDUALS)}"
+    )
+  _checks.check_positive_int(who, "num_features", num_features)
+  _checks.check_positive_int(who, "num_layers", num_layers)
+  residual.check_layer_index(who, layer_index)
+  num_sublayers = num_layers * sublayers_per_layer
+  options = _options(name, num_sublayers, sublayers_per_layer, kwargs)
+  del options["sublayers_per_layer"]
+  readout = options.pop("readout", "sum")
+  first = layer_index * sublayers_per_layer
+  steps = _layer_steps(
+    name,
+    num_features,
+    layer=layer_index,
+    sublayers=[first + j for j in range(sublayers_per_layer)],
+    num_sublayers=num_sublayers,
+    rngs=rngs,
+    kwargs=options,
+  )
+  return ResidualLayer(
+    steps,
+    num_features=num_features,
+    num_streams=options.get("num_streams"),
+    readout=readout,
+  )

@@ -1,3 +1,5 @@
+import typing
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -5,11 +7,14 @@ import pytest
 from flax import nnx
 
 from jaxnorm import attention as attn
-from jaxnorm import sharding
+from jaxnorm import norms, sharding
 from jaxnorm.nn import attention as nn_attn
+from jaxnorm.nn import registry
 from tests import helpers
 
 D, N, K, H = 16, 4, 2, 4
+# Options each core needs to run on a length-6 sequence.
+_RUN_OPTIONS = {"lina": {"max_len": 8}}
 
 
 def _x(key, t=6):
@@ -31,6 +36,16 @@ def _out(m, y):
   return jnp.einsum("btnh,nhd->btd", y, m.out_kernel[...])
 
 
+def test_literal_equals_registry():
+  assert typing.get_args(nn_attn.AttentionName) == tuple(nn_attn.ATTENTIONS)
+  assert nn_attn.ATTENTION_NAMES == tuple(nn_attn.ATTENTIONS)
+  for spec in nn_attn.ATTENTIONS.values():
+    assert isinstance(spec, registry.AttentionSpec)
+    assert issubclass(spec.core, nn_attn.AttentionCore)
+  cores = [spec.core for spec in nn_attn.ATTENTIONS.values()]
+  assert len(set(cores)) == len(cores)  # One core class per paper.
+
+
 def test_softmax_module_matches_function(key):
   m = nn_attn.MultiHeadAttention(
     D, N, num_kv_heads=K, is_causal=True, rngs=nnx.Rngs(0)
@@ -49,8 +64,6 @@ def test_rope_and_qk_norm(key):
   )
   x = _x(key)
   q, k, v = _proj(m, x)
-  from jaxnorm import norms
-
   q = attn.rope(norms.rms_norm(q, m.q_norm.scale[...], eps=m.q_norm.eps))
   k = attn.rope(norms.rms_norm(k, m.k_norm.scale[...], eps=m.k_norm.eps))
   want = _out(m, attn.dot_product_attention(q, k, v))
@@ -60,11 +73,11 @@ def test_rope_and_qk_norm(key):
 
 
 @pytest.mark.parametrize("name", nn_attn.ATTENTION_NAMES)
-def test_every_variant_builds_runs_and_is_finite(key, name):
-  kv = N if name == "soft" else K
-  kw = {"lina_max_len": 8} if name == "lina" else {}
+def test_every_core_builds_runs_and_is_finite(key, name):
+  ties = nn_attn.ATTENTIONS[name].core.ties_keys  # SOFT: K == N.
+  kv = N if ties else K
   m = nn_attn.make_attention(
-    name, D, N, num_kv_heads=kv, rngs=nnx.Rngs(0), **kw
+    name, D, N, num_kv_heads=kv, rngs=nnx.Rngs(0), **_RUN_OPTIONS.get(name, {})
   )
   x = _x(key)
   call = nnx.jit(lambda m, x: m(x))
@@ -72,30 +85,66 @@ def test_every_variant_builds_runs_and_is_finite(key, name):
   assert y.shape == x.shape and helpers.all_finite(y)
   yb = call(m, x.astype(jnp.bfloat16))
   assert yb.dtype == jnp.bfloat16 and helpers.all_finite(yb)
-  y1 = call(m, x[:, :2] if name == "soft" else x[:, :1])
-  assert helpers.all_finite(y1)
+  short = 2 if ties else 1  # SOFT's landmark windows are 2 tokens.
+  assert helpers.all_finite(call(m, x[:, :short]))
   g = nnx.jit(nnx.grad(lambda m: m(x).sum()))(m)
   assert helpers.all_finite(g)
 
 
-def test_variant_modules_match_functions(key):
+@pytest.mark.parametrize("name", nn_attn.ATTENTION_NAMES)
+def test_spec_capabilities_match_the_core(key, name):
+  """``causal`` and ``takes_mask`` of each spec are what the core does."""
+  spec = nn_attn.ATTENTIONS[name]
+  kw = _RUN_OPTIONS.get(name, {})
+  if spec.causal:
+    m = nn_attn.make_attention(name, D, N, is_causal=True, rngs=nnx.Rngs(0))
+    x = _x(key)
+    y = nnx.clone(m)(x)  # Each call from the same state.
+    y2 = nnx.clone(m)(x.at[:, -1].add(1.0))
+    helpers.assert_close(y2[:, :-1], y[:, :-1], atol=1e-6)
+  else:
+    with pytest.raises(ValueError, match=r"has no causal form"):
+      nn_attn.make_attention(name, D, N, is_causal=True, rngs=nnx.Rngs(0))
+  m = nn_attn.make_attention(name, D, N, rngs=nnx.Rngs(0), **kw)
+  mask = jnp.tril(jnp.ones((6, 6), bool))[None, None]
+  if spec.takes_mask:
+    assert helpers.all_finite(m(_x(key), mask=mask))
+  else:
+    with pytest.raises(ValueError, match=r"takes no mask or bias"):
+      m(_x(key), mask=mask)
+
+
+@pytest.mark.parametrize("name", nn_attn.ATTENTION_NAMES)
+def test_spec_kernel_means_implementation_option(key, name):
+  """``kernel`` specs take ``implementation=``; "xla" is the default path."""
+  kw = {**_RUN_OPTIONS.get(name, {}), "implementation": "xla"}
+  if not nn_attn.ATTENTIONS[name].kernel:
+    with pytest.raises(
+      ValueError, match=r"unknown option\(s\) 'implementation'"
+    ):
+      nn_attn.make_attention(name, D, N, rngs=nnx.Rngs(0), **kw)
+    return
+  m = nn_attn.make_attention(name, D, N, rngs=nnx.Rngs(0), **kw)
+  ref = nn_attn.make_attention(
+    name, D, N, rngs=nnx.Rngs(0), **_RUN_OPTIONS.get(name, {})
+  )
+  x = _x(key)
+  helpers.assert_close(m(x), ref(x), atol=1e-6)
+
+
+def test_core_modules_match_functions(key):
   x = _x(key)
   s = nn_attn.make_attention("sink", D, N, rngs=nnx.Rngs(0))
-  s.sinks[...] = jnp.arange(N, dtype=jnp.float32)
+  sinks = jnp.arange(N, dtype=jnp.float32)
+  s.core.sinks[...] = sinks
   q, k, v = _proj(s, x)
   helpers.assert_close(
-    s(x),
-    _out(
-      s, attn.sink_attention(q, k, v, sinks=jnp.arange(N, dtype=jnp.float32))
-    ),
-    atol=1e-5,
+    s(x), _out(s, attn.sink_attention(q, k, v, sinks=sinks)), atol=1e-5
   )
-  g = nn_attn.make_attention(
-    "gated", D, N, gate_headwise=True, rngs=nnx.Rngs(0)
-  )
-  assert g.gate_kernel.shape == (D, N, 1)
+  g = nn_attn.make_attention("gated", D, N, headwise=True, rngs=nnx.Rngs(0))
+  assert g.core.gate_kernel.shape == (D, N, 1)
   q, k, v = _proj(g, x)
-  gl = jnp.einsum("btd,dnh->btnh", x, g.gate_kernel[...])
+  gl = jnp.einsum("btd,dnh->btnh", x, g.core.gate_kernel[...])
   want = _out(
     g, attn.gated_attention_output(attn.dot_product_attention(q, k, v), gl)
   )
@@ -113,44 +162,135 @@ def test_variant_modules_match_functions(key):
     _out(mx, attn.mxfp4_attention(q, k, v, p_quant="direct", hadamard="plain")),
     atol=1e-5,
   )
+  cl = nn_attn.make_attention(
+    "causal_linear", D, N, feature_map="relu", rngs=nnx.Rngs(0)
+  )
+  q, k, v = _proj(cl, x)
+  want = attn.causal_linear_attention(q, k, v, feature_map="relu")
+  helpers.assert_close(cl(x), _out(cl, want), atol=1e-5)
+
+
+def test_parameter_paths():
+  paths = {
+    name: sorted(
+      ".".join(map(str, p))
+      for p, _ in nnx.to_flat_state(
+        nnx.state(
+          nn_attn.make_attention(
+            name, D, N, rngs=nnx.Rngs(0), **_RUN_OPTIONS.get(name, {})
+          )
+        )
+      )
+    )
+    for name in ("softmax", "sink", "affine_scaled", "soft", "lina")
+  }
+  proj = ["k_kernel", "out_kernel", "q_kernel", "v_kernel"]
+  assert paths["softmax"] == proj
+  assert paths["sink"] == ["core.sinks", *proj]
+  assert paths["affine_scaled"] == ["core.alpha_kernel", "core.alpha_ma", *proj]
+  assert paths["soft"] == ["out_kernel", "q_kernel", "v_kernel"]
+  assert paths["lina"] == ["core.key_gate", "core.value_gate", *proj]
+
+
+def test_projections_do_not_depend_on_the_core():
+  """The core is built last, so swapping it keeps the projections' init."""
+  a = nn_attn.make_attention("softmax", D, N, rngs=nnx.Rngs(0))
+  for name in ("sink", "gated", "affine_scaled"):
+    b = nn_attn.make_attention(name, D, N, rngs=nnx.Rngs(0))
+    for p in ("q_kernel", "k_kernel", "v_kernel", "out_kernel"):
+      np.testing.assert_array_equal(getattr(a, p)[...], getattr(b, p)[...])
 
 
 def test_affine_scaled_state_updates_and_eval(key):
   m = nn_attn.make_attention("affine_scaled", D, N, rngs=nnx.Rngs(0))
   x = _x(key)
-  assert float(jnp.abs(m.alpha_ma[...]).max()) == 0.0
+  assert float(jnp.abs(m.core.alpha_ma[...]).max()) == 0.0
   m(x)
   alpha = attn.linear_clipping(
-    jnp.einsum("btd,dn->btn", x, m.alpha_kernel[...])
+    jnp.einsum("btd,dn->btn", x, m.core.alpha_kernel[...])
   )
   helpers.assert_close(
-    m.alpha_ma[...], 0.1 * alpha.mean(axis=(0, 1)), atol=1e-6
+    m.core.alpha_ma[...], 0.1 * alpha.mean(axis=(0, 1)), atol=1e-6
   )
-  before = m.alpha_ma[...]
+  before = m.core.alpha_ma[...]
   m.eval()
+  assert m.core.use_running_average
   m(x)
-  helpers.assert_close(m.alpha_ma[...], before, atol=0)
+  helpers.assert_close(m.core.alpha_ma[...], before, atol=0)
+  m.train()
+  assert not m.core.use_running_average
   layer = nn_attn.make_attention(
     "affine_scaled", D, N, ema_axes="per_layer", rngs=nnx.Rngs(0)
   )
-  assert layer.alpha_ma.shape == ()
-  assert isinstance(m.alpha_ma, nn_attn.AffineScaleEMA)
+  assert layer.core.alpha_ma.shape == ()
+  assert isinstance(m.core.alpha_ma, nn_attn.AffineScaleEMA)
+
+
+class _Mixed(nnx.Module):
+  """A flax/jaxnorm model: nnx.Linear, nnx.BatchNorm, jaxnorm attention."""
+
+  def __init__(self, rngs):
+    self.inp = nnx.Linear(D, D, rngs=rngs)
+    self.bn = nnx.BatchNorm(D, rngs=rngs)
+    self.drop = nnx.Dropout(0.5, rngs=rngs)
+    self.attn = nn_attn.make_attention(
+      "affine_scaled", D, N, is_causal=True, rngs=rngs
+    )
+
+  def __call__(self, x):
+    return self.attn(self.drop(self.bn(self.inp(x))))
+
+
+def test_view_protocol_in_a_mixed_flax_model(key):
+  model = _Mixed(nnx.Rngs(0, dropout=1))
+  x = _x(key)
+  model(x)  # Training: both running statistics move.
+  bn_mean, alpha_ma = model.bn.mean[...], model.attn.core.alpha_ma[...]
+  assert float(jnp.abs(alpha_ma).max()) > 0
+  view = nnx.view(model, use_running_average=True, deterministic=True)
+  assert view.attn.core.use_running_average and view.bn.use_running_average
+  assert not model.attn.core.use_running_average  # The original is kept.
+  y = view(x)
+  np.testing.assert_array_equal(view.bn.mean[...], bn_mean)
+  np.testing.assert_array_equal(view.attn.core.alpha_ma[...], alpha_ma)
+  # Eval output: the pure function with the stored estimate.
+  h = view.bn(view.inp(x))
+  m = view.attn
+  q, k, v = _proj(m, h)
+  alpha = attn.linear_clipping(
+    jnp.einsum("btd,dn->btn", h, m.core.alpha_kernel[...])
+  )
+  want, _ = attn.affine_scaled_attention(
+    q, k, v, alpha=alpha, alpha_ma=alpha_ma, is_causal=True, training=False
+  )
+  helpers.assert_close(y, _out(m, want), atol=1e-5)
+  info = nnx.view_info(model)
+  assert "AffineScaledAttention" in info and "use_running_average" in info
 
 
 def test_lina_gates_and_soft(key):
   m = nn_attn.make_attention(
-    "lina", D, N, num_kv_heads=K, lina_max_len=8, rngs=nnx.Rngs(0)
+    "lina", D, N, num_kv_heads=K, max_len=8, rngs=nnx.Rngs(0)
   )
   x = _x(key)
   q, k, v = _proj(m, x)
   helpers.assert_close(m(x), _out(m, attn.lina_attention(q, k, v)), atol=1e-5)
-  with pytest.raises(ValueError, match="exceeds lina_max_len=8"):
+  with pytest.raises(ValueError, match="exceeds max_len=8"):
     m(_x(key, t=9))
   s = nn_attn.make_attention("soft", D, N, rngs=nnx.Rngs(0))
-  assert s.k_kernel is None
+  assert s.k_kernel is None and s.k_norm is None
   q, _, v = _proj(s, x)
   want = attn.soft_attention(q, v, attn.soft_landmarks(q, 2))
   helpers.assert_close(s(x), _out(s, want), atol=1e-5)
+
+
+def test_spec_defaults():
+  soft = nn_attn.ATTENTIONS["soft"].defaults
+  lina = nn_attn.ATTENTIONS["lina"].defaults
+  assert soft(N, H, 17) == {"ratio": 1} and soft(N, H, 16) == {"ratio": 2}
+  assert soft(N, H, None) == {} and lina(N, H, None) == {}
+  assert lina(N, H, 17) == {"max_len": 17}
+  assert nn_attn.ATTENTIONS["softmax"].defaults(N, H, 17) == {}
 
 
 def test_module_errors(key):
@@ -161,18 +301,26 @@ def test_module_errors(key):
   ):
     nn_attn.make_attention("flash", D, N, rngs=nnx.Rngs(0))
   with pytest.raises(
+    ValueError, match=r"MultiHeadAttention: unknown attention"
+  ):
+    nn_attn.MultiHeadAttention(D, N, attention="flash", rngs=nnx.Rngs(0))
+  with pytest.raises(
     ValueError,
     match=r"num_heads=4 must be divisible by "
     r"num_kv_heads=3",
   ):
     nn_attn.MultiHeadAttention(D, N, num_kv_heads=3, rngs=nnx.Rngs(0))
-  with pytest.raises(ValueError, match=r"ties keys to queries"):
+  with pytest.raises(ValueError, match=r"SoftAttention: SOFT ties keys"):
     nn_attn.make_attention("soft", D, N, num_kv_heads=2, rngs=nnx.Rngs(0))
-  with pytest.raises(ValueError, match=r"has no causal form"):
-    nn_attn.make_attention("nala", D, N, is_causal=True, rngs=nnx.Rngs(0))
+  with pytest.raises(
+    ValueError,
+    match=r"SinkAttention: unknown option\(s\) 'sinks', 'temperature' for "
+    r"sink_attention; valid options are .*scale",
+  ):
+    nn_attn.make_attention(
+      "sink", D, N, sinks=1.0, temperature=2.0, rngs=nnx.Rngs(0)
+    )
   m = nn_attn.make_attention("nala", D, N, rngs=nnx.Rngs(0))
-  with pytest.raises(ValueError, match=r"takes no mask or bias"):
-    m(_x(key), mask=jnp.ones((1, 1, 6, 6), bool))
   with pytest.raises(ValueError, match=r"x must have num_features=16"):
     m(jnp.ones((2, 6, 8)))
   with pytest.raises(ValueError, match=r"make_norm: unknown norm"):
@@ -182,14 +330,19 @@ def test_module_errors(key):
 def test_partition_specs_and_sharded_output(key):
   mesh = sharding.make_mesh((2, 1, 4))
   with jax.set_mesh(mesh), nnx.logical_axis_rules(sharding.DEFAULT_RULES):
-    m = nn_attn.MultiHeadAttention(D, N, num_kv_heads=N, rngs=nnx.Rngs(0))
+    m = nn_attn.MultiHeadAttention(
+      D, N, num_kv_heads=N, attention="sink", rngs=nnx.Rngs(0)
+    )
     spec = nnx.get_partition_spec(nnx.state(m, nnx.Param))
     assert tuple(spec["q_kernel"].get_value()) == ("fsdp", "tensor", None)
     assert tuple(spec["out_kernel"].get_value()) == ("tensor", None, "fsdp")
+    assert tuple(spec["core"]["sinks"].get_value()) == ("tensor",)
     x = _x(key)
     y = jax.jit(lambda x: m(x))(x)
-  ref = nn_attn.MultiHeadAttention(D, N, num_kv_heads=N, rngs=nnx.Rngs(0))
+  ref = nn_attn.MultiHeadAttention(
+    D, N, num_kv_heads=N, attention="sink", rngs=nnx.Rngs(0)
+  )
   helpers.assert_close(y, ref(x), atol=1e-5)
-  np.testing.assert_equal(
+  np.testing.assert_array_equal(
     np.asarray(m.q_kernel[...]), np.asarray(ref.q_kernel[...])
   )

@@ -1,8 +1,10 @@
 """Tests for jaxnorm.nn.residual: step modules, stacks and make_residual."""
 
+import functools
 import math
 import pathlib
 import re
+import typing
 
 import jax
 import jax.numpy as jnp
@@ -12,12 +14,14 @@ from flax import nnx
 
 from jaxnorm import residual as R
 from jaxnorm import sharding
+from jaxnorm.nn import registry
 from jaxnorm.nn import residual as nn_res
 from tests import helpers
 from tests.oracles import hc_golden
 
 HC_GOLDEN = pathlib.Path(hc_golden.__file__).with_name("hc_golden.npz")
 STREAMS = ("hc", "mhc", "ohc", "ihc")
+NAMES = tuple(nn_res.RESIDUALS)
 
 
 class MLP(nnx.Module):
@@ -70,12 +74,8 @@ def transformer(num_layers, d, seed=0):
 
 def _kwargs(name, **extra):
   kw = dict(extra)
-  if name in STREAMS:
-    kw.setdefault("readout", "mean")
-  if name == "postnorm":
+  if name == "postnorm":  # RMSNorm everywhere, as the depth table says.
     kw.setdefault("norm", "rmsnorm")
-  if name == "block_attnres":
-    kw.setdefault("num_blocks", 2)
   return kw
 
 
@@ -201,6 +201,7 @@ def test_hc_module_matches_golden_and_function():
       rngs=nnx.Rngs(0),
       norm=None,
       tanh=case != "dynamic_notanh",
+      readout="sum",  # lucidrains' reduce sums the streams.
     )
     for k, step in enumerate(net.steps):
       p = lambda n, k=k: jnp.asarray(data[f"hc/{case}/p{k}/{n}"])  # noqa
@@ -277,33 +278,59 @@ def test_scaled_and_gated_modules():
   for name in ("skipinit", "rezero"):
     net = nn_res.make_residual(name, blocks, num_features=d, rngs=nnx.Rngs(0))
     helpers.assert_close(net(x), x, atol=0)
-  shared = nn_res.make_residual(
-    "rezero",
-    blocks,
-    num_features=d,
-    rngs=nnx.Rngs(0),
-    shared=True,
-    sublayers_per_layer=2,
-  )
-  assert shared.steps[0] is shared.steps[1]
-  assert shared.steps[1] is not shared.steps[2]
-  assert len(jax.tree.leaves(nnx.state(shared, nnx.Param))) == 2 + 1
+    assert all(step.norm is None for step in net.steps)
   ls = nn_res.make_residual(
     "layerscale", blocks, num_features=d, rngs=nnx.Rngs(0)
   )
   assert ls.steps[0].gate[...].shape == (d,)
-  np.testing.assert_allclose(ls.steps[0].gate[...], 1e-5)
+  np.testing.assert_allclose(ls.steps[0].gate[...], 0.1)  # CaiT, depth 2.
 
 
-def test_lns_uses_layer_index_per_transformer_layer():
-  net = nn_res.make_residual(
-    "lns",
-    transformer(3, 8),
-    num_features=8,
-    rngs=nnx.Rngs(0),
-    sublayers_per_layer=2,
+def test_rezero_shares_one_gate_per_layer_as_the_official_code():
+  # majumderb/rezero RZTXEncoderLayer: one `resweight` multiplies both the
+  # attention and the feed-forward branch of a layer.
+  d = 8
+  x = jax.random.normal(jax.random.key(0), (3, d))
+  fs = [
+    Linear(jax.random.normal(jax.random.key(k), (d, d)) / d) for k in range(4)
+  ]
+  net = nn_res.make_residual("rezero", fs, num_features=d, rngs=nnx.Rngs(0))
+  assert net.steps[0] is net.steps[1] and net.steps[2] is net.steps[3]
+  assert net.steps[1] is not net.steps[2]
+  assert len(jax.tree.leaves(nnx.state(net, nnx.Param))) == 4 + 2
+  net.steps[0].gate[...] = jnp.array([0.5])
+  net.steps[2].gate[...] = jnp.array([-0.25])
+  want = x
+  for f, a in zip(fs, (0.5, 0.5, -0.25, -0.25)):
+    want = want + a * f(want)
+  helpers.assert_close(net(x), want, atol=1e-6)
+  # SkipInit keeps one gate per residual branch (official skipinit_gain).
+  skip = nn_res.make_residual("skipinit", fs, num_features=d, rngs=nnx.Rngs(0))
+  assert len({id(step) for step in skip.steps}) == 4
+  per_branch = nn_res.make_residual(
+    "rezero", fs, num_features=d, rngs=nnx.Rngs(0), shared=False
   )
+  assert len({id(step) for step in per_branch.steps}) == 4
+
+
+def test_lns_scales_per_layer_by_default():
+  # Curse of Depth official code: both norms of layer l scale by 1/sqrt(l).
+  d = 8
+  fs = [
+    Linear(jax.random.normal(jax.random.key(k), (d, d)) / d) for k in range(6)
+  ]
+  net = nn_res.make_residual("lns", fs, num_features=d, rngs=nnx.Rngs(0))
   assert [s.layer_index for s in net.steps] == [0, 0, 1, 1, 2, 2]
+  x = jax.random.normal(jax.random.key(9), (3, d))
+  want = x
+  for k, f in enumerate(fs):
+    normed = want / jnp.sqrt(jnp.mean(want**2, -1, keepdims=True) + 1e-6)
+    want = want + f(normed / math.sqrt(k // 2 + 1))
+  helpers.assert_close(net(x), want, atol=1e-5)
+  resnet = nn_res.make_residual(
+    "lns", fs, num_features=d, rngs=nnx.Rngs(0), sublayers_per_layer=1
+  )
+  assert [s.layer_index for s in resnet.steps] == list(range(6))
 
 
 # ---------------------------------------------------------------------------
@@ -401,32 +428,279 @@ def test_block_attnres_limits():
 
 
 # ---------------------------------------------------------------------------
-# Numerics of every scheme.
+# Registry: specs, defaults, names.
 
 
-@pytest.mark.parametrize("name", sorted(nn_res.RESIDUALS))
+def test_registry_holds_specs_and_the_literal_lists_every_name():
+  assert typing.get_args(nn_res.ResidualName) == NAMES
+  assert all(
+    isinstance(spec, registry.ResidualSpec)
+    for spec in nn_res.RESIDUALS.values()
+  )
+  with pytest.raises(TypeError):
+    nn_res.RESIDUALS["x"] = nn_res.RESIDUALS["prenorm"]
+  # The papers' SkipInit and ReZero branches have no norm.
+  assert {n for n, s in nn_res.RESIDUALS.items() if not s.uses_norm} == {
+    "skipinit",
+    "rezero",
+  }
+  assert nn_res.SCAN_RESIDUALS == tuple(n for n in NAMES if "attnres" not in n)
+
+
+def test_spec_defaults():
+  spec = nn_res.RESIDUALS
+  assert spec["lns"].defaults(48, 2) == {"sublayers_per_layer": 2}
+  assert spec["rezero"].defaults(48, 2) == {
+    "sublayers_per_layer": 2,
+    "shared": True,
+  }
+  assert spec["skipinit"].defaults(48, 2) == {}
+  for name in STREAMS:
+    assert spec[name].defaults(8, 2) == {"num_streams": 4, "readout": "mean"}
+  blocks = spec["block_attnres"].defaults
+  assert [blocks(n, 2)["num_blocks"] for n in (48, 12, 14, 4)] == [8, 6, 7, 4]
+  init = [
+    spec["layerscale"].defaults(2 * L, 2)["init_value"] for L in (12, 24, 36)
+  ]
+  assert init == [0.1, 1e-5, 1e-6]  # CaiT's rule by depth.
+  assert spec["hc"].decay == {"static_alpha": False}
+  assert spec["mhc"].decay == {"b_res": False}
+
+
+def test_make_residual_applies_spec_defaults_under_user_kwargs():
+  blocks = transformer(1, 8)
+  net = nn_res.make_residual("hc", blocks, num_features=8, rngs=nnx.Rngs(0))
+  assert (net.readout, net.num_streams) == ("mean", 4)
+  net = nn_res.make_residual(
+    "hc", blocks, num_features=8, rngs=nnx.Rngs(0), readout="sum"
+  )
+  assert net.readout == "sum"
+  net = nn_res.make_residual(
+    "block_attnres", transformer(3, 8), num_features=8, rngs=nnx.Rngs(0)
+  )
+  assert net.block_size == 1  # 6 sublayers: 6 blocks (8 does not divide).
+  with pytest.raises(
+    ValueError, match="shared applies to skipinit, rezero only, got 'prenorm'"
+  ):
+    nn_res.make_residual(
+      "prenorm", blocks, num_features=8, rngs=nnx.Rngs(0), shared=True
+    )
+  with pytest.raises(
+    ValueError, match="sublayers_per_layer must be a positive"
+  ):
+    nn_res.make_residual(
+      "lns", blocks, num_features=8, rngs=nnx.Rngs(0), sublayers_per_layer=0
+    )
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_every_module_draws_one_key_whatever_the_norm(name):
+  # Norms draw 0 (seednorm), 1 (rmsnorm) or 2 (layernorm) keys themselves;
+  # inside a residual module they draw from a key derived from the
+  # module's one key, so later modules initialize the same.
+  variants = [{"norm": n} for n in ("rmsnorm", "layernorm", "seednorm")]
+  if name in ("mhc", "ohc", "ihc"):
+    variants.append({"phi_init_std": 0.1})
+  counts, nexts = set(), set()
+  for kwargs in variants:
+    rngs = nnx.Rngs(0)
+    net = nn_res.make_residual(
+      name, [jnp.tanh] * 4, num_features=8, rngs=rngs, **kwargs
+    )
+    modules = len({id(s) for s in net.steps}) if hasattr(net, "steps") else 1
+    counts.add((int(rngs.params.count[...]), modules))
+    nexts.add(int(jax.random.key_data(rngs.params())[-1]))
+  assert len(nexts) == 1 and len(counts) == 1
+  ((drawn, modules),) = counts
+  assert drawn == modules
+
+
+# ---------------------------------------------------------------------------
+# Degenerate inputs and wrong ranks, walking the registry.
+
+
+@functools.cache
+def _small_net(name):
+  """A one-layer (attention + MLP) stack per scheme, built once."""
+  return _net(name, 1, 16)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_degenerate_rows_stay_finite_with_gradients(name):
+  # bf16 rows: unit Gaussian, all zero, and scaled to 1e4.
+  x = jax.random.normal(jax.random.key(0), (3, 4, 16))
+  x = x.at[1].set(0.0).at[2].multiply(1e4).astype(jnp.bfloat16)
+  net = _small_net(name)
+  graphdef, params = nnx.split(net)
+
+  def loss(params, x):
+    y = nnx.merge(graphdef, params)(x)
+    return jnp.mean(jnp.tanh(y.astype(jnp.float32))), y
+
+  (value, y), grads = jax.value_and_grad(loss, argnums=(0, 1), has_aux=True)(
+    params, x
+  )
+  assert y.dtype == jnp.bfloat16 and y.shape == x.shape
+  assert helpers.all_finite((value, y, grads)), name
+  assert any(float(jnp.max(jnp.abs(g))) > 0 for g in jax.tree.leaves(grads))
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_wrong_rank_or_width_raises_named_errors(name):
+  net = _small_net(name)
+  who = type(net).__name__
+  with pytest.raises(
+    ValueError, match=rf"^{who}: x must have rank >= 1, got x.ndim=0"
+  ):
+    net(jnp.float32(1.0))
+  with pytest.raises(
+    ValueError, match=rf"^{who}: x must have num_features=16 features"
+  ):
+    net(jnp.zeros((2, 3, 8)))
+  if name in nn_res.SCAN_RESIDUALS:
+    step = net.steps[0]
+    rank = 2 if name in STREAMS else 1
+    with pytest.raises(
+      ValueError,
+      match=rf"^{type(step).__name__}: (x|h) must have rank >= {rank}",
+    ):
+      step(jnp.zeros((16,) * (rank - 1)), jnp.tanh)
+
+
+# ---------------------------------------------------------------------------
+# nnx.tabulate.
+
+
+@pytest.mark.parametrize("name", ["prenorm", "hc", "attnres"])
+def test_tabulate_renders_every_stack(name):
+  # Each step receives its sublayer; flax's tabulate cannot render a
+  # Module argument, so the stacks hand over a named wrapper.
+  rngs = nnx.Rngs(0)
+  blocks = [nnx.Linear(8, 8, rngs=rngs), nnx.Linear(8, 8, rngs=rngs)]
+  net = nn_res.make_residual(name, blocks, num_features=8, rngs=rngs)
+  table = nnx.tabulate(net, jnp.ones((2, 8)), console_kwargs={"width": 200})
+  assert "blocks/1" in table and "Total Parameters" in table
+  if name != "attnres":
+    assert re.search(r"steps/0\s.*\n.*\n?.*- Linear", table)
+
+
+def test_tabulate_renders_the_fused_stack():
+  rngs = nnx.Rngs(0)
+  blocks = [nnx.Linear(8, 8, rngs=rngs), nnx.Linear(8, 8, rngs=rngs)]
+  net = nn_res.make_residual(
+    "prenorm", blocks, num_features=8, rngs=rngs, fused_implementation="xla"
+  )
+  assert "blocks/1" in nnx.tabulate(net, jnp.ones((2, 8)))
+
+
+# ---------------------------------------------------------------------------
+# nnx.scan over layers.
+
+SCAN_FAST = ("lns", "rezero", "scaled", "hc", "mhc")
+NUM_LAYERS, WIDTH = 2, 8
+
+
+class _Layer(nnx.Module):
+  """A user's layer: attention, MLP and the residual step by name."""
+
+  def __init__(self, name, index, rngs):
+    self.attn = CausalAttention(WIDTH, rngs=rngs)
+    self.mlp = MLP(WIDTH, rngs=rngs)
+    self.res = nn_res.make_residual_step(
+      name,
+      WIDTH,
+      layer_index=index,
+      num_layers=NUM_LAYERS,
+      rngs=rngs,
+      **_kwargs(name),
+    )
+
+
+def _scanned_layers(name):
+  @nnx.split_rngs(splits=NUM_LAYERS)
+  @nnx.vmap(in_axes=(0, 0))
+  def create(index, rngs):
+    return _Layer(name, index, rngs)
+
+  return create(jnp.arange(NUM_LAYERS), nnx.Rngs(0))
+
+
+@nnx.jit
+def _scan_forward(layers, x):
+  @nnx.scan(in_axes=(nnx.Carry, 0), out_axes=nnx.Carry)
+  def body(carry, layer):
+    return layer.res(carry, [layer.attn, layer.mlp])
+
+  return layers.res.output(body(layers.res.embed(x), layers))
+
+
+def _unstack(layers):
+  graphdef, state = nnx.split(layers)
+  return [
+    nnx.merge(graphdef, jax.tree.map(lambda a, i=i: a[i], state))
+    for i in range(NUM_LAYERS)
+  ]
+
+
 @pytest.mark.parametrize(
-  "dtype", [pytest.param(jnp.float32, marks=pytest.mark.slow), jnp.bfloat16]
+  "name",
+  [
+    n if n in SCAN_FAST else pytest.param(n, marks=pytest.mark.slow)
+    for n in nn_res.SCAN_RESIDUALS
+  ],
 )
-def test_short_stack_finite_and_keeps_dtype(name, dtype):
-  d = 16
-  x = jax.random.normal(jax.random.key(0), (2, 4, d)).astype(dtype)
-  (loss, y), grads = _loss_and_grads(_net(name, 2, d), x)
-  assert y.dtype == dtype and y.shape == x.shape
-  assert helpers.all_finite((loss, y, grads))
-  leaves = jax.tree.leaves(grads[0])
-  assert any(float(jnp.max(jnp.abs(g))) > 0 for g in leaves)
+def test_scan_over_layers_equals_unrolled_stack(name):
+  layers = _scanned_layers(name)
+  x = jax.random.normal(jax.random.key(1), (2, 5, WIDTH))
+  per_layer = _unstack(layers)
+  blocks = [f for layer in per_layer for f in (layer.attn, layer.mlp)]
+  net = nn_res.make_residual(
+    name, blocks, num_features=WIDTH, rngs=nnx.Rngs(5), **_kwargs(name)
+  )
+  # At init: the index-dependent parts (LNS factor, HC's read stream) agree.
+  helpers.assert_close(_scan_forward(layers, x), net(x), atol=1e-5)
+  # With perturbed residual parameters copied step by step.
+  res_params = nnx.state(layers.res, nnx.Param)
+  noise = jax.tree.map(
+    lambda p: p + 0.1 * jax.random.normal(jax.random.key(2), p.shape),
+    res_params,
+  )
+  nnx.update(layers.res, noise)
+  for i, layer in enumerate(_unstack(layers)):
+    for j, step in enumerate(layer.res.steps):
+      nnx.update(net.steps[2 * i + j], nnx.state(step, nnx.Param))
+  helpers.assert_close(_scan_forward(layers, x), net(x), atol=1e-5)
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("name", sorted(nn_res.RESIDUALS))
-@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
-def test_24_layer_stack_finite(name, dtype):
-  d = 32
-  x = jax.random.normal(jax.random.key(0), (2, 8, d)).astype(dtype)
-  (loss, y), grads = _loss_and_grads(_net(name, 24, d), x)
-  assert y.dtype == dtype
-  assert helpers.all_finite((loss, y, grads))
+def test_make_residual_step_errors_and_carry():
+  with pytest.raises(
+    ValueError,
+    match=r"make_residual_step: residual scheme 'attnres' has no fixed-size "
+    r"scan carry; valid names are prenorm, ",
+  ):
+    nn_res.make_residual_step(
+      "attnres", 8, layer_index=0, num_layers=2, rngs=nnx.Rngs(0)
+    )
+  with pytest.raises(ValueError, match="num_layers must be a positive"):
+    nn_res.make_residual_step(
+      "prenorm", 8, layer_index=0, num_layers=0, rngs=nnx.Rngs(0)
+    )
+  with pytest.raises(ValueError, match="layer_index must be a non-negative"):
+    nn_res.make_residual_step(
+      "lns", 8, layer_index=-1, num_layers=2, rngs=nnx.Rngs(0)
+    )
+  layer = nn_res.make_residual_step(
+    "mhc", 8, layer_index=1, num_layers=2, rngs=nnx.Rngs(0)
+  )
+  x = jnp.ones((3, 8))
+  assert layer.embed(x).shape == (3, 4, 8)
+  helpers.assert_close(layer.output(layer.embed(x)), x, atol=0)
+  with pytest.raises(ValueError, match="need one sublayer per step, got 1"):
+    layer(layer.embed(x), [jnp.tanh])
+
+
+# ---------------------------------------------------------------------------
+# 24-layer stacks: depth growth and finiteness, one evaluation per scheme.
 
 
 def _table():
@@ -443,23 +717,38 @@ def test_depth_table_lists_every_scheme():
   assert set(_table()) == set(nn_res.RESIDUALS)
 
 
-def depth_growth(name):
+def _deep_evaluation(name, dtype):
+  """Loss, hidden states and gradients of the 24-layer table stack.
+
+  Eager (op by op): the 48 sublayers repeat a few shapes, so each
+  primitive compiles once for all schemes instead of one 48-sublayer
+  program per scheme.
+  """
   d = 32
-  x = jax.random.normal(jax.random.key(0), (2, 8, d))
-  net = _net(
-    name, 24, d, **({"num_blocks": 8} if name == "block_attnres" else {})
-  )
-  graphdef, params = nnx.split(net)
-  fn = jax.jit(lambda p, x: nnx.merge(graphdef, p)(x, return_hidden=True))
-  _, hidden = fn(params, x)
-  rms = jnp.sqrt(jnp.mean(hidden**2, axis=(1, 2, 3)))
-  return float(rms[-1] / rms[1])
+  x = jax.random.normal(jax.random.key(0), (2, 8, d)).astype(dtype)
+  graphdef, params = nnx.split(_net(name, 24, d))
+
+  def loss(params, x):
+    y, hidden = nnx.merge(graphdef, params)(x, return_hidden=True)
+    return jnp.mean(y.astype(jnp.float32) ** 2), (y, hidden)
+
+  fn = jax.value_and_grad(loss, argnums=(0, 1), has_aux=True)
+  return fn(params, x)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", sorted(nn_res.RESIDUALS))
-def test_depth_growth_table(name):
-  np.testing.assert_allclose(depth_growth(name), _table()[name], rtol=0.1)
+@pytest.mark.parametrize("name", NAMES)
+def test_24_layer_stack_depth_growth_and_finite(name):
+  # float32: the table's growth (hidden RMS after the last layer over its
+  # RMS after the first), and finite values and gradients.
+  (loss, (y, hidden)), grads = _deep_evaluation(name, jnp.float32)
+  assert helpers.all_finite((loss, y, grads))
+  rms = jnp.sqrt(jnp.mean(hidden**2, axis=(1, 2, 3)))
+  np.testing.assert_allclose(rms[-1] / rms[1], _table()[name], rtol=0.1)
+  # bfloat16: finite values and gradients, dtype kept.
+  (loss, (y, _)), grads = _deep_evaluation(name, jnp.bfloat16)
+  assert y.dtype == jnp.bfloat16
+  assert helpers.all_finite((loss, y, grads))
 
 
 # ---------------------------------------------------------------------------

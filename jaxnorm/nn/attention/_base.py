@@ -1,0 +1,134 @@
+"""What every attention core shares: head sizes, projections, option checks.
+
+A core is the part of multi-head attention between the projections and the
+output projection: it receives the (pre-normed) block input ``x (B, T, D)``
+and the projected, QK-normed, rotated ``q (B, T, N, H)``, ``k, v (B, T, K,
+H)`` and returns ``(B, T, N, H)``. It owns the parameters and state its
+paper adds (sink logits, gates, running estimates) and calls one pure
+function of `jaxnorm.attention`.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Mapping
+from typing import Any, ClassVar, NamedTuple
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from jaxnorm.nn import _param
+
+# Arguments a core fills in itself; never user options.
+_DATA_ARGS = frozenset({"query", "key", "value", "bias", "mask", "is_causal"})
+
+
+class HeadDims(NamedTuple):
+  """The sizes a core is built for.
+
+  Attributes:
+    num_features: model width ``D`` (the block input ``x``).
+    num_heads: query heads ``N``.
+    num_kv_heads: key/value heads ``K`` (``N % K == 0``).
+    head_dim: per-head width ``H``.
+  """
+
+  num_features: int
+  num_heads: int
+  num_kv_heads: int
+  head_dim: int
+
+
+def dense_param(
+  rngs: nnx.Rngs,
+  shape: tuple[int, ...],
+  in_axis: int | tuple[int, ...],
+  out_axis: int | tuple[int, ...],
+  dtype: Any,
+  names: tuple[str | None, ...],
+) -> nnx.Param:
+  """A projection kernel with LeCun-normal (truncated, fan-in) init."""
+  init = jax.nn.initializers.variance_scaling(
+    1.0, "fan_in", "truncated_normal", in_axis=in_axis, out_axis=out_axis
+  )
+  return _param.param(init(rngs.params(), shape, dtype), names)
+
+
+def check_options(
+  who: str,
+  fn: Callable[..., Any],
+  options: Mapping[str, Any],
+  owned: tuple[str, ...] = (),
+) -> tuple[tuple[str, Any], ...]:
+  """Checks that ``options`` are keyword options of the pure function ``fn``.
+
+  Args:
+    who: the core's name, for the message.
+    fn: the pure attention function the core calls.
+    options: user options forwarded to ``fn``.
+    owned: arguments of ``fn`` the core supplies itself (its parameters).
+
+  Returns:
+    ``options`` as sorted ``(name, value)`` pairs: hashable, so a module
+    holding them keeps a hashable graph definition (`nnx.jit`).
+
+  Raises:
+    ValueError: for an option ``fn`` does not take, or one the core owns;
+      the message lists the valid options.
+  """
+  params = inspect.signature(fn).parameters
+  valid = sorted(
+    n
+    for n, p in params.items()
+    if p.kind == inspect.Parameter.KEYWORD_ONLY
+    and n not in _DATA_ARGS
+    and n not in owned
+  )
+  bad = sorted(set(options) - set(valid))
+  if bad:
+    raise ValueError(
+      f"{who}: unknown option(s) {', '.join(map(repr, bad))} for "
+      f"{fn.__name__}; valid options are {', '.join(valid) or 'none'}"
+    )
+  return tuple(sorted(options.items()))
+
+
+def refuse_mask(who: str, mask: Any, bias: Any) -> None:
+  """Raises when a core without masking receives a mask or a bias."""
+  if mask is not None or bias is not None:
+    raise ValueError(
+      f"{who}: this attention takes no mask or bias; got "
+      f"mask={'set' if mask is not None else None}, "
+      f"bias={'set' if bias is not None else None}"
+    )
+
+
+def refuse_causal(who: str, is_causal: bool, alternatives: str) -> None:
+  """Raises when a core without a causal form is asked to be causal."""
+  if is_causal:
+    raise ValueError(
+      f"{who}: this attention has no causal form (its normalizer sums over "
+      f"every key, future ones included); use is_causal=False or a causal "
+      f"attention such as {alternatives}"
+    )
+
+
+class AttentionCore(nnx.Module):
+  """Base class of the cores (see the module docstring for the contract).
+
+  A subclass is built as ``Core(dims, *, is_causal, param_dtype, rngs,
+  **options)`` and called as ``core(x, q, k, v, *, mask, bias)``.
+
+  Attributes:
+    ties_keys: class-level capability: the paper has no key projection and
+      uses the queries as keys (SOFT); `MultiHeadAttention` then builds no
+      key kernel, key bias or key norm and passes ``k=None``.
+  """
+
+  ties_keys: ClassVar[bool] = False
+
+
+def cast_param(p: nnx.Variable, like: jax.Array) -> jax.Array:
+  """A parameter's value in ``like``'s dtype."""
+  return jnp.asarray(p[...]).astype(like.dtype)

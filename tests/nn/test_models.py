@@ -1,0 +1,160 @@
+"""Models read the part specs: defaults, accepted parts and refusals."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from jaxnorm.nn import attention as nn_attention
+from jaxnorm.nn import models
+from jaxnorm.nn import norms as nn_norms
+
+TINY = dict(
+  vocab_size=32, width=16, depth=1, num_heads=2, max_len=8, mlp_ratio=2
+)
+IMAGES = dict(num_classes=3, image_shape=(4, 4, 1), width=16, depth=2)
+
+
+def _lm(**kw):
+  return models.DecoderLM(models.LMConfig(**{**TINY, **kw}), rngs=nnx.Rngs(0))
+
+
+def test_registries_follow_the_specs():
+  norms, attentions = nn_norms.NORMS, nn_attention.ATTENTIONS
+  lm = models.registries("lm")
+  opt_in = models.registries("lm", allow_batch_stats=True)
+  vit, cnn = models.registries("vit"), models.registries("cnn")
+  for name, spec in norms.items():
+    tokens = "tokens" in spec.layouts
+    assert (name in lm["norm"]) == (
+      tokens and spec.causal and not spec.batch_stats
+    ), name
+    assert (name in opt_in["norm"]) == (tokens and spec.causal), name
+    assert (name in vit["norm"]) == tokens, name
+    assert (name in cnn["norm"]) == ("images" in spec.layouts), name
+  for name, spec in attentions.items():
+    assert (name in lm["attention"]) == spec.causal, name
+    assert name in vit["attention"]
+  # Known capabilities, as a check on the specs themselves.
+  assert {"rmsnorm", "layernorm"} <= set(lm["norm"])
+  assert "batchnorm" not in lm["norm"] and "batchnorm" in opt_in["norm"]
+  assert {"soft", "nala", "lina"}.isdisjoint(lm["attention"])
+  assert {"softmax", "causal_linear"} <= set(lm["attention"])
+  assert "regionnorml" in cnn["norm"] and "regionnorml" not in vit["norm"]
+  assert "timestepdecaynorm" in lm["norm"]
+  assert "timestepdecaynorm" not in cnn["norm"]
+  mlp = models.registries("mlp")
+  assert mlp["norm"] == tuple(sorted(norms))
+  assert cnn["attention"] == tuple(sorted(attentions))  # CNN: unused.
+  for parts in (lm, vit, cnn, mlp):
+    assert all(parts[k] == tuple(sorted(parts[k])) for k in parts)
+
+
+def test_lm_refusals_name_reason_and_alternatives():
+  valid_norms = ", ".join(models.registries("lm")["norm"])
+  with pytest.raises(
+    ValueError,
+    match=r"DecoderLM: norm 'batchnorm' takes batch statistics in training "
+    r"mode .*set allow_batch_stats=True in the config to accept this; "
+    rf"choose one of {valid_norms}",
+  ):
+    _lm(norm="batchnorm")
+  with pytest.raises(
+    ValueError, match=r"DecoderLM: unknown norm 'nonorm'; valid names are"
+  ):
+    _lm(norm="nonorm")
+  with pytest.raises(
+    ValueError, match=r"DecoderLM: unknown attention 'flash'; valid names"
+  ):
+    _lm(attention="flash")
+  with pytest.raises(
+    ValueError, match=r"norm='none' is the norm-free pre-norm stack"
+  ):
+    _lm(norm="none", residual="postnorm")
+  lm = _lm(norm="batchnorm", allow_batch_stats=True)
+  assert isinstance(lm.final_norm, nn_norms.BatchNorm)
+
+
+def test_vit_and_cnn_refuse_layouts():
+  with pytest.raises(
+    ValueError,
+    match=r"ViT: norm 'regionnorml' does not normalize the tokens layout "
+    r"\(it supports images\); choose one of",
+  ):
+    models.ViT(models.ViTConfig(norm="regionnorml"), rngs=nnx.Rngs(0))
+  with pytest.raises(
+    ValueError,
+    match=r"CNN: norm 'timestepdecaynorm' does not normalize the images",
+  ):
+    models.CNN(models.CNNConfig(norm="timestepdecaynorm"), rngs=nnx.Rngs(0))
+
+
+def test_norm_free_lm_is_x_plus_f_x():
+  lm = _lm(norm="none")
+  assert lm.final_norm is None
+  params = nnx.state(lm, nnx.Param)
+  names = {".".join(map(str, p)) for p, _ in nnx.to_flat_state(params)}
+  assert not any("norm" in n for n in names)
+  tokens = jnp.arange(8)[None] % TINY["vocab_size"]
+  x = jnp.take(lm.embed[...], tokens, axis=0) + lm.pos[...][None, :8]
+  attn, mlp = lm.net.blocks[0], lm.net.blocks[1]
+  h = x + attn(x)
+  h = h + mlp(h)
+  want = h @ lm.embed[...].T
+  np.testing.assert_allclose(lm(tokens), want, atol=1e-5)
+
+
+def test_config_kwargs_reach_the_parts():
+  lm = _lm(
+    attention="gated",
+    attention_kwargs=(("headwise", True),),
+    norm="layernorm",
+    norm_kwargs=(("use_bias", False),),
+  )
+  attn = lm.net.blocks[0]
+  assert attn.core.gate_kernel.shape == (16, 2, 1)
+  assert lm.final_norm.bias is None
+  vit = models.ViT(
+    models.ViTConfig(
+      **IMAGES, patch_size=2, num_heads=2, norm="rmsnorm", attention="lina"
+    ),
+    rngs=nnx.Rngs(0),
+  )
+  # The spec's default: static gates over CLS + 4 patches.
+  assert vit.net.blocks[0].core.key_gate.shape == (5, 2)
+  soft = models.ViT(
+    models.ViTConfig(**IMAGES, patch_size=2, num_heads=2, attention="soft"),
+    rngs=nnx.Rngs(0),
+  )
+  assert soft.net.blocks[0].core.ratio == 1  # 5 tokens: windows of 1.
+  images = jax.random.uniform(jax.random.key(0), (2, 4, 4, 1))
+  assert soft(images).shape == (2, 3)
+  cnn = models.CNN(
+    models.CNNConfig(
+      **IMAGES, norm="groupnorm", norm_kwargs=(("num_groups", 4),)
+    ),
+    rngs=nnx.Rngs(0),
+  )
+  assert cnn.final_norm.num_groups == 4
+  # The norm spec's width default: 32 groups -> gcd(16, 32) = 16.
+  default = models.CNN(
+    models.CNNConfig(**IMAGES, norm="groupnorm"), rngs=nnx.Rngs(0)
+  )
+  assert default.final_norm.num_groups == 16
+
+
+@pytest.mark.parametrize("residual", ["lns", "rezero", "mhc"])
+def test_residual_defaults_from_the_scheme(residual):
+  lm = _lm(residual=residual, depth=2)
+  tokens = jnp.arange(8)[None] % TINY["vocab_size"]
+  assert np.all(np.isfinite(np.asarray(lm(tokens))))
+  params = {
+    ".".join(map(str, p))
+    for p, _ in nnx.to_flat_state(nnx.state(lm.net, nnx.Param))
+  }
+  has_norm = any("norm" in p for p in params)
+  assert has_norm == (residual != "rezero")  # ReZero's branch has no norm.
+  if residual == "lns":  # 1/sqrt(l) per layer: two sublayers per layer.
+    steps = lm.net.steps
+    assert [s.layer_index for s in steps] == [0, 0, 1, 1]
