@@ -20,9 +20,9 @@ shared by all of them (helpers in `jaxnorm._numerics`):
 
 The public path of every name is ``jaxnorm.norms.<name>``; the modules are
 `layer` (LayerNorm, RMSNorm, CRMSNorm), `batch` (BatchNorm, GroupNorm,
-InstanceNorm), `dyt`, `seednorm`, `scaling` (LayerNorm Scaling), `evonorm`,
-`powernorm`, `unified`, `region`, `unmix_tns`, `l1`, `scale_vectors`, `cls`
-and `timestep_decay`.
+InstanceNorm), `dyt`, `seednorm`, `scalenorm` (ScaleNorm), `scaling`
+(LayerNorm Scaling), `evonorm`, `powernorm`, `unified`, `region`, `unmix_tns`,
+`l1`, `scale_vectors`, `cls` and `timestep_decay`.
 """
 
 from jaxnorm import _numerics
@@ -79,6 +79,7 @@ from jaxnorm.norms.scale_vectors import (
   dual_scaled_linear,
   magnitude_direction_scale,
 )
+from jaxnorm.norms.scalenorm import scale_norm
 from jaxnorm.norms.scaling import layer_norm_scaling
 from jaxnorm.norms.seednorm import seed_norm
 from jaxnorm.norms.timestep_decay import (
@@ -147,6 +148,7 @@ __all__ = [
   "region_norm_l",
   "resize_mask_nearest",
   "rms_norm",
+  "scale_norm",
   "seed_norm",
   "specialized_layer_norm",
   "specialized_linear",

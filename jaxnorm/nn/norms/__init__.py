@@ -64,6 +64,7 @@ from jaxnorm.nn.norms.scale_vectors import (
   NormRole,
   ScaleVectorNorm,
 )
+from jaxnorm.nn.norms.scalenorm import ScaleNorm
 from jaxnorm.nn.norms.timestep import TimestepDecayNorm
 
 __all__ = [
@@ -89,6 +90,7 @@ __all__ = [
   "NormRole",
   "PowerNorm",
   "RMSNorm",
+  "ScaleNorm",
   "RegionNormB",
   "RegionNormL",
   "ScaleVectorNorm",

@@ -30,6 +30,7 @@ from jaxnorm.nn.norms.layer import (
 )
 from jaxnorm.nn.norms.region import RegionNormB, RegionNormL, UnMixTNS
 from jaxnorm.nn.norms.scale_vectors import CLSNorm, ScaleVectorNorm
+from jaxnorm.nn.norms.scalenorm import ScaleNorm
 from jaxnorm.nn.norms.timestep import TimestepDecayNorm
 
 NormName = Literal[
@@ -53,6 +54,7 @@ NormName = Literal[
   "scalevectornorm",
   "clsnorm",
   "timestepdecaynorm",
+  "scalenorm",
 ]
 
 
@@ -135,6 +137,9 @@ NORMS: Mapping[str, registry.NormSpec] = types.MappingProxyType(
       "Ulyanov, Vedaldi & Lempitsky, arXiv:1607.08022",
       layouts=_IMAGES,
       causal=False,
+    ),
+    "scalenorm": registry.NormSpec(
+      ScaleNorm, "Nguyen & Salazar, arXiv:1910.05895", layouts=_PER_TOKEN
     ),
     "dyt": registry.NormSpec(
       DyT, "Zhu et al., arXiv:2503.10622", layouts=_PER_TOKEN, kernel=True

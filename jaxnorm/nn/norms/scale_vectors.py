@@ -252,6 +252,7 @@ class CLSNorm(nnx.Module):
     self, x: jax.Array, token_type: jax.Array | None = None
   ) -> jax.Array:
     """Normalizes ``(..., seq, d)`` tokens with per-type affines."""
+    _checks.check_ndim("CLSNorm", "x", x, minimum=2)
     x = promote(x, self)
     if token_type is None:
       token_type = norms.cls_token_type(
