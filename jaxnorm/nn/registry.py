@@ -78,13 +78,21 @@ class AttentionSpec:
     core: the nnx core module class.
     paper: short reference (authors, arXiv id).
     defaults: default core kwargs as a function of ``(num_heads, head_dim,
-      num_tokens)``; ``num_tokens`` is ``None`` when the length varies.
+      num_tokens)``; ``num_tokens`` is ``None`` when the length varies (a
+      model with a token map counts its prefix tokens too).
     causal: has a causal form (output at ``t`` uses keys ``<= t`` only).
     takes_mask: accepts boolean masks and additive biases.
     layouts: ``tokens`` for sequence models; ``images`` for the channel /
       spatial attentions that act on NHWC maps.
     decay: parameter attribute name -> decayed (see `decays`).
     kernel: a Pallas kernel exists (``implementation=``).
+    needs_grid: the paper's layer acts on a 2-D token map (SOFT's conv
+      landmarks, NaLaFormer's LePE conv and 2-D RoPE). A model whose tokens
+      form a map (the ViT) then builds the core with ``grid_shape=(h, w)``
+      (the map, row-major) and ``num_prefix`` (tokens before it, e.g. the
+      [CLS]); without them the core runs its token form for 1-D sequences.
+      None (the default) takes the core class's ``needs_grid`` attribute
+      (False if it has none), so the spec and the core cannot disagree.
   """
 
   core: type
@@ -95,6 +103,13 @@ class AttentionSpec:
   layouts: frozenset[str] = frozenset({"tokens"})
   decay: Mapping[str, bool] = dataclasses.field(default_factory=_no_decay)
   kernel: bool = False
+  needs_grid: bool | None = None
+
+  def __post_init__(self) -> None:
+    """Resolves ``needs_grid=None`` from the core class."""
+    if self.needs_grid is None:
+      grid = bool(getattr(self.core, "needs_grid", False))
+      object.__setattr__(self, "needs_grid", grid)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,7 +122,12 @@ class ResidualSpec:
     defaults: default kwargs as a function of ``(num_sublayers,
       sublayers_per_layer)``.
     uses_norm: the scheme places norms (takes ``norm=``/``norm_kwargs=``).
-    decay: parameter attribute name -> decayed (see `decays`).
+    decay: parameter attribute name -> decayed (see `decays`), for the
+      parameters of the classes in ``modules``.
+    modules: the nnx module classes the scheme builds that own the
+      parameters named in ``decay`` (``build`` is a function, so the weight
+      decay policy finds the owners here; e.g. `HyperConnection` for
+      ``static_alpha``).
   """
 
   build: Callable[..., Any]
@@ -115,6 +135,7 @@ class ResidualSpec:
   defaults: Callable[..., Mapping[str, Any]] = no_defaults
   uses_norm: bool = True
   decay: Mapping[str, bool] = dataclasses.field(default_factory=_no_decay)
+  modules: tuple[type, ...] = ()
 
 
 def decays(

@@ -185,8 +185,9 @@ class NaLaAttention(_base.AttentionCore):
   Parameters: the gate projection ``gate_kernel (D, N, H)`` (LeCun normal,
   as the other projections of `MultiHeadAttention`) and ``gate_bias (N *
   H,)`` (0; the official ``qkvg`` has a bias); the LePE conv
-  ``lepe_kernel (k, k, N * H)`` (``lepe_size`` k, official 5; truncated
-  normal std 0.02 as the official init) and ``lepe_bias`` (0); the LayerNorm
+  ``lepe_kernel (k, k, N * H)`` (``lepe_size`` k, official 5; normal
+  with std 0.02, as the official timm ``trunc_normal_(std=.02)`` whose
+  bounds +-2 lie 100 std out) and ``lepe_bias`` (0); the LayerNorm
   ``norm_scale`` (1) and ``norm_bias`` (0). Needs ``num_kv_heads ==
   num_heads`` and ``head_dim % 4 == 0``; `MultiHeadAttention`'s own RoPE
   (``use_rope``) would rotate q and k *before* the feature maps, so leave it
@@ -239,8 +240,8 @@ class NaLaAttention(_base.AttentionCore):
       pd,
       ("embed", "heads", "head_dim"),
     )
-    lepe = 0.02 * jax.random.truncated_normal(
-      rngs.params(), -2.0, 2.0, (lepe_size, lepe_size, c), pd
+    lepe = 0.02 * jax.random.normal(
+      rngs.params(), (lepe_size, lepe_size, c), pd
     )
     self.lepe_kernel = _param.param(lepe, (None, None, "heads"))
     self.gate_bias = _param.param(jnp.zeros((c,), pd), ("heads",))
