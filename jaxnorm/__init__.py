@@ -2,7 +2,9 @@
 
 Layers: pure functions (`jaxnorm.norms`, `jaxnorm.fused_norms`,
 `jaxnorm.activations`, `jaxnorm.attention`, `jaxnorm.vision`,
-`jaxnorm.residual`), optax optimizers
+`jaxnorm.residual`; beyond layers: `jaxnorm.rl` advantage
+normalization, `jaxnorm.quant` LLM.int8, `jaxnorm.looped`, `jaxnorm.analysis`),
+optax optimizers
 (`jaxnorm.optim`), nnx modules and
 model conversions (`jaxnorm.nn`, `jaxnorm.nn.convert`), sharding helpers
 (`jaxnorm.sharding`) and the experiment engine (`jaxnorm.training`, imported
@@ -11,11 +13,15 @@ on demand).
 
 from jaxnorm import (
   activations,
+  analysis,
   attention,
   fused_norms,
+  looped,
   norms,
   optim,
+  quant,
   residual,
+  rl,
   sharding,
   vision,
 )
@@ -24,11 +30,15 @@ __version__ = "0.1.0"
 
 __all__ = [
   "activations",
+  "analysis",
   "attention",
   "fused_norms",
+  "looped",
   "norms",
   "optim",
+  "quant",
   "residual",
+  "rl",
   "sharding",
   "vision",
 ]

@@ -366,6 +366,9 @@ class LMConfig:
       over the batch and sequence (its spec's ``batch_stats``): in training
       mode position ``t`` then sees later tokens through the statistics.
       Refused unless set; a run that sets it should record it.
+    quant: ``"none"``, or the int8 path of every MLP and untied-head
+      projection (`jaxnorm.nn.quant.QUANT_MODES`: ``"mixed"`` LLM.int8(),
+      ``"vector"``, ``"tensor"``); parameters are unchanged.
   """
 
   vocab_size: int = 256
@@ -387,6 +390,7 @@ class LMConfig:
   zero_mean_writers: bool = False
   attention_kwargs: tuple[tuple[str, Any], ...] = ()
   allow_batch_stats: bool = False
+  quant: str = "none"
 
 
 def _center(x: jax.Array) -> jax.Array:
@@ -521,6 +525,11 @@ class DecoderLM(nnx.Module):
         rngs=rngs,
       )
     )
+    if c.quant != "none":
+      # Lazy: jaxnorm.nn.quant builds on this module's Dense.
+      from jaxnorm.nn import quant as nn_quant
+
+      nn_quant.swap_dense(self, quant_mode=c.quant)
 
   def __call__(
     self, tokens: jax.Array, *, rngs: jax.Array | None = None

@@ -24,6 +24,13 @@ from jaxnorm.optim.conda import (
   scale_by_conda,
 )
 from jaxnorm.optim.nap import NapProjectState, nap_project
+from jaxnorm.optim.nap_recipe import (
+  NapProjectJointState,
+  effective_learning_rate,
+  nap_project_joint,
+  nap_rewarm_schedule,
+  task_reset_schedule,
+)
 from jaxnorm.optim.rmnp import (
   RmnpState,
   ScaleByRmnpState,
@@ -36,7 +43,12 @@ __all__ = [
   "RmnpState",
   "axes_from_names",
   "logical_axes",
+  "NapProjectJointState",
   "NapProjectState",
+  "effective_learning_rate",
+  "nap_project_joint",
+  "nap_rewarm_schedule",
+  "task_reset_schedule",
   "PostStepDecayState",
   "ScaleByCondaState",
   "ScaleByRmnpState",

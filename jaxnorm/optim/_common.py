@@ -8,15 +8,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-
-def compute_dtype(x: Any) -> jnp.dtype:
-  """``promote_types(x.dtype, float32)``: half -> f32, f64 stays f64."""
-  return jnp.promote_types(jnp.result_type(x), jnp.float32)
+from jaxnorm import _numerics
 
 
 def f32(x: jax.Array) -> jax.Array:
-  """``x`` in its compute dtype (see `compute_dtype`)."""
-  return x.astype(compute_dtype(x))
+  """``x`` in its compute dtype (`jaxnorm._numerics.compute_dtype`)."""
+  return x.astype(_numerics.compute_dtype(x))
 
 
 def as_scalar(v: Any, like: jax.Array) -> jax.Array:

@@ -26,6 +26,7 @@ import jax.numpy as jnp
 import optax
 from jax.typing import ArrayLike
 
+from jaxnorm import _numerics
 from jaxnorm.optim import _axes, _common
 
 _EXPLICIT = "(the official AdamP/SGDP couple the decay with the projection)"
@@ -187,7 +188,7 @@ def scale_by_adamp(
 
   def init_fn(params):
     def zeros(p):
-      dt = mu_dtype or _common.compute_dtype(p)
+      dt = mu_dtype or _numerics.compute_dtype(p)
       return jnp.zeros(p.shape, dt)
 
     return ScaleByAdampState(
@@ -214,7 +215,7 @@ def scale_by_adamp(
     for g_in, p_in, m_in, v_in, d, dec in zip(gs, ps, ms, vs, dims, decays):
       g, p = (
         _common.f32(g_in),
-        _common.f32(p_in).astype(_common.compute_dtype(g_in)),
+        _common.f32(p_in).astype(_numerics.compute_dtype(g_in)),
       )
       m, v = m_in.astype(g.dtype), v_in.astype(g.dtype)
       b1_, b2_ = _common.as_scalar(b1, g), _common.as_scalar(b2, g)
@@ -380,7 +381,7 @@ def scale_by_sgdp(
 
   def init_fn(params):
     def zeros(p):
-      return jnp.zeros(p.shape, mu_dtype or _common.compute_dtype(p))
+      return jnp.zeros(p.shape, mu_dtype or _numerics.compute_dtype(p))
 
     return ScaleBySgdpState(
       jnp.zeros([], jnp.int32), jax.tree.map(zeros, params)

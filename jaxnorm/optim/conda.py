@@ -70,7 +70,7 @@ import numpy as np
 import optax
 from jax.typing import ArrayLike
 
-from jaxnorm import _checks
+from jaxnorm import _checks, _numerics
 from jaxnorm.optim import _axes, _common
 
 PROJECTION_TYPES = ("std", "reverse_std", "right", "left")
@@ -238,7 +238,7 @@ def scale_by_conda(
     ps = treedef.flatten_up_to(params)
     mus, nus, bases = [], [], []
     for p, d in zip(ps, dims):
-      dt = _common.compute_dtype(p)
+      dt = _numerics.compute_dtype(p)
       mus.append(jnp.zeros(p.shape, mu_dtype or dt))
       nus.append(jnp.zeros(p.shape, dt))
       if d is not None:

@@ -32,7 +32,7 @@ import jax.numpy as jnp
 import optax
 from jax.typing import ArrayLike
 
-from jaxnorm import _checks
+from jaxnorm import _checks, _numerics
 from jaxnorm.optim import _axes, _common
 
 GRANULARITIES = ("layer", "unit")
@@ -149,7 +149,7 @@ def nap_project(
         out.append(u)
         continue
       tau = next(ts)
-      new = _common.f32(p) + _common.f32(u).astype(_common.compute_dtype(p))
+      new = _common.f32(p) + _common.f32(u).astype(_numerics.compute_dtype(p))
       norm = _norm(new, _reduce_axes(p, d, granularity))
       factor = tau.astype(new.dtype) / jnp.maximum(
         norm, _common.as_scalar(eps, new)

@@ -32,6 +32,7 @@ import jax.numpy as jnp
 import optax
 from jax.typing import ArrayLike
 
+from jaxnorm import _numerics
 from jaxnorm.optim import _axes, _common
 
 
@@ -162,7 +163,7 @@ def scale_by_rmnp(
     return ScaleByRmnpState(
       jnp.zeros([], jnp.int32),
       jax.tree.map(
-        lambda p: jnp.zeros(p.shape, mu_dtype or _common.compute_dtype(p)),
+        lambda p: jnp.zeros(p.shape, mu_dtype or _numerics.compute_dtype(p)),
         params,
       ),
     )
@@ -270,12 +271,12 @@ def rmnp(
     ps = treedef.flatten_up_to(params)
 
     def zeros(p):
-      return jnp.zeros(p.shape, mu_dtype or _common.compute_dtype(p))
+      return jnp.zeros(p.shape, mu_dtype or _numerics.compute_dtype(p))
 
     nus = [
       optax.MaskedNode()
       if d is not None
-      else jnp.zeros(p.shape, _common.compute_dtype(p))
+      else jnp.zeros(p.shape, _numerics.compute_dtype(p))
       for p, d in zip(ps, dims)
     ]
     return RmnpState(

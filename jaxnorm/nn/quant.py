@@ -1,0 +1,173 @@
+"""`Int8Dense`: a drop-in for the models' `Dense` with an int8 matmul.
+
+Same constructor, parameter paths (``kernel (in, out)``, ``bias``) and
+logical axis names as `jaxnorm.nn.models.Dense`, so a trained model's state
+loads unchanged; the forward pass runs the matmul through `jaxnorm.quant`
+(``quant_mode="mixed"``: LLM.int8(), ``"vector"``/``"tensor"``: plain int8
+absmax, ``"none"``: float). `swap_dense` replaces every dense layer of a
+built model in place. The maths is in `jaxnorm.quant`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from jaxnorm import _checks, quant
+from jaxnorm.nn import models
+
+QuantMode = Literal["none", "tensor", "vector", "mixed"]
+QUANT_MODES = ("none", "tensor", "vector", "mixed")
+
+
+def quantized_matmul(
+  x: jax.Array,
+  kernel: jax.Array,
+  *,
+  quant_mode: QuantMode,
+  threshold: float = 6.0,
+  absmax_mode: quant.AbsmaxMode = "paper",
+  outlier_weight: quant.OutlierWeight = "fp",
+) -> jax.Array:
+  """``x @ kernel`` through the `jaxnorm.quant` path named by ``quant_mode``.
+
+  Raises:
+    ValueError: for an unknown ``quant_mode`` (and as `jaxnorm.quant`).
+  """
+  _checks.check_choice(
+    "quantized_matmul", "quant_mode", quant_mode, QUANT_MODES
+  )
+  if quant_mode == "none":
+    return jnp.matmul(x, kernel.astype(x.dtype))
+  if quant_mode == "mixed":
+    return quant.int8_mixed_matmul(
+      x,
+      kernel,
+      threshold=threshold,
+      absmax_mode=absmax_mode,
+      outlier_weight=outlier_weight,
+    )
+  return quant.int8_vectorwise_matmul(x, kernel, granularity=quant_mode)
+
+
+class Int8Dense(models.Dense):
+  """``y = int8_matmul(x, kernel) (+ bias)``, a drop-in for `models.Dense`.
+
+  A subclass of `models.Dense` (same parameters, paths and axis names) whose
+  matmul runs through `quantized_matmul`.
+
+  Args:
+    in_features: input width.
+    out_features: output width.
+    quant_mode: ``"mixed"`` (LLM.int8(), default), ``"vector"``,
+      ``"tensor"`` or ``"none"``.
+    threshold: outlier threshold of ``"mixed"``.
+    absmax_mode: ``"paper"`` or ``"bnb"`` (`jaxnorm.quant.int8_mixed_matmul`).
+    outlier_weight: ``"fp"`` or ``"dequant"``.
+    **kwargs: the `models.Dense` arguments (``names``, ``use_bias``,
+      ``kernel_init``, ``dtype``, ``param_dtype``, ``rngs``).
+
+  Raises:
+    ValueError: for an unknown mode or a negative threshold.
+  """
+
+  def __init__(
+    self,
+    in_features: int,
+    out_features: int,
+    *,
+    quant_mode: QuantMode = "mixed",
+    threshold: float = 6.0,
+    absmax_mode: quant.AbsmaxMode = "paper",
+    outlier_weight: quant.OutlierWeight = "fp",
+    **kwargs: Any,
+  ):
+    who = "Int8Dense"
+    _checks.check_choice(who, "quant_mode", quant_mode, QUANT_MODES)
+    _checks.check_choice(who, "absmax_mode", absmax_mode, quant.ABSMAX_MODES)
+    _checks.check_choice(
+      who, "outlier_weight", outlier_weight, quant.OUTLIER_WEIGHTS
+    )
+    _checks.check_nonnegative(who, "threshold", threshold)
+    super().__init__(in_features, out_features, **kwargs)
+    self.quant_mode, self.threshold = quant_mode, threshold
+    self.absmax_mode, self.outlier_weight = absmax_mode, outlier_weight
+
+  @classmethod
+  def from_dense(cls, dense: nnx.Module, **options: Any) -> Int8Dense:
+    """An `Int8Dense` sharing ``dense``'s kernel and bias variables.
+
+    Args:
+      dense: a `models.Dense` (anything with ``kernel``, ``bias``, ``dtype``).
+      **options: ``quant_mode``, ``threshold``, ``absmax_mode``,
+        ``outlier_weight``.
+    """
+    h, o = dense.kernel.shape
+    new = cls(
+      h,
+      o,
+      names=(None, None),
+      use_bias=dense.bias is not None,
+      dtype=dense.dtype,
+      rngs=nnx.Rngs(0),
+      **options,
+    )
+    new.kernel, new.bias = dense.kernel, dense.bias
+    return new
+
+  def __call__(self, x: jax.Array) -> jax.Array:
+    """Applies the quantized map to the last axis of ``x``."""
+    y = quantized_matmul(
+      x.astype(self.dtype),
+      self.kernel[...].astype(self.dtype),
+      quant_mode=self.quant_mode,
+      threshold=self.threshold,
+      absmax_mode=self.absmax_mode,
+      outlier_weight=self.outlier_weight,
+    )
+    if self.bias is not None:
+      b = self.bias[...].astype(self.dtype)
+      y = y + b.reshape((1,) * (y.ndim - 1) + b.shape)
+    return y
+
+
+def swap_dense(
+  model: nnx.Module,
+  *,
+  dense_type: type = models.Dense,
+  cls: type[Int8Dense] = Int8Dense,
+  **options: Any,
+) -> int:
+  """Replaces every ``dense_type`` submodule of ``model`` by ``cls``, in place.
+
+  The replacements share the original kernel and bias variables
+  (`Int8Dense.from_dense`), so parameter paths and values are unchanged.
+
+  Args:
+    model: the module to edit.
+    dense_type: the exact class to replace (subclasses are left alone).
+    cls: `Int8Dense` or a subclass.
+    **options: ``quant_mode``, ``threshold``, ``absmax_mode``,
+      ``outlier_weight``.
+
+  Returns:
+    The number of layers replaced.
+  """
+  found = [
+    (path, m)
+    for path, m in nnx.iter_modules(model)
+    if type(m) is dense_type and path
+  ]
+  for path, dense in found:
+    parent = model
+    for key in path[:-1]:
+      parent = parent[key] if isinstance(key, int) else getattr(parent, key)
+    new = cls.from_dense(dense, **options)
+    if isinstance(path[-1], int):
+      parent[path[-1]] = new
+    else:
+      setattr(parent, path[-1], new)
+  return len(found)

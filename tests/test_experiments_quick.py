@@ -1,0 +1,35 @@
+"""Each experiment script's ``--quick`` mode runs in-process and reports.
+
+These run the whole pipeline (training, evaluation, verdict, Markdown and
+plot) at toy scale; the numbers are not checked, the artifacts are.
+"""
+
+import json
+
+import pytest
+
+from experiments import grpo, llm_int8, looped_power, nuclear_norm
+
+VERDICTS = ("reproduced", "not reproduced at this scale", "inconclusive")
+
+
+def _check(out, name):
+  md = (out / f"{name}.md").read_text()
+  assert "**Verdict" in md and any(v in md for v in VERDICTS)
+  assert (out / f"{name}.png").stat().st_size > 0
+  json.loads((out / f"{name}.json").read_text())
+
+
+@pytest.mark.parametrize(
+  "module,name",
+  [
+    (grpo, "grpo"),
+    (looped_power, "looped_power"),
+    (llm_int8, "llm_int8"),
+    (nuclear_norm, "nuclear_norm"),
+  ],
+)
+def test_quick(module, name, tmp_path):
+  result = module.main(["--quick", "--out", str(tmp_path)])
+  assert result
+  _check(tmp_path, name)
