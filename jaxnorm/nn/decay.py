@@ -6,8 +6,9 @@ scalars (norm scales, biases, gates) are not; the spec of the registered
 module that owns a parameter may override this for it by attribute name,
 with its paper's rule (SeeDNorm decays ``dyn_scale`` and ``dyn_proj``). The
 owners looked up are the norms of `jaxnorm.nn.NORMS`, flax's own norms
-(scales and biases never decayed), and the attention cores and residual
-modules registered with a spec that names their class.
+(scales and biases never decayed), the attention cores of `ATTENTIONS`
+and the residual modules listed in the ``modules`` of a `RESIDUALS` spec
+(HC's ``static_alpha`` and mHC's ``b_res`` are not decayed).
 """
 
 from __future__ import annotations
@@ -21,15 +22,16 @@ from jaxnorm.nn import _param, attention, norms, registry, residual
 
 
 def _registered_classes() -> Iterator[tuple[type, Mapping[str, bool]]]:
-  """``(class, decay overrides)`` of the attention and residual specs."""
-  for family, field in (
-    (getattr(attention, "ATTENTIONS", None), "core"),
-    (getattr(residual, "RESIDUALS", None), "build"),
-  ):
-    for spec in (family or {}).values():
-      cls = getattr(spec, field, None)
-      if isinstance(cls, type):
-        yield cls, spec.decay
+  """``(class, decay overrides)`` of the attention and residual specs.
+
+  An attention spec names its core class; a residual spec's ``build`` is a
+  function, so it lists the module classes it builds in ``modules``.
+  """
+  for spec in attention.ATTENTIONS.values():
+    yield spec.core, spec.decay
+  for spec in residual.RESIDUALS.values():
+    for cls in spec.modules:
+      yield cls, spec.decay
 
 
 def module_decay(module: nnx.Module) -> Mapping[str, bool] | None:

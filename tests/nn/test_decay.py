@@ -115,13 +115,60 @@ def test_iwd_mask_treats_flax_norms_as_norms():
 
 
 def test_registered_attention_and_residual_classes():
-  """Every attention/residual spec that names a class feeds its overrides."""
+  """Every attention core and every class a residual spec lists in
+  ``modules`` feeds its spec's overrides."""
   found = dict(decay._registered_classes())
-  for family, field in (
-    (jnn.attention, "ATTENTIONS"),
-    (jnn.residual, "RESIDUALS"),
-  ):
-    for spec in getattr(family, field, {}).values():
-      cls = getattr(spec, "core", getattr(spec, "build", None))
-      if isinstance(cls, type) and hasattr(spec, "decay"):
-        assert found[cls] == spec.decay
+  for spec in jnn.ATTENTIONS.values():
+    assert found[spec.core] == spec.decay
+  for spec in jnn.RESIDUALS.values():
+    for cls in spec.modules:
+      assert found[cls] == spec.decay
+  assert found[jnn.HyperConnection] == {"static_alpha": False}
+  assert found[jnn.ManifoldHyperConnection] == {"b_res": False}
+
+
+class StreamNet(nnx.Module):
+  """Two dense sublayers wrapped by a multi-stream residual scheme."""
+
+  def __init__(self, name, rngs):
+    blocks = [nnx.Linear(D, D, rngs=rngs) for _ in range(2)]
+    self.net = jnn.make_residual(
+      name, blocks, num_features=D, sublayers_per_layer=1, rngs=rngs
+    )
+
+
+# The exceptions of DepthBench (static routing is a bias of the stream
+# mixing), written out independently of the specs, and every other matrix.
+STREAM_DECAYED = {
+  "hc": {"kernel", "dynamic_alpha"},
+  "mhc": {"kernel", "phi_pre", "phi_post", "phi_res"},
+  "ohc": {"kernel", "phi_pre", "phi_post", "phi_res"},
+  "ihc": {"kernel", "phi_pre", "phi_post"},
+}
+STREAM_NOT_DECAYED = {"hc": "static_alpha", "mhc": "b_res"}
+
+
+@pytest.mark.parametrize("name", sorted(STREAM_DECAYED))
+def test_stream_residual_decay(name):
+  model = StreamNet(name, nnx.Rngs(0))
+  mask = _flat(decay.decay_mask(model))
+  decayed = {path[-1] for path, on in mask.items() if on}
+  assert decayed == STREAM_DECAYED[name]
+  # One entry per step and sublayer; the routing matrix is 2-D yet kept.
+  if name in STREAM_NOT_DECAYED:
+    routing = STREAM_NOT_DECAYED[name]
+    kept = [p for p, on in mask.items() if p[-1] == routing and not on]
+    assert len(kept) == 2
+    step = model.net.steps[0]
+    assert getattr(step, routing)[...].ndim == 2
+
+
+def test_residual_classes_share_one_rule():
+  """Specs listing the same class must agree on its overrides."""
+  seen = {}
+  for name, spec in jnn.RESIDUALS.items():
+    for cls in spec.modules:
+      assert seen.setdefault(cls, (name, spec.decay))[1] == spec.decay, (
+        f"{name} and {seen[cls][0]} give {cls.__name__} different decay"
+      )
+  assert set(seen) == {jnn.HyperConnection, jnn.ManifoldHyperConnection}

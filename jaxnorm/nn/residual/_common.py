@@ -1,0 +1,127 @@
+"""Shared types, RNG, norm and input-check helpers of the residual modules."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from jaxnorm import _checks, residual
+from jaxnorm.nn import norms as nn_norms
+
+Sublayer = Callable[[jax.Array], jax.Array]
+NormSpec = str | None
+
+
+class LayerIndex(nnx.Variable):
+  """A constant 0-based layer index held as state (never trained).
+
+  A step module built with a traced index (under ``nnx.vmap``, to stack the
+  layers of an ``nnx.scan``) keeps it here, so each scanned layer reads its
+  own index; a Python integer index stays a static attribute.
+  """
+
+
+def store_index(layer_index: residual.IndexLike | None) -> Any:
+  if isinstance(layer_index, (jax.Array, np.ndarray)):
+    return LayerIndex(jnp.asarray(layer_index))
+  return None if layer_index is None else int(layer_index)
+
+
+def read_index(layer_index: Any) -> residual.IndexLike | None:
+  if isinstance(layer_index, LayerIndex):
+    return layer_index[...]
+  return layer_index
+
+
+def params_key(rngs: nnx.Rngs) -> jax.Array:
+  """The one ``params`` key a residual module draws, whatever its options.
+
+  Norms, random initializers and options of a module all derive their keys
+  from it (``fold_in``), so swapping the norm or an option never shifts the
+  keys that later modules draw from ``rngs``.
+  """
+  return rngs.params()
+
+
+def build_norm(
+  norm: NormSpec,
+  num_features: int,
+  norm_kwargs: Mapping | None,
+  key: jax.Array,
+  slot: int = 0,
+) -> nnx.Module | None:
+  if norm is None:
+    return None
+  rngs = nnx.Rngs(params=jax.random.fold_in(key, slot))
+  return nn_norms.make_norm(
+    norm, num_features, rngs=rngs, **dict(norm_kwargs or {})
+  )
+
+
+def then(norm: nnx.Module | None, sublayer: Sublayer) -> Sublayer:
+  """The branch with its own pre-norm: ``f(norm(x))``."""
+  if norm is None:
+    return sublayer
+  return lambda x: sublayer(norm(x))
+
+
+class Branch:
+  """A sublayer handed to a step module as a plain callable.
+
+  ``nnx.tabulate`` records the arguments of every module call and cannot
+  render a Module passed as one, so the stacks hand each step this wrapper
+  (shown as the sublayer's class name) instead of the sublayer module.
+  """
+
+  __slots__ = ("fn",)
+
+  def __init__(self, fn: Sublayer):
+    self.fn = fn
+
+  def __call__(self, x: jax.Array) -> jax.Array:
+    return self.fn(x)
+
+  def __repr__(self) -> str:
+    return type(self.fn).__name__
+
+
+def check_input(who: str, x: jax.Array, num_features: int) -> None:
+  _checks.check_floating(who, "x", x)
+  _checks.check_ndim(who, "x", x, minimum=1)
+  if x.shape[-1] != num_features:
+    raise ValueError(
+      f"{who}: x must have num_features={num_features} "
+      f"features in its last axis, got {x.shape=}"
+    )
+
+
+def check_state(
+  who: str, h: jax.Array, num_streams: int, num_features: int
+) -> None:
+  _checks.check_ndim(who, "h", h, minimum=2)
+  if tuple(h.shape[-2:]) != (num_streams, num_features):
+    raise ValueError(
+      f"{who}: h must end in (num_streams, num_features)=({num_streams}, "
+      f"{num_features}), got {h.shape=}; expand the input with "
+      "jaxnorm.residual.expand_streams(x, num_streams)"
+    )
+
+
+def check_blocks(who: str, blocks: Sequence[Sublayer]) -> list[Sublayer]:
+  blocks = list(blocks)
+  if not blocks:
+    raise ValueError(
+      f"{who}: blocks must hold at least one sublayer, got an empty sequence"
+    )
+  for i, b in enumerate(blocks):
+    if not callable(b):
+      raise ValueError(
+        f"{who}: every block must be callable (..., d) -> "
+        f"(..., d), got blocks[{i}] of type {type(b).__name__}"
+      )
+  return blocks

@@ -1,0 +1,522 @@
+"""`RESIDUALS`, `make_residual` and, for ``nnx.scan``, `make_residual_step`."""
+
+from __future__ import annotations
+
+import types
+import typing
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
+
+import jax
+from flax import nnx
+
+from jaxnorm import _checks, residual
+from jaxnorm.nn import registry
+from jaxnorm.nn.residual._common import Sublayer, check_blocks, check_input
+from jaxnorm.nn.residual.attnres import AttnResStack
+from jaxnorm.nn.residual.stacks import ResidualStack, StreamStack
+from jaxnorm.nn.residual.steps import (
+  GatedResidual,
+  PostNormResidual,
+  PreNormResidual,
+  SandwichNormResidual,
+  ScaledResidual,
+)
+from jaxnorm.nn.residual.streams import HyperConnection, ManifoldHyperConnection
+
+_GATED = ("skipinit", "rezero")
+_STREAM_MAPS: Mapping[str, residual.ResidualMap] = types.MappingProxyType(
+  {"mhc": "sinkhorn", "ohc": "quaternion", "ihc": "identity"}
+)
+
+
+def _step(
+  name: str,
+  num_features: int,
+  *,
+  layer: residual.IndexLike,
+  sublayer: residual.IndexLike,
+  num_sublayers: int,
+  rngs: nnx.Rngs,
+  kwargs: Mapping[str, Any],
+) -> nnx.Module:
+  """The step module of scheme ``name`` around one sublayer."""
+  d = num_features
+  if name == "prenorm":
+    return PreNormResidual(d, rngs=rngs, **kwargs)
+  if name == "lns":
+    return PreNormResidual(d, layer_index=layer, rngs=rngs, **kwargs)
+  if name == "postnorm":
+    return PostNormResidual(d, rngs=rngs, **kwargs)
+  if name == "sandwich":
+    return SandwichNormResidual(d, rngs=rngs, **kwargs)
+  if name == "scaled":
+    return ScaledResidual(d, num_residuals=num_sublayers, rngs=rngs, **kwargs)
+  if name in _GATED:
+    return GatedResidual(d, shape="scalar", rngs=rngs, **kwargs)
+  if name == "layerscale":
+    return GatedResidual(d, shape="vector", rngs=rngs, **kwargs)
+  if name == "hc":
+    return HyperConnection(d, layer_index=sublayer, rngs=rngs, **kwargs)
+  return ManifoldHyperConnection(
+    d, residual_map=_STREAM_MAPS[name], rngs=rngs, **kwargs
+  )
+
+
+def _layer_steps(
+  name: str,
+  num_features: int,
+  *,
+  layer: residual.IndexLike,
+  sublayers: Sequence[residual.IndexLike],
+  num_sublayers: int,
+  rngs: nnx.Rngs,
+  kwargs: Mapping[str, Any],
+) -> list[nnx.Module]:
+  """The step modules of one layer, one per sublayer index in ``sublayers``.
+
+  With ``shared=True`` (ReZero's official placement, or SkipInit on
+  request) one module serves every sublayer of the layer.
+  """
+  kwargs = dict(kwargs)
+  shared = kwargs.pop("shared", False)
+  if shared and name not in _GATED:
+    raise ValueError(
+      f"make_residual: shared applies to {', '.join(_GATED)} only, got {name!r}"
+    )
+
+  def build(sublayer: residual.IndexLike) -> nnx.Module:
+    return _step(
+      name,
+      num_features,
+      layer=layer,
+      sublayer=sublayer,
+      num_sublayers=num_sublayers,
+      rngs=rngs,
+      kwargs=kwargs,
+    )
+
+  if shared:
+    return [build(sublayers[0])] * len(sublayers)
+  return [build(k) for k in sublayers]
+
+
+def _all_steps(
+  name: str, num_sublayers: int, num_features: int, rngs: nnx.Rngs, kwargs: dict
+) -> list[nnx.Module]:
+  """Steps of every sublayer, grouped ``sublayers_per_layer`` to a layer."""
+  per_layer = kwargs.pop("sublayers_per_layer")
+  _checks.check_positive_int("make_residual", "sublayers_per_layer", per_layer)
+  steps = []
+  for layer, first in enumerate(range(0, num_sublayers, per_layer)):
+    steps += _layer_steps(
+      name,
+      num_features,
+      layer=layer,
+      sublayers=range(first, min(first + per_layer, num_sublayers)),
+      num_sublayers=num_sublayers,
+      rngs=rngs,
+      kwargs=kwargs,
+    )
+  return steps
+
+
+def _build_single(
+  name: str, blocks: list, num_features: int, rngs: nnx.Rngs, kwargs: dict
+) -> nnx.Module:
+  who = "make_residual"
+  fused = kwargs.pop("fused_implementation", None)
+  if fused is not None:
+    if name != "prenorm":
+      raise ValueError(
+        f"{who}: fused_implementation applies to 'prenorm' only, got {name!r}"
+      )
+    _checks.check_choice(who, "fused_implementation", fused, ("xla", "pallas"))
+    # The norms' own implementation runs the fused add (add_and_norm).
+    norm_kwargs = dict(kwargs.get("norm_kwargs") or {})
+    if norm_kwargs.setdefault("implementation", fused) != fused:
+      raise ValueError(
+        f"{who}: fused_implementation={fused!r} conflicts with "
+        f"norm_kwargs implementation={norm_kwargs['implementation']!r}"
+      )
+    kwargs["norm_kwargs"] = norm_kwargs
+  steps = _all_steps(name, len(blocks), num_features, rngs, kwargs)
+  return ResidualStack(
+    blocks, steps, num_features=num_features, fused=fused is not None
+  )
+
+
+def _build_streams(
+  name: str, blocks: list, num_features: int, rngs: nnx.Rngs, kwargs: dict
+) -> nnx.Module:
+  readout = kwargs.pop("readout")
+  num_streams = kwargs["num_streams"]
+  steps = _all_steps(name, len(blocks), num_features, rngs, kwargs)
+  return StreamStack(
+    blocks,
+    steps,
+    num_features=num_features,
+    num_streams=num_streams,
+    readout=readout,
+  )
+
+
+def _build_attnres(
+  name: str, blocks: list, num_features: int, rngs: nnx.Rngs, kwargs: dict
+) -> nnx.Module:
+  del kwargs["sublayers_per_layer"]  # Sources are sublayers, not layers.
+  if name == "block_attnres":
+    num_blocks = kwargs.pop("num_blocks")
+    _checks.check_positive_int("make_residual", "num_blocks", num_blocks)
+    _checks.check_divisible(
+      "make_residual", "len(blocks)", len(blocks), "num_blocks", num_blocks
+    )
+    kwargs["block_size"] = len(blocks) // num_blocks
+  return AttnResStack(blocks, num_features=num_features, rngs=rngs, **kwargs)
+
+
+def _per_layer(num_sublayers: int, sublayers_per_layer: int) -> dict:
+  """LayerNorm Scaling: one factor per layer of ``sublayers_per_layer``."""
+  del num_sublayers
+  return {"sublayers_per_layer": sublayers_per_layer}
+
+
+def _rezero(num_sublayers: int, sublayers_per_layer: int) -> dict:
+  """ReZero: one gate per layer, shared by its sublayers (official code)."""
+  del num_sublayers
+  return {"sublayers_per_layer": sublayers_per_layer, "shared": True}
+
+
+def _layerscale(num_sublayers: int, sublayers_per_layer: int) -> dict:
+  """LayerScale: CaiT's init by depth (0.1 to 18 layers, 1e-5 to 24, 1e-6)."""
+  depth = -(-num_sublayers // sublayers_per_layer)
+  init = 0.1 if depth <= 18 else 1e-5 if depth <= 24 else 1e-6
+  return {"init_value": init, "norm": "rmsnorm"}
+
+
+def _streams(num_sublayers: int, sublayers_per_layer: int) -> dict:
+  """HC family: 4 streams (both papers), read out by their mean."""
+  del num_sublayers, sublayers_per_layer
+  return {"num_streams": 4, "readout": "mean"}
+
+
+def _blocks(num_sublayers: int, sublayers_per_layer: int) -> dict:
+  """Block AttnRes: the paper's 8 blocks, or the largest divisor below."""
+  del sublayers_per_layer
+  return {"num_blocks": max(b for b in range(1, 9) if num_sublayers % b == 0)}
+
+
+ResidualName = Literal[
+  "prenorm",
+  "postnorm",
+  "sandwich",
+  "lns",
+  "scaled",
+  "skipinit",
+  "rezero",
+  "layerscale",
+  "hc",
+  "mhc",
+  "ohc",
+  "ihc",
+  "attnres",
+  "block_attnres",
+]
+
+_HC = "Zhu et al., Hyper-Connections, arXiv:2409.19606"
+_MHC = "Xie et al., mHC, arXiv:2512.24880"
+_OHC = "Guo et al., oHC, arXiv:2609.02672"
+_ATTNRES = "Kimi Team, Attention Residuals, arXiv:2603.15031"
+# Static routing (HC's alpha, mHC's Sinkhorn logits) is a bias of the
+# stream mixing: not decayed, as DepthBench trains HC and mHC. oHC's and
+# iHC's steps are the same class as mHC's and carry the same rule (their
+# b_res is a vector or absent, so it changes nothing for them).
+_HC_DECAY = types.MappingProxyType({"static_alpha": False})
+_MHC_DECAY = types.MappingProxyType({"b_res": False})
+_MANIFOLD = (ManifoldHyperConnection,)
+RESIDUALS: Mapping[str, registry.ResidualSpec] = types.MappingProxyType(
+  {
+    "prenorm": registry.ResidualSpec(
+      _build_single, "Xiong et al., arXiv:2002.04745"
+    ),
+    "postnorm": registry.ResidualSpec(
+      _build_single, "Vaswani et al., arXiv:1706.03762"
+    ),
+    "sandwich": registry.ResidualSpec(
+      _build_single, "Ding et al., CogView, arXiv:2105.13290"
+    ),
+    "lns": registry.ResidualSpec(
+      _build_single,
+      "Sun et al., The Curse of Depth, arXiv:2502.05795",
+      defaults=_per_layer,
+    ),
+    "scaled": registry.ResidualSpec(
+      _build_single,
+      "Dherin & Munn, On residual network depth, arXiv:2510.03470",
+    ),
+    "skipinit": registry.ResidualSpec(
+      _build_single, "De & Smith, arXiv:2002.10444", uses_norm=False
+    ),
+    "rezero": registry.ResidualSpec(
+      _build_single,
+      "Bachlechner et al., ReZero, arXiv:2003.04887",
+      defaults=_rezero,
+      uses_norm=False,
+    ),
+    "layerscale": registry.ResidualSpec(
+      _build_single,
+      "Touvron et al., CaiT, arXiv:2103.17239",
+      defaults=_layerscale,
+    ),
+    "hc": registry.ResidualSpec(
+      _build_streams,
+      _HC,
+      defaults=_streams,
+      decay=_HC_DECAY,
+      modules=(HyperConnection,),
+    ),
+    "mhc": registry.ResidualSpec(
+      _build_streams,
+      _MHC,
+      defaults=_streams,
+      decay=_MHC_DECAY,
+      modules=_MANIFOLD,
+    ),
+    "ohc": registry.ResidualSpec(
+      _build_streams,
+      _OHC,
+      defaults=_streams,
+      decay=_MHC_DECAY,
+      modules=_MANIFOLD,
+    ),
+    "ihc": registry.ResidualSpec(
+      _build_streams,
+      _OHC,
+      defaults=_streams,
+      decay=_MHC_DECAY,
+      modules=_MANIFOLD,
+    ),
+    "attnres": registry.ResidualSpec(_build_attnres, _ATTNRES),
+    "block_attnres": registry.ResidualSpec(
+      _build_attnres, _ATTNRES, defaults=_blocks
+    ),
+  }
+)
+
+
+def _options(
+  name: str,
+  num_sublayers: int,
+  sublayers_per_layer: int,
+  kwargs: Mapping[str, Any],
+) -> dict[str, Any]:
+  """The spec's defaults of ``name`` under the user's ``kwargs``."""
+  if name not in RESIDUALS:
+    raise ValueError(
+      f"make_residual: unknown residual scheme {name!r}; "
+      f"valid names are {', '.join(sorted(RESIDUALS))}"
+    )
+  _checks.check_positive_int(
+    "make_residual", "sublayers_per_layer", sublayers_per_layer
+  )
+  options = dict(RESIDUALS[name].defaults(num_sublayers, sublayers_per_layer))
+  options.setdefault("sublayers_per_layer", sublayers_per_layer)
+  options.update(kwargs)
+  return options
+
+
+def make_residual(
+  name: ResidualName,
+  blocks: Sequence[Sublayer],
+  *,
+  num_features: int,
+  rngs: nnx.Rngs,
+  sublayers_per_layer: int = 2,
+  **kwargs: Any,
+) -> nnx.Module:
+  r"""Wraps a list of sublayers into a network with the named residual scheme.
+
+  The options start from the scheme's spec defaults
+  (``RESIDUALS[name].defaults(len(blocks), sublayers_per_layer)``: LNS and
+  ReZero per layer, LayerScale's init by depth, 4 streams read out by their
+  mean for the HC family, 8 blocks (or the largest divisor of
+  ``len(blocks)`` below) for Block AttnRes); ``kwargs`` override them.
+
+  Args:
+    name: one of `RESIDUALS` (table in the `jaxnorm.nn.residual`
+      docstring).
+    blocks: the sublayers, in order, each ``(..., d) -> (..., d)`` with no
+      residual or norm of its own (an attention and an MLP per Transformer
+      layer count as two).
+    num_features: hidden size ``d``.
+    rngs: parameter RNG streams; every step module draws exactly one
+      ``params`` key, whatever its norm and options.
+    sublayers_per_layer: consecutive blocks that form one layer (2 for a
+      Transformer's attention and MLP; 1 for a ResNet-style stack): LNS
+      scales layer ``l`` by :math:`1/\sqrt{l}` and ReZero shares one gate
+      per layer.
+    **kwargs: options of the scheme's step module (e.g. ``norm``,
+      ``norm_kwargs``; ``scale`` for ``scaled``; ``init_value`` for the
+      gated schemes, ``shared`` for ``skipinit``/``rezero``;
+      ``num_streams``, ``dynamic``, ``tanh`` for ``hc``; ``num_iters``,
+      ``temperature``, ``res_diag``, ``gate_init`` for
+      ``mhc``/``ohc``/``ihc``), plus ``readout`` (streams: ``"sum"`` or
+      ``"mean"``; AttnRes: ``"attnres"`` or ``"sum"``), ``num_blocks``
+      (``block_attnres``; must divide ``len(blocks)``) and
+      ``fused_implementation`` (``prenorm`` with RMSNorm or LayerNorm:
+      ``"xla"`` or ``"pallas"``, set as the norms' ``implementation``, each
+      residual add fused into the next norm).
+
+  Returns:
+    An nnx module ``net`` with ``net(x)`` mapping ``(..., d)`` to
+    ``(..., d)`` (the hidden state before the final norm) and
+    ``net(x, return_hidden=True)`` also returning per-sublayer states.
+
+  Raises:
+    ValueError: for an unknown name (the message lists the valid names),
+      an empty or non-callable block list, or a bad option.
+  """
+  _checks.check_positive_int("make_residual", "num_features", num_features)
+  blocks = check_blocks("make_residual", blocks)
+  options = _options(name, len(blocks), sublayers_per_layer, kwargs)
+  return RESIDUALS[name].build(name, blocks, num_features, rngs, options)
+
+
+# ---------------------------------------------------------------------------
+# One layer at a time, for nnx.scan.
+
+
+class ResidualLayer(nnx.Module):
+  """The residual steps of one layer, applied to a scan carry.
+
+  ``self(carry, sublayers)`` runs ``carry = steps[j](carry, sublayers[j])``
+  for the layer's sublayers in order. The carry is the residual stream
+  ``(..., d)`` for single-stream schemes and the stream state ``(..., n,
+  d)`` for the HC family: `embed` makes it from the embedding, `output`
+  reads the hidden state out. Built by `make_residual_step`.
+  """
+
+  def __init__(
+    self,
+    steps: Sequence[nnx.Module],
+    *,
+    num_features: int,
+    num_streams: int | None = None,
+    readout: residual.Readout = "sum",
+  ):
+    self.num_features, self.num_streams = num_features, num_streams
+    self.readout = readout
+    self.steps = nnx.List(steps)
+
+  def embed(self, x: jax.Array) -> jax.Array:
+    """The initial carry for embeddings ``x`` ``(..., d)``."""
+    check_input("ResidualLayer", x, self.num_features)
+    if self.num_streams is None:
+      return x
+    return residual.expand_streams(x, self.num_streams)
+
+  def output(self, carry: jax.Array) -> jax.Array:
+    """The hidden state ``(..., d)`` before the final norm."""
+    if self.num_streams is None:
+      return carry
+    return residual.reduce_streams(carry, readout=self.readout)
+
+  def __call__(
+    self, carry: jax.Array, sublayers: Sequence[Sublayer]
+  ) -> jax.Array:
+    """Applies the layer's steps around ``sublayers`` (one per step)."""
+    if len(sublayers) != len(self.steps):
+      raise ValueError(
+        f"ResidualLayer: need one sublayer per step, got "
+        f"{len(sublayers)} sublayers for {len(self.steps)} steps"
+      )
+    for step, sublayer in zip(self.steps, sublayers):
+      carry = step(carry, sublayer)
+    return carry
+
+
+SCAN_RESIDUALS: tuple[str, ...] = tuple(
+  name for name in typing.get_args(ResidualName) if "attnres" not in name
+)
+
+
+def make_residual_step(
+  name: ResidualName,
+  num_features: int,
+  *,
+  layer_index: residual.IndexLike,
+  num_layers: int,
+  rngs: nnx.Rngs,
+  sublayers_per_layer: int = 2,
+  **kwargs: Any,
+) -> ResidualLayer:
+  """The residual steps of layer ``layer_index``, by scheme name, for scans.
+
+  Builds the same step modules as `make_residual` builds for the sublayers
+  ``layer_index * sublayers_per_layer + j`` of a ``num_layers``-layer stack,
+  so an ``nnx.scan`` over layers created under ``nnx.vmap`` (with
+  ``layer_index = jnp.arange(num_layers)`` as the vmapped input) equals the
+  unrolled network::
+
+    @nnx.split_rngs(splits=num_layers)
+    @nnx.vmap(in_axes=(0, 0))
+    def create(index, rngs):
+      return Layer(index, rngs)  # holds attn, mlp and
+      # make_residual_step(name, d, layer_index=index, num_layers=L, ...)
+
+    @nnx.scan(in_axes=(nnx.Carry, 0), out_axes=nnx.Carry)
+    def forward(carry, layer):
+      return layer.res(carry, [layer.attn, layer.mlp])
+
+  The carry's state must have a fixed shape, so the AttnRes schemes (whose
+  sources grow with depth) are refused. A traced ``layer_index`` is held in
+  a `LayerIndex` variable where the step reads it (LNS).
+
+  Args:
+    name: one of `SCAN_RESIDUALS`.
+    num_features: hidden size ``d``.
+    layer_index: 0-based layer index: a Python integer or an integer scalar
+      array (traced under ``nnx.vmap``).
+    num_layers: layers of the whole stack (the depth rules of ``scaled``
+      and ``layerscale`` read it).
+    rngs: parameter RNG streams (one ``params`` key per step module).
+    sublayers_per_layer: sublayers of each layer (2: attention and MLP).
+    **kwargs: options, as for `make_residual` (``readout`` and
+      ``num_streams`` set the carry of the HC family).
+
+  Returns:
+    A `ResidualLayer`.
+
+  Raises:
+    ValueError: for a scheme outside `SCAN_RESIDUALS`, a bad index or a bad
+      option.
+  """
+  who = "make_residual_step"
+  if name not in SCAN_RESIDUALS:
+    raise ValueError(
+      f"{who}: residual scheme {name!r} has no fixed-size scan carry; "
+      f"valid names are {', '.join(SCAN_RESIDUALS)}"
+    )
+  _checks.check_positive_int(who, "num_features", num_features)
+  _checks.check_positive_int(who, "num_layers", num_layers)
+  residual.check_layer_index(who, layer_index)
+  num_sublayers = num_layers * sublayers_per_layer
+  options = _options(name, num_sublayers, sublayers_per_layer, kwargs)
+  del options["sublayers_per_layer"]
+  readout = options.pop("readout", "sum")
+  first = layer_index * sublayers_per_layer
+  steps = _layer_steps(
+    name,
+    num_features,
+    layer=layer_index,
+    sublayers=[first + j for j in range(sublayers_per_layer)],
+    num_sublayers=num_sublayers,
+    rngs=rngs,
+    kwargs=options,
+  )
+  return ResidualLayer(
+    steps,
+    num_features=num_features,
+    num_streams=options.get("num_streams"),
+    readout=readout,
+  )
