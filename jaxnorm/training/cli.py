@@ -3,8 +3,10 @@
   jaxnorm-train --model lm --norm seednorm --residual mhc --optimizer conda
   jaxnorm-sweep --vary norm=rmsnorm,layernorm,dyt --vary optimizer=adamw,rmnp
 
-Both validate every name, size and the mesh before building anything, print
-a summary table and write a loss plot. Multi-host runs call
+Both read an optional ``--config`` file (TOML or JSON) that flags override,
+list every registry with ``--list``, validate every name, number, size and
+the mesh before building anything, print a summary table and write a loss
+plot. Multi-host runs call
 `jax.distributed.initialize` when the launcher sets
 ``JAX_COORDINATOR_ADDRESS``, ``JAX_NUM_PROCESSES`` and ``JAX_PROCESS_ID`` (or
 runs on a cluster JAX detects itself); the mesh then spans every process's
@@ -19,12 +21,12 @@ import itertools
 import os
 import pathlib
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import jax
 
+from jaxnorm.training import build, checkpoints, data, metrics, trainer
 from jaxnorm.training import config as config_lib
-from jaxnorm.training import metrics, trainer
 
 
 def _maybe_initialize_distributed() -> None:
@@ -51,90 +53,173 @@ def _report(rows, plot: pathlib.Path) -> None:
   print(f"\nplot: {plot}")
 
 
-def train_main(argv: Sequence[str] | None = None) -> int:
-  """Entry point of ``jaxnorm-train``."""
+def _list_registries() -> str:
+  """Every valid name, per model, for the ``--list`` flag."""
+  lines = []
+  for model in config_lib.MODELS:
+    lines.append(f"{model} (data: {', '.join(config_lib.MODEL_DATA[model])})")
+    for field, names in build.registries(model).items():
+      lines.append(f"  {field}: {', '.join(names)}")
+    extra = sorted(
+      set(build.registries(model, allow_batch_stats=True)["norm"])
+      - set(build.registries(model)["norm"])
+    )
+    if extra:
+      lines.append(f"  norm with --allow-batch-stats: {', '.join(extra)}")
+  lines.append(f"schedule: {', '.join(config_lib.SCHEDULES)}")
+  lines.append(f"positional: {', '.join(config_lib.POSITIONAL)}")
+  lines.append(f"dtype, param_dtype: {', '.join(config_lib.DTYPES)}")
+  return "\n".join(lines)
+
+
+def _parser(
+  prog: str, description: str, defaults: config_lib.TrainConfig
+) -> argparse.ArgumentParser:
   parser = argparse.ArgumentParser(
-    prog="jaxnorm-train",
-    description="Train one jaxnorm model on bundled real data.",
+    prog=prog,
+    description=description,
+    epilog="Part names in --help are those of --model lm; --list prints "
+    "every model's.",
   )
-  config_lib.add_arguments(parser)
+  parser.add_argument(
+    "--config",
+    metavar="FILE",
+    help="a TOML or JSON file of fields (flat or in sections model, data, "
+    "optim, run); flags override it",
+  )
+  parser.add_argument(
+    "--list",
+    action="store_true",
+    help="print the valid names of every registry and exit",
+  )
+  config_lib.add_arguments(parser, defaults, build.registries("lm"))
+  return parser
+
+
+def _parse(
+  prog: str,
+  description: str,
+  argv: Sequence[str] | None,
+  defaults: config_lib.TrainConfig,
+  extra: Callable[[argparse.ArgumentParser], None] = lambda p: None,
+) -> tuple[argparse.Namespace, config_lib.TrainConfig | None]:
+  """Flags over the ``--config`` file over ``defaults``."""
+  pre = argparse.ArgumentParser(add_help=False)
+  pre.add_argument("--config")
+  known, _ = pre.parse_known_args(argv)
+  parser = _parser(prog, description, defaults)
+  extra(parser)
+  if known.config:
+    try:
+      parser.set_defaults(**config_lib.load_file(known.config))
+    except ValueError as e:
+      parser.error(str(e))
   args = parser.parse_args(argv)
-  cfg = config_lib.from_args(args)
+  if args.list:
+    print(_list_registries())
+    return args, None
+  return args, config_lib.from_args(args)
+
+
+def train_main(argv: Sequence[str] | None = None) -> int:
+  """Entry point of ``jaxnorm-train``.
+
+  Exit status: 0 when the run finished or stopped at a preemption notice
+  (rerun to resume), 1 when it stopped at a non-finite loss or gradient,
+  2 for a config error, missing data or a busy run directory.
+  """
+  args, cfg = _parse(
+    "jaxnorm-train",
+    "Train one jaxnorm model on bundled real data.",
+    argv,
+    config_lib.TrainConfig(),
+  )
+  if cfg is None:
+    return 0
   _maybe_initialize_distributed()
   try:
     summary = trainer.train(cfg)
-  except ValueError as e:
+  except (
+    ValueError,
+    data.DataUnavailableError,
+    checkpoints.RunDirBusyError,
+  ) as e:
     print(f"jaxnorm-train: error: {e}", file=sys.stderr)
     return 2
   out = pathlib.Path(cfg.out_dir)
   if jax.process_index() != 0:
-    return 0
+    return 1 if summary["stop_reason"] == "nonfinite" else 0
   _report(
     [(f"{cfg.model}/{cfg.norm}/{cfg.residual}/{cfg.optimizer}", summary)],
     out / "loss.png",
   )
-  if summary["stopped_early"]:
+  if summary["stop_reason"] == "preempted":
     print(
-      f"stopped at step {summary['steps']} (SIGTERM); rerun the same "
-      f"command to resume from {out / 'checkpoints'}"
+      f"stopped at step {summary['steps']} (preemption notice); its "
+      f"checkpoint is saved; rerun the same command to resume from "
+      f"{out / 'checkpoints'}"
     )
+  if summary["stop_reason"] == "nonfinite":
+    print(
+      f"jaxnorm-train: stopped: non-finite loss or gradient at step "
+      f"{summary['steps'] + 1}; no checkpoint was written after step "
+      f"{summary['steps']}; lower --learning-rate or --clip-norm, or pass "
+      f"--nonfinite skip",
+      file=sys.stderr,
+    )
+    return 1
   return 0
 
 
 def _parse_vary(items: Sequence[str]) -> dict[str, list[str]]:
-  fields = {f.name: f for f in dataclasses.fields(config_lib.TrainConfig)}
   grid: dict[str, list[str]] = {}
   for item in items:
     name, _, values = item.partition("=")
     name = name.replace("-", "_")
-    if name not in fields or not values:
+    if name not in config_lib.FIELDS or not values:
       raise ValueError(
         f"--vary takes FIELD=V1,V2,... with FIELD one of "
-        f"{', '.join(sorted(fields))}; got {item!r}"
+        f"{', '.join(sorted(config_lib.FIELDS))}; got {item!r}"
       )
     grid[name] = values.split(",")
   return grid
 
 
-def _convert(field: str, text: str, default: object) -> object:
-  if isinstance(default, bool):
-    if text.lower() not in ("true", "false"):
-      raise ValueError(f"--vary {field}: use true or false, got {text!r}")
-    return text.lower() == "true"
-  if isinstance(default, tuple):
-    return tuple(int(p) for p in text.split("x"))
-  return type(default)(text)
-
-
 def sweep_main(argv: Sequence[str] | None = None) -> int:
   """Entry point of ``jaxnorm-sweep``: a grid of variants, same data/seed."""
-  parser = argparse.ArgumentParser(
-    prog="jaxnorm-sweep",
-    description="Train a grid of variants on the same data and seed; "
-    "write one comparison table and one plot.",
+
+  def vary(parser):
+    parser.add_argument(
+      "--vary",
+      action="append",
+      default=[],
+      metavar="FIELD=V1,V2",
+      help="a config field and its values (repeatable)",
+    )
+
+  args, base = _parse(
+    "jaxnorm-sweep",
+    "Train a grid of variants on the same data and seed; write one "
+    "comparison table and one plot.",
+    argv,
+    config_lib.TrainConfig(out_dir="runs/sweep"),
+    vary,
   )
-  parser.add_argument(
-    "--vary",
-    action="append",
-    default=[],
-    metavar="FIELD=V1,V2",
-    help="a config field and its values (repeatable)",
-  )
-  config_lib.add_arguments(parser, config_lib.TrainConfig(out_dir="runs/sweep"))
-  args = parser.parse_args(argv)
-  base = config_lib.from_args(args)
+  if base is None:
+    return 0
   try:
     grid = _parse_vary(args.vary)
     variants = []
     for values in itertools.product(*grid.values()):
-      changes = {}
-      for field, value in zip(grid, values):
-        changes[field] = _convert(field, value, getattr(base, field))
+      changes = {
+        field: config_lib.parse_value(field, value)
+        for field, value in zip(grid, values)
+      }
       name = "-".join(f"{v}" for v in values) or "base"
       cfg = dataclasses.replace(
         base, out_dir=str(pathlib.Path(base.out_dir) / name), **changes
       )
-      config_lib.validate(cfg, trainer.registries(cfg.model))
+      config_lib.validate(cfg, build.registries_for(cfg))
       variants.append((name, cfg))
   except ValueError as e:
     print(f"jaxnorm-sweep: error: {e}", file=sys.stderr)

@@ -1,20 +1,30 @@
-"""Run configuration: one frozen dataclass, a typed CLI, fail-fast checks.
+"""Run configuration: one frozen dataclass, config files, a typed CLI, checks.
 
 Every field of `TrainConfig` is a command-line flag of ``jaxnorm-train``
-(``--norm seednorm``, ``--mesh 2,1,4``, ``--no-resume``). `validate` checks
-names, shapes and the mesh against the registries and the visible devices
-before anything is built or compiled, and every message lists the valid
-choices.
+(``--norm seednorm``, ``--mesh 2,1,4``, ``--no-resume``) and a key of a
+config file (``--config run.toml``, TOML or JSON). The file may be flat or
+grouped in the sections of `GROUPS` (``[model]``, ``[data]``, ``[optim]``,
+``[run]``); flags given on the command line override the file. `validate`
+checks names, numbers, shapes and the mesh against the registries and the
+visible devices before anything is built or compiled, and every message lists
+the valid choices. `drift` compares a resumed run's config with the one saved
+beside its checkpoints.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.util
+import itertools
+import json
 import math
+import pathlib
+import re
+import tomllib
 import types
 import typing
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
@@ -30,6 +40,12 @@ MODEL_DATA: types.MappingProxyType = types.MappingProxyType(
     "mlp": data_lib.IMAGE_DATASETS,
   }
 )
+POSITIONAL: tuple[str, ...] = ("learned", "rope", "none")
+DTYPES: tuple[str, ...] = ("float32", "bfloat16")
+SCHEDULES: tuple[str, ...] = ("cosine", "wsd", "constant")
+NONFINITE: tuple[str, ...] = ("stop", "skip")
+
+Kwargs = tuple[tuple[str, Any], ...]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,27 +62,56 @@ class TrainConfig:
     residual: a residual scheme name.
     activation: an activation name.
     positional: ``learned``, ``rope`` or ``none`` (LM).
-    optimizer: an optimizer name of `jaxnorm.training.optimizers`.
-    learning_rate: peak learning rate (linear warmup, cosine decay).
-    weight_decay: decoupled weight decay on matrices.
-    warmup_steps: linear warmup length.
+    norm_kwargs: extra keyword arguments of every norm, ``(name, value)``
+      pairs (a JSON object on the command line).
+    attention_kwargs: extra keyword arguments of every attention layer.
+    allow_batch_stats: admit norms that take batch statistics in training
+      mode (BatchNorm, PowerNorm, ...) in the causal LM, where position t
+      then sees later tokens of the batch.
     width: model width (embedding / channels).
     depth: number of blocks.
     num_heads: attention heads.
+    dtype: compute dtype (``float32`` or ``bfloat16``).
+    param_dtype: storage dtype of the parameters (cast to ``dtype`` at use).
     seq_len: tokens per training window (LM).
-    batch_size: global batch size.
-    steps: training steps.
+    batch_size: batch size of one step (global, over all devices).
+    seed: seeds parameters, data order and dropout.
+    optimizer: an optimizer name of `jaxnorm.training.optimizers`.
+    learning_rate: peak learning rate.
+    schedule: ``cosine`` (linear warmup, cosine decay to 10%), ``wsd``
+      (warmup, stable, linear decay to 0 over the last 20% of updates) or
+      ``constant`` (warmup, then constant).
+    warmup_steps: linear warmup length, in optimizer updates.
+    weight_decay: decoupled weight decay (on matrices; see the README's
+      decay table).
+    clip_norm: global gradient-norm clipping threshold; 0 turns it off.
+    b1: first-moment (momentum) coefficient; None keeps the optimizer's.
+    b2: second-moment coefficient; None keeps the optimizer's.
+    grad_accum: batches accumulated into one update (`optax.MultiSteps`);
+      ``steps`` counts batches, so a run makes ``steps / grad_accum``
+      updates and the schedule runs over updates.
+    ema_decay: keep an exponential moving average of the weights with this
+      decay and evaluate with it; 0 turns it off.
+    nonfinite: on a non-finite loss or gradient, ``stop`` the run (the
+      state and checkpoints stay those of the last good step) or ``skip``
+      the step (no update; counted in ``skipped``).
+    steps: training steps (batches).
     eval_every: steps between evaluations (and at the end).
     eval_batches: evaluation batches.
+    log_every: steps between metric records.
     checkpoint_every: steps between checkpoints (and at the end).
     keep_checkpoints: checkpoints kept on disk.
-    log_every: steps between metric records.
-    seed: seeds parameters, data order and dropout.
-    mesh: devices along the ``data``, ``fsdp`` and ``tensor`` mesh axes.
+    mesh: devices along the ``data``, ``fsdp`` and ``tensor`` mesh axes;
+      a run may resume on another mesh.
     out_dir: run directory (metrics, plots, checkpoints).
-    resume: continue from the latest checkpoint in ``out_dir`` if any.
+    resume: continue from the latest checkpoint in ``out_dir`` if any;
+      ``False`` moves an earlier run aside to ``out_dir/previous-N``.
+    allow_change: fields a resumed run may change from the saved config.
     progress: show a progress bar.
-    dtype: compute dtype (``float32`` or ``bfloat16``); params stay f32.
+    profile_steps: ``(first, last)`` steps to trace with `jax.profiler`
+      into ``out_dir/profile``; empty for none.
+    tensorboard: also write TensorBoard scalars to ``out_dir/tensorboard``
+      (needs the ``tensorboardX`` package).
   """
 
   model: str = "lm"
@@ -76,42 +121,181 @@ class TrainConfig:
   residual: str = "prenorm"
   activation: str = "gelu"
   positional: str = "learned"
-  optimizer: str = "adamw"
-  learning_rate: float = 3e-3
-  weight_decay: float = 0.1
-  warmup_steps: int = 50
+  norm_kwargs: Kwargs = ()
+  attention_kwargs: Kwargs = ()
+  allow_batch_stats: bool = False
   width: int = 128
   depth: int = 4
   num_heads: int = 4
+  dtype: str = "float32"
+  param_dtype: str = "float32"
   seq_len: int = 128
   batch_size: int = 16
+  seed: int = 0
+  optimizer: str = "adamw"
+  learning_rate: float = 3e-3
+  schedule: str = "cosine"
+  warmup_steps: int = 50
+  weight_decay: float = 0.1
+  clip_norm: float = 1.0
+  b1: float | None = None
+  b2: float | None = None
+  grad_accum: int = 1
+  ema_decay: float = 0.0
+  nonfinite: str = "stop"
   steps: int = 500
   eval_every: int = 100
   eval_batches: int = 8
+  log_every: int = 10
   checkpoint_every: int = 100
   keep_checkpoints: int = 2
-  log_every: int = 10
-  seed: int = 0
   mesh: tuple[int, int, int] = (1, 1, 1)
   out_dir: str = "runs/default"
   resume: bool = True
+  allow_change: tuple[str, ...] = ()
   progress: bool = True
-  dtype: str = "float32"
+  profile_steps: tuple[int, ...] = ()
+  tensorboard: bool = False
 
 
-POSITIONAL: tuple[str, ...] = ("learned", "rope", "none")
-DTYPES: tuple[str, ...] = ("float32", "bfloat16")
+FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(TrainConfig))
+
+# Config-file sections and --help groups; every field is in exactly one.
+GROUPS: types.MappingProxyType = types.MappingProxyType(
+  {
+    "model": (
+      "model",
+      "norm",
+      "attention",
+      "residual",
+      "activation",
+      "positional",
+      "norm_kwargs",
+      "attention_kwargs",
+      "allow_batch_stats",
+      "width",
+      "depth",
+      "num_heads",
+      "dtype",
+      "param_dtype",
+    ),
+    "data": ("data", "seq_len", "batch_size", "seed"),
+    "optim": (
+      "optimizer",
+      "learning_rate",
+      "schedule",
+      "warmup_steps",
+      "weight_decay",
+      "clip_norm",
+      "b1",
+      "b2",
+      "grad_accum",
+      "ema_decay",
+      "nonfinite",
+    ),
+    "run": (
+      "steps",
+      "eval_every",
+      "eval_batches",
+      "log_every",
+      "checkpoint_every",
+      "keep_checkpoints",
+      "mesh",
+      "out_dir",
+      "resume",
+      "allow_change",
+      "progress",
+      "profile_steps",
+      "tensorboard",
+    ),
+  }
+)
+
+# Fields that change where and how a run is executed or watched, not what
+# it computes: a resume may change them freely (another mesh reshards).
+RUN_CONTROL: frozenset[str] = frozenset(GROUPS["run"]) - {
+  "steps",
+  "eval_batches",
+  "log_every",
+}
+
+# Fields that shape the saved state (model, data sizes, optimizer state): a
+# resume cannot change them.
+STRUCTURAL: frozenset[str] = (
+  frozenset(GROUPS["model"]) - {"dtype", "allow_batch_stats"}
+) | {"data", "seq_len", "optimizer", "grad_accum", "ema_decay"}
+
+_POSITIVE_INTS = (
+  "width",
+  "depth",
+  "num_heads",
+  "seq_len",
+  "batch_size",
+  "steps",
+  "eval_every",
+  "eval_batches",
+  "checkpoint_every",
+  "keep_checkpoints",
+  "log_every",
+  "grad_accum",
+)
+
+
+def _flag(field: str) -> str:
+  return "--" + field.replace("_", "-")
 
 
 def _choice(field: str, value: str, choices: Sequence[str]) -> None:
   if value not in choices:
     raise ValueError(
-      f"TrainConfig: --{field.replace('_', '-')} {value!r} is "
-      f"not valid; choose one of {', '.join(choices)}"
+      f"TrainConfig: {_flag(field)} {value!r} is not valid; choose one of "
+      f"{', '.join(choices)}"
     )
 
 
-def validate(cfg: TrainConfig, registries: dict[str, Sequence[str]]) -> None:
+def _number(field: str, value: Any, low: float, high: float, closed: bool):
+  """Checks ``low <= value < high`` (``<= high`` when ``closed``)."""
+  ok = (
+    isinstance(value, int | float)
+    and not isinstance(value, bool)
+    and math.isfinite(value)
+    and low <= value
+    and (value <= high if closed else value < high)
+  )
+  if not ok:
+    bound = "]" if closed else ")"
+    raise ValueError(
+      f"TrainConfig: {_flag(field)} must be a finite number in "
+      f"[{low:g}, {high:g}{bound}, got {value!r}"
+    )
+
+
+def valid_meshes(cfg: TrainConfig, devices: int) -> list[tuple[int, int, int]]:
+  """Meshes over all ``devices`` that this config's sizes can use."""
+  out = []
+  for d, f in itertools.product(range(1, devices + 1), repeat=2):
+    t, rest = divmod(devices, d * f)
+    if rest or t < 1 or cfg.batch_size % (d * f) or cfg.width % t:
+      continue
+    if cfg.model in ("lm", "vit") and cfg.num_heads % t:
+      continue
+    out.append((d, f, t))
+  return out
+
+
+def _mesh_error(cfg: TrainConfig, problem: str) -> ValueError:
+  devices = jax.device_count()
+  meshes = valid_meshes(cfg, devices)
+  hint = (
+    f"valid meshes over all {devices} devices for this model: "
+    + ", ".join(",".join(map(str, m)) for m in meshes[:6])
+    if meshes
+    else f"no mesh over all {devices} devices fits this model; use 1,1,1"
+  )
+  return ValueError(f"TrainConfig: {problem}; {hint}")
+
+
+def validate(cfg: TrainConfig, registries: Mapping[str, Sequence[str]]) -> None:
   """Checks a config before anything is built.
 
   Args:
@@ -121,7 +305,8 @@ def validate(cfg: TrainConfig, registries: dict[str, Sequence[str]]) -> None:
       registries).
 
   Raises:
-    ValueError: for unknown names, bad sizes or an impossible mesh.
+    ValueError: for unknown names, bad numbers or sizes, or an impossible
+      mesh.
   """
   _choice("model", cfg.model, MODELS)
   _choice("data", cfg.data, MODEL_DATA[cfg.model])
@@ -129,28 +314,66 @@ def validate(cfg: TrainConfig, registries: dict[str, Sequence[str]]) -> None:
     _choice(field, getattr(cfg, field), sorted(names))
   _choice("positional", cfg.positional, POSITIONAL)
   _choice("dtype", cfg.dtype, DTYPES)
-  for field in (
-    "width",
-    "depth",
-    "num_heads",
-    "seq_len",
-    "batch_size",
-    "steps",
-    "eval_every",
-    "eval_batches",
-    "checkpoint_every",
-    "keep_checkpoints",
-    "log_every",
-  ):
+  _choice("param_dtype", cfg.param_dtype, DTYPES)
+  _choice("schedule", cfg.schedule, SCHEDULES)
+  _choice("nonfinite", cfg.nonfinite, NONFINITE)
+  for field in _POSITIVE_INTS:
     value = getattr(cfg, field)
-    if not isinstance(value, int) or value <= 0:
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
       raise ValueError(
-        f"TrainConfig: --{field.replace('_', '-')} must be a "
-        f"positive integer, got {value!r}"
+        f"TrainConfig: {_flag(field)} must be a positive integer, got {value!r}"
       )
-  if cfg.warmup_steps < 0:
+  if not isinstance(cfg.warmup_steps, int) or cfg.warmup_steps < 0:
     raise ValueError(
       f"TrainConfig: --warmup-steps must be >= 0, got {cfg.warmup_steps}"
+    )
+  _number("learning_rate", cfg.learning_rate, 0.0, math.inf, False)
+  if cfg.learning_rate == 0:
+    raise ValueError("TrainConfig: --learning-rate must be > 0, got 0")
+  _number("weight_decay", cfg.weight_decay, 0.0, math.inf, False)
+  _number("clip_norm", cfg.clip_norm, 0.0, math.inf, False)
+  _number("ema_decay", cfg.ema_decay, 0.0, 1.0, False)
+  for field in ("b1", "b2"):
+    if getattr(cfg, field) is not None:
+      _number(field, getattr(cfg, field), 0.0, 1.0, False)
+  if cfg.steps % cfg.grad_accum:
+    raise ValueError(
+      f"TrainConfig: --steps {cfg.steps} must be a multiple of "
+      f"--grad-accum {cfg.grad_accum} (each update takes {cfg.grad_accum} "
+      f"batches)"
+    )
+  for field in ("norm_kwargs", "attention_kwargs"):
+    for name, _ in getattr(cfg, field):
+      if not isinstance(name, str) or not name.isidentifier():
+        raise ValueError(
+          f"TrainConfig: {_flag(field)} keys must be argument names, got "
+          f"{name!r}"
+        )
+  unknown = sorted(set(cfg.allow_change) - set(FIELDS))
+  if unknown:
+    raise ValueError(
+      f"TrainConfig: --allow-change names unknown fields {unknown}; valid "
+      f"fields: {', '.join(sorted(set(FIELDS) - RUN_CONTROL))}"
+    )
+  fixed = sorted(set(cfg.allow_change) & STRUCTURAL)
+  if fixed:
+    raise ValueError(
+      f"TrainConfig: --allow-change {','.join(fixed)}: these fields shape "
+      f"the saved state and cannot change on resume; fields that can: "
+      f"{', '.join(sorted(set(FIELDS) - STRUCTURAL - RUN_CONTROL))}"
+    )
+  if cfg.profile_steps and (
+    len(cfg.profile_steps) != 2
+    or not 1 <= cfg.profile_steps[0] <= cfg.profile_steps[1] <= cfg.steps
+  ):
+    raise ValueError(
+      f"TrainConfig: --profile-steps takes FIRST,LAST with 1 <= FIRST <= "
+      f"LAST <= --steps {cfg.steps}, got {cfg.profile_steps}"
+    )
+  if cfg.tensorboard and importlib.util.find_spec("tensorboardX") is None:
+    raise ValueError(
+      "TrainConfig: --tensorboard needs the tensorboardX package: pip "
+      "install tensorboardX"
     )
   if cfg.model in ("lm", "vit") and cfg.width % cfg.num_heads:
     raise ValueError(
@@ -159,6 +382,10 @@ def validate(cfg: TrainConfig, registries: dict[str, Sequence[str]]) -> None:
       f"valid head counts for this width: "
       f"{', '.join(str(h) for h in _divisors(cfg.width))}"
     )
+  _validate_mesh(cfg)
+
+
+def _validate_mesh(cfg: TrainConfig) -> None:
   if len(cfg.mesh) != 3 or any(
     not isinstance(m, int) or m <= 0 for m in cfg.mesh
   ):
@@ -168,29 +395,31 @@ def validate(cfg: TrainConfig, registries: dict[str, Sequence[str]]) -> None:
     )
   devices = jax.device_count()
   size = math.prod(cfg.mesh)
+  mesh = ",".join(map(str, cfg.mesh))
   if size > devices:
-    raise ValueError(
-      f"TrainConfig: --mesh {','.join(map(str, cfg.mesh))} needs {size} "
-      f"devices but {devices} are available; valid meshes multiply to at "
-      f"most {devices}, e.g. {devices},1,1 or 1,1,{devices} (simulate CPU "
-      f"devices with XLA_FLAGS=--xla_force_host_platform_device_count=N)"
+    raise _mesh_error(
+      cfg,
+      f"--mesh {mesh} needs {size} devices but {devices} are available "
+      f"(simulate CPU devices with "
+      f"XLA_FLAGS=--xla_force_host_platform_device_count=N)",
     )
   batch_shards = cfg.mesh[0] * cfg.mesh[1]
   if cfg.batch_size % batch_shards:
-    raise ValueError(
-      f"TrainConfig: --batch-size {cfg.batch_size} must be "
-      f"divisible by data*fsdp = {batch_shards}"
+    raise _mesh_error(
+      cfg,
+      f"--batch-size {cfg.batch_size} must be divisible by data*fsdp = "
+      f"{batch_shards}",
     )
   tensor = cfg.mesh[2]
   if cfg.model in ("lm", "vit") and cfg.num_heads % tensor:
-    raise ValueError(
-      f"TrainConfig: the tensor mesh axis ({tensor}) must "
-      f"divide --num-heads {cfg.num_heads}"
+    raise _mesh_error(
+      cfg,
+      f"the tensor mesh axis ({tensor}) must divide --num-heads "
+      f"{cfg.num_heads}",
     )
   if cfg.width % tensor:
-    raise ValueError(
-      f"TrainConfig: the tensor mesh axis ({tensor}) must "
-      f"divide --width {cfg.width}"
+    raise _mesh_error(
+      cfg, f"the tensor mesh axis ({tensor}) must divide --width {cfg.width}"
     )
 
 
@@ -198,45 +427,233 @@ def _divisors(n: int) -> list[int]:
   return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def _parse_mesh(text: str) -> tuple[int, ...]:
+# ---------------------------------------------------------------------------
+# Values from text (flags, sweeps) and from config files.
+
+
+def _ints(field: str, text: str) -> tuple[int, ...]:
+  """``"2,1,4"`` (or ``"2x1x4"``, for sweeps) as integers; ``""`` is ()."""
   try:
-    return tuple(int(p) for p in text.split(","))
+    return tuple(int(p) for p in re.split(r"[,x]", text)) if text else ()
   except ValueError as e:
-    raise argparse.ArgumentTypeError(
-      f"--mesh takes data,fsdp,tensor integers such as 2,1,4; got {text!r}"
+    raise ValueError(
+      f"{_flag(field)} takes comma-separated integers such as 2,1,4; got "
+      f"{text!r}"
     ) from e
 
 
-def add_arguments(
-  parser: argparse.ArgumentParser, defaults: TrainConfig = TrainConfig()
-) -> None:
-  """Adds one typed flag per `TrainConfig` field to ``parser``."""
-  hints = typing.get_type_hints(TrainConfig)
-  for field in dataclasses.fields(TrainConfig):
-    flag = "--" + field.name.replace("_", "-")
-    default = getattr(defaults, field.name)
-    kind = hints[field.name]
-    if kind is bool:
-      parser.add_argument(
-        flag, action=argparse.BooleanOptionalAction, default=default
-      )
-    elif field.name == "mesh":
-      parser.add_argument(
-        flag,
-        type=_parse_mesh,
-        default=default,
-        help="devices on data,fsdp,tensor (default "
-        f"{','.join(map(str, default))})",
-      )
+def _kwargs(field: str, value: Any) -> Kwargs:
+  if isinstance(value, str):
+    try:
+      value = json.loads(value or "{}")
+    except json.JSONDecodeError as e:
+      raise ValueError(
+        f"{_flag(field)} takes a JSON object such as '{{\"eps\": 1e-5}}'; "
+        f"got {value!r} ({e.msg})"
+      ) from e
+  if isinstance(value, Sequence) and not isinstance(value, str):
+    value = dict(value)
+  if not isinstance(value, Mapping):
+    raise ValueError(f"{_flag(field)} takes a JSON object, got {value!r}")
+  return tuple(sorted((str(k), _frozen(v)) for k, v in value.items()))
+
+
+def _frozen(value: Any) -> Any:
+  """JSON lists as tuples, so a config stays hashable."""
+  if isinstance(value, list):
+    return tuple(_frozen(v) for v in value)
+  return value
+
+
+def parse_value(field: str, value: Any) -> Any:
+  """Converts a flag's text (or a config file's value) to ``field``'s type.
+
+  Raises:
+    ValueError: if the field is unknown or the value does not parse.
+  """
+  if field not in FIELDS:
+    raise ValueError(
+      f"TrainConfig: unknown field {field!r}; valid fields: {', '.join(FIELDS)}"
+    )
+  kind = typing.get_type_hints(TrainConfig)[field]
+  if field in ("norm_kwargs", "attention_kwargs"):
+    return _kwargs(field, value)
+  if value is None or not isinstance(value, str):
+    if isinstance(value, list):
+      return tuple(value)
+    numeric = isinstance(value, int) and not isinstance(value, bool)
+    return float(value) if numeric and kind in (float, float | None) else value
+  if kind is bool:
+    if value.lower() not in ("true", "false"):
+      raise ValueError(f"{_flag(field)}: use true or false, got {value!r}")
+    return value.lower() == "true"
+  if field == "allow_change":
+    return tuple(p.replace("-", "_") for p in value.split(",") if p)
+  if kind in (tuple[int, int, int], tuple[int, ...]):
+    return _ints(field, value)
+  if kind == float | None:
+    return None if value.lower() == "none" else float(value)
+  try:
+    return kind(value)
+  except ValueError as e:
+    raise ValueError(
+      f"{_flag(field)} takes {kind.__name__}, got {value!r}"
+    ) from e
+
+
+def load_file(path: str | pathlib.Path) -> dict[str, Any]:
+  """Reads a TOML or JSON config file into ``{field: value}``.
+
+  Keys are field names (``learning_rate`` or ``learning-rate``), at the top
+  level or inside the sections of `GROUPS`.
+
+  Raises:
+    ValueError: for an unreadable file, an unknown section or field, or a
+      value of the wrong type.
+  """
+  path = pathlib.Path(path)
+  try:
+    text = path.read_text()
+    raw = json.loads(text) if path.suffix == ".json" else tomllib.loads(text)
+  except (OSError, ValueError) as e:
+    raise ValueError(f"--config {path}: cannot read it ({e})") from e
+  flat: dict[str, Any] = {}
+  for key, value in raw.items():
+    key = key.replace("-", "_")
+    if key in GROUPS and isinstance(value, Mapping):
+      for name, item in value.items():
+        name = name.replace("-", "_")
+        if name not in GROUPS[key]:
+          raise ValueError(
+            f"--config {path}: [{key}] has no field {name!r}; its fields: "
+            f"{', '.join(GROUPS[key])}"
+          )
+        flat[name] = parse_value(name, item)
+    elif key in FIELDS:
+      flat[key] = parse_value(key, value)
     else:
-      parser.add_argument(
-        flag, type=kind, default=default, help=f"(default {default})"
+      raise ValueError(
+        f"--config {path}: unknown key {key!r}; use sections "
+        f"{', '.join(GROUPS)} or the fields {', '.join(FIELDS)}"
+      )
+  return flat
+
+
+def to_json(cfg: TrainConfig) -> dict[str, Any]:
+  """The config as plain JSON values (tuples become lists)."""
+  return json.loads(json.dumps(dataclasses.asdict(cfg)))
+
+
+def drift(saved: Mapping[str, Any], cfg: TrainConfig) -> list[str]:
+  """Fields of ``cfg`` that differ from a ``saved`` `to_json` dict.
+
+  Fields in `RUN_CONTROL` and in ``cfg.allow_change`` are not compared; a
+  field missing from ``saved`` (an older runner) counts as its default.
+
+  Returns:
+    One ``--field old -> new`` entry per differing field.
+  """
+  current = to_json(cfg)
+  default = to_json(TrainConfig())
+  out = []
+  for field in FIELDS:
+    if field in RUN_CONTROL or field in cfg.allow_change:
+      continue
+    old = saved.get(field, default[field])
+    if old != current[field]:
+      out.append(
+        f"{_flag(field)} {json.dumps(old)} -> {json.dumps(current[field])}"
+      )
+  return out
+
+
+# ---------------------------------------------------------------------------
+# The command line.
+
+
+def field_docs() -> dict[str, str]:
+  """Each field's description, from the `TrainConfig` docstring."""
+  docs: dict[str, str] = {}
+  lines = (TrainConfig.__doc__ or "").split("Attributes:")[1].splitlines()
+  name = None
+  for line in lines:
+    head, sep, text = line.strip().partition(": ")
+    if (
+      sep
+      and head in FIELDS
+      and line.startswith("    ")
+      and not (line.startswith("      "))
+    ):
+      name = head
+      docs[name] = text
+    elif name and line.strip():
+      docs[name] += " " + line.strip()
+  return docs
+
+
+def _help(
+  field: str, doc: str, default: Any, choices: Sequence[str] | None
+) -> str:
+  shown = ",".join(map(str, default)) if isinstance(default, tuple) else default
+  if field in ("norm_kwargs", "attention_kwargs"):
+    shown = json.dumps(dict(default))
+  doc = doc.replace("`", "").rstrip(".")
+  text = f"{doc} (default {shown})".replace("%", "%%")
+  if choices:
+    text += f"; one of: {', '.join(choices)}"
+  return text
+
+
+def add_arguments(
+  parser: argparse.ArgumentParser,
+  defaults: TrainConfig = TrainConfig(),
+  choices: Mapping[str, Sequence[str]] | None = None,
+) -> None:
+  """Adds one typed flag per `TrainConfig` field, grouped as `GROUPS`.
+
+  Args:
+    parser: the parser to extend.
+    defaults: the default values shown and used.
+    choices: valid names per field, listed in ``--help``.
+  """
+  hints = typing.get_type_hints(TrainConfig)
+  docs = field_docs()
+  names = {
+    "model": MODELS,
+    "data": sorted({d for ds in MODEL_DATA.values() for d in ds}),
+    "positional": POSITIONAL,
+    "dtype": DTYPES,
+    "param_dtype": DTYPES,
+    "schedule": SCHEDULES,
+    "nonfinite": NONFINITE,
+    **(choices or {}),
+  }
+  for group, fields in GROUPS.items():
+    section = parser.add_argument_group(f"{group} (config file [{group}])")
+    for field in fields:
+      default = getattr(defaults, field)
+      help_text = _help(field, docs[field], default, names.get(field))
+      if hints[field] is bool:
+        section.add_argument(
+          _flag(field),
+          action=argparse.BooleanOptionalAction,
+          default=default,
+          help=help_text,
+        )
+        continue
+
+      def convert(text: str, field: str = field) -> Any:
+        try:
+          return parse_value(field, text)
+        except ValueError as e:
+          raise argparse.ArgumentTypeError(str(e)) from e
+
+      convert.__name__ = field
+      section.add_argument(
+        _flag(field), type=convert, default=default, help=help_text
       )
 
 
 def from_args(args: argparse.Namespace) -> TrainConfig:
   """Builds a `TrainConfig` from parsed flags."""
-  values: dict[str, Any] = {
-    f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig)
-  }
-  return TrainConfig(**values)
+  return TrainConfig(**{field: getattr(args, field) for field in FIELDS})

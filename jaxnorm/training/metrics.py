@@ -1,4 +1,8 @@
-"""Metrics as JSON lines, a progress bar, plots and summary tables."""
+"""Metrics as JSON lines, a TensorBoard sink, progress, plots and tables.
+
+Records are strict JSON: a non-finite number is written as ``null`` (the
+NaN guard of the trainer decides what a non-finite step means).
+"""
 
 from __future__ import annotations
 
@@ -17,11 +21,19 @@ class MetricsLog:
 
   A run killed after its last checkpoint has logged steps that the resumed
   run will redo; ``truncate_after`` removes them so the file reads as one
-  uninterrupted run.
+  uninterrupted run. Each record is also passed to every sink (e.g.
+  `TensorBoardSink`).
   """
 
-  def __init__(self, path: pathlib.Path, *, truncate_after: int = 0):
+  def __init__(
+    self,
+    path: pathlib.Path,
+    *,
+    truncate_after: int = 0,
+    sinks: Sequence[Any] = (),
+  ):
     self.path = pathlib.Path(path)
+    self.sinks = list(sinks)
     if truncate_after == 0:
       self.path.write_text("")
     elif self.path.exists():
@@ -33,9 +45,47 @@ class MetricsLog:
       self.path.write_text("".join(line + "\n" for line in kept))
 
   def write(self, record: dict[str, Any]) -> None:
-    """Appends ``record`` (must contain ``step``)."""
+    """Appends ``record`` (must contain ``step``); NaN/inf become null."""
+    record = finite_or_null(record)
     with self.path.open("a") as f:
-      f.write(json.dumps(record) + "\n")
+      f.write(json.dumps(record, allow_nan=False) + "\n")
+    for sink in self.sinks:
+      sink.write(record)
+
+  def close(self) -> None:
+    """Closes the sinks."""
+    for sink in self.sinks:
+      sink.close()
+
+
+def finite_or_null(record: dict[str, Any]) -> dict[str, Any]:
+  """``record`` with non-finite floats replaced by None (JSON null)."""
+  return {
+    k: None if isinstance(v, float) and not math.isfinite(v) else v
+    for k, v in record.items()
+  }
+
+
+class TensorBoardSink:
+  """Writes every numeric field of each record as a TensorBoard scalar.
+
+  Needs the ``tensorboardX`` package (checked by the config validation).
+  """
+
+  def __init__(self, log_dir: pathlib.Path):
+    import tensorboardX
+
+    self._writer = tensorboardX.SummaryWriter(str(log_dir))
+
+  def write(self, record: dict[str, Any]) -> None:
+    """Adds the record's numbers at its ``step``."""
+    for k, v in record.items():
+      if k != "step" and isinstance(v, int | float) and not isinstance(v, bool):
+        self._writer.add_scalar(k, v, record["step"])
+
+  def close(self) -> None:
+    """Flushes and closes the event file."""
+    self._writer.close()
 
 
 def read_log(path: pathlib.Path) -> list[dict[str, Any]]:
@@ -60,14 +110,21 @@ class Progress:
       file=sys.stderr,
     )
 
-  def update(self, step: int, *, loss: float, tokens_per_sec: float) -> None:
+  def update(
+    self, step: int, *, loss: float, tokens_per_sec: float | None
+  ) -> None:
     """Moves the bar to ``step``."""
     self._bar.update(step - self._bar.n)
-    self._bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{tokens_per_sec:,.0f}")
+    speed = "-" if tokens_per_sec is None else f"{tokens_per_sec:,.0f}"
+    self._bar.set_postfix(loss=f"{loss:.3f}", tok_s=speed)
 
   def close(self) -> None:
     """Finishes the bar."""
     self._bar.close()
+
+
+def _median(values: Sequence[float]) -> float:
+  return sorted(values)[len(values) // 2] if values else math.nan
 
 
 def summarize(
@@ -77,50 +134,85 @@ def summarize(
   num_params: int,
   baseline: float | None,
   kind: str,
-  stopped_early: bool,
+  steps: int,
+  stop_reason: str | None,
 ) -> dict[str, Any]:
-  """Final numbers of a run from its metrics file."""
+  """Final numbers of a run from its metrics file.
+
+  Args:
+    path: the metrics file.
+    config: the run's config (stored as is).
+    num_params: parameter count.
+    baseline: the loss (nats) of the trivial predictor: unigram entropy for
+      a language model, ``log(classes)`` for a classifier.
+    kind: ``lm`` or ``classify``.
+    steps: the last step the run completed.
+    stop_reason: ``preempted`` or ``nonfinite`` for an early stop, else
+      None.
+
+  Returns:
+    Losses in nats; for ``lm`` also ``val_bits_per_byte`` and
+    ``baseline_bits_per_byte`` (nats / ln 2). ``tokens_per_sec`` is the
+    median over records of training-step time only (no compilation,
+    evaluation or checkpointing).
+  """
   records = read_log(path)
-  train = [r for r in records if "loss" in r]
-  val = [r for r in records if "val_loss" in r]
-  speeds = [r["tokens_per_sec"] for r in train[1:]] or [
-    r["tokens_per_sec"] for r in train
-  ]
+  train = [r for r in records if r.get("loss") is not None]
+  val = [r for r in records if r.get("val_loss") is not None]
+  speeds = [r["tokens_per_sec"] for r in train if r.get("tokens_per_sec")]
   summary: dict[str, Any] = {
     "config": config,
-    "steps": train[-1]["step"] if train else 0,
+    "steps": steps,
     "params": num_params,
     "train_loss": train[-1]["loss"] if train else math.nan,
     "val_loss": val[-1]["val_loss"] if val else math.nan,
     "val_accuracy": val[-1]["val_accuracy"] if val else math.nan,
-    "tokens_per_sec": sorted(speeds)[len(speeds) // 2] if speeds else math.nan,
+    "tokens_per_sec": _median(speeds),
     "baseline": baseline,
     "kind": kind,
-    "stopped_early": stopped_early,
+    "stopped_early": stop_reason is not None,
+    "stop_reason": stop_reason,
   }
   if kind == "lm":
     summary["val_bits_per_byte"] = summary["val_loss"] / math.log(2)
+    summary["baseline_bits_per_byte"] = (
+      None if baseline is None else baseline / math.log(2)
+    )
   return summary
 
 
 def write_summary(path: pathlib.Path, summary: dict[str, Any]) -> None:
-  """Writes the summary as JSON."""
-  pathlib.Path(path).write_text(json.dumps(summary, indent=2) + "\n")
+  """Writes the summary as strict JSON (NaN becomes null)."""
+  clean = {
+    k: finite_or_null(v) if isinstance(v, dict) else v
+    for k, v in finite_or_null(summary).items()
+  }
+  pathlib.Path(path).write_text(
+    json.dumps(clean, indent=2, allow_nan=False) + "\n"
+  )
 
 
 def summary_table(rows: Sequence[tuple[str, dict[str, Any]]]) -> str:
-  """A Markdown table comparing run summaries (one row per variant)."""
+  """A Markdown table comparing run summaries (one row per variant).
+
+  Losses are in nats; the baseline column gives the trivial predictor's
+  loss in the same unit, and for language models the bits-per-byte column
+  gives both the model's and the baseline's bits per byte.
+  """
   head = (
-    "| run | params | steps | train loss | val loss | val bits/byte "
-    "or acc | baseline | tokens/s |"
+    "| run | params | steps | train loss (nats) | val loss (nats) | "
+    "baseline loss (nats) | val bits/byte (baseline) or accuracy | "
+    "tokens/s |"
   )
   lines = [head, "|---|---|---|---|---|---|---|---|"]
   for name, s in rows:
-    quality = (
-      f"{s['val_bits_per_byte']:.3f} b/B"
-      if s["kind"] == "lm"
-      else f"{100 * s['val_accuracy']:.1f}%"
-    )
+    if s["kind"] == "lm":
+      base = s.get("baseline_bits_per_byte")
+      quality = f"{s['val_bits_per_byte']:.3f}" + (
+        "" if base is None else f" ({base:.3f} unigram)"
+      )
+    else:
+      quality = f"{100 * s['val_accuracy']:.1f}%"
     baseline = (
       ""
       if s["baseline"] is None
@@ -129,7 +221,7 @@ def summary_table(rows: Sequence[tuple[str, dict[str, Any]]]) -> str:
     )
     lines.append(
       f"| {name} | {s['params']:,} | {s['steps']} | {s['train_loss']:.3f} "
-      f"| {s['val_loss']:.3f} | {quality} | {baseline} | "
+      f"| {s['val_loss']:.3f} | {baseline} | {quality} | "
       f"{s['tokens_per_sec']:,.0f} |"
     )
   return "\n".join(lines)
@@ -171,8 +263,14 @@ def plot_runs(
   for i, (name, path) in enumerate(runs):
     records = read_log(path)
     color = f"C{i % 10}"
-    train = [(r["step"], r["loss"]) for r in records if "loss" in r]
-    val = [(r["step"], r["val_loss"]) for r in records if "val_loss" in r]
+    train = [
+      (r["step"], r["loss"]) for r in records if r.get("loss") is not None
+    ]
+    val = [
+      (r["step"], r["val_loss"])
+      for r in records
+      if r.get("val_loss") is not None
+    ]
     label = f"{name} " if name else ""
     if train:
       ax.plot(*zip(*train), color=color, lw=1.2, label=f"{label}train")

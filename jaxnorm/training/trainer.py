@@ -2,28 +2,51 @@
 
 `train` runs one `TrainConfig` end to end:
 
-1. validates the config against the registries (no compilation yet);
-2. builds the mesh and the model under the logical axis rules, so every
+1. validates the config (names, numbers, mesh) before anything is built;
+2. locks ``out_dir`` (`checkpoints.RunLock`); ``resume=False`` moves an
+   earlier run aside; a resume reads the config saved with the newest
+   checkpoint and refuses one that differs (`config.drift`), unless the
+   changed fields are named in ``allow_change``, all before compiling;
+3. builds the mesh and the model under the logical axis rules, so every
    parameter is sharded as its logical names say;
-3. restores the latest checkpoint of ``out_dir`` (model, optimizer and the
-   grain iterator) if one exists and ``resume`` is set;
-4. runs jitted train steps on batches sharded over ``data``/``fsdp``,
-   evaluating every ``eval_every`` steps and saving every
-   ``checkpoint_every`` steps (and on SIGTERM, before exiting);
-5. writes metrics (JSON lines), a loss plot and returns the summary.
+4. restores the newest good checkpoint (state, grain iterator, the partial
+   log window) into the shardings the *current* mesh gives, so a run
+   resumes on any mesh; a corrupt newest checkpoint falls back to the
+   previous one;
+5. runs jitted train steps, evaluating every ``eval_every`` steps and saving
+   every ``checkpoint_every`` steps, at the end, and at a preemption;
+6. writes metrics (JSON lines, optionally TensorBoard), a loss plot, and
+   returns the summary.
+
+The train step differentiates the parameters and every `BackwardStat`
+(state that a custom backward pass updates, e.g. PowerNorm's ``grad_ema``),
+applies the optimizer to the parameters and the increments to that state,
+and keeps the forward pass's other state (running statistics). A step with
+a non-finite loss or gradient changes nothing but the step counter: the run
+stops there (``nonfinite="stop"``: no checkpoint is written after it) or
+goes on (``"skip"``, counted in ``skipped``).
 
 Determinism: the data order comes from the seeded grain iterator (restored
-exactly), dropout keys are ``fold_in(seed, step)``, so a resumed run
-reproduces the uninterrupted run's losses step for step.
+exactly), dropout keys are ``fold_in(seed, step)``, and the per-step metrics
+of a partly filled log window are saved with each checkpoint, so a resumed
+run logs the uninterrupted run's numbers (timings aside).
+
+Preemption: `CheckpointManager.reached_preemption` (JAX's multi-host sync
+point: every process gets True at the same step) stops the run with a
+checkpoint; in a single-process run a SIGTERM handler also triggers it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import pathlib
 import signal
+import sys
+import threading
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import grain
@@ -31,28 +54,24 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-import orbax.checkpoint as ocp
 from flax import nnx
+from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from jaxnorm import nn as jaxnorm_nn
 from jaxnorm import sharding
-from jaxnorm.nn import models
+from jaxnorm.nn import decay as nn_decay
+from jaxnorm.training import build, optimizers
+from jaxnorm.training import checkpoints as checkpoints_lib
 from jaxnorm.training import config as config_lib
 from jaxnorm.training import data as data_lib
+from jaxnorm.training import faults as faults_lib
 from jaxnorm.training import metrics as metrics_lib
-from jaxnorm.training import optimizers
-
-
-def registries(model: str = "lm") -> dict[str, tuple[str, ...]]:
-  """Valid names for each named model part and the optimizer."""
-  return {
-    **models.registries(model),
-    "optimizer": tuple(sorted(optimizers.OPTIMIZERS)),
-  }
-
 
 _BASELINE_LABELS = {"lm": "unigram entropy", "classify": "uniform guess"}
+# Record fields that report the window's last step instead of its mean.
+_LAST_VALUE = ("lr", "skipped")
 
 
 @dataclasses.dataclass
@@ -119,39 +138,50 @@ def _loss_and_metrics(
   kind: str, outputs: jax.Array, batch: Any
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
   logits = outputs.astype(jnp.float32)
-  if kind == "lm":
-    labels = batch[:, 1:]
-  else:
-    labels = batch["label"]
-  loss = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
+  labels = batch[:, 1:] if kind == "lm" else batch["label"]
+  loss = jnp.mean(
+    optax.softmax_cross_entropy_with_integer_labels(logits, labels)
+  )
   accuracy = jnp.mean((jnp.argmax(logits, -1) == labels).astype(jnp.float32))
-  return jnp.mean(loss), {"loss": jnp.mean(loss), "accuracy": accuracy}
+  return loss, {"loss": loss, "accuracy": accuracy}
 
 
 def _inputs(kind: str, batch: Any) -> jax.Array:
   return batch[:, :-1] if kind == "lm" else batch["image"]
 
 
-class _Stop:
-  """Turns SIGTERM into a flag the loop checks after each step."""
+class _LocalStop:
+  """Turns SIGTERM into a flag (single-process runs, main thread only).
+
+  In a multi-process run JAX's distributed runtime owns SIGTERM and
+  propagates the notice to every process (`reached_preemption`), so no
+  handler is installed.
+  """
 
   def __init__(self):
     self.requested = False
     self._previous = None
+    self._enabled = (
+      jax.process_count() == 1
+      and threading.current_thread() is threading.main_thread()
+    )
 
-  def __enter__(self):
-    def handler(signum, frame):
-      del signum, frame
-      self.requested = True
+  def __enter__(self) -> _LocalStop:
+    if self._enabled:
 
-    self._previous = signal.signal(signal.SIGTERM, handler)
+      def handler(signum, frame):
+        del signum, frame
+        self.requested = True
+
+      self._previous = signal.signal(signal.SIGTERM, handler)
     return self
 
-  def __exit__(self, *exc):
-    signal.signal(signal.SIGTERM, self._previous)
+  def __exit__(self, *exc: Any) -> None:
+    if self._enabled:
+      signal.signal(signal.SIGTERM, self._previous)
 
 
-def _to_global(batch: Any, sharding: NamedSharding) -> Any:
+def _to_global(batch: Any, batch_sharding: NamedSharding) -> Any:
   """Places a host batch on the mesh, each process contributing its rows.
 
   Every process iterates the same seeded pipeline (so iterator states, and
@@ -163,7 +193,9 @@ def _to_global(batch: Any, sharding: NamedSharding) -> Any:
   def place(a):
     rows = a.shape[0] // count
     local = a[index * rows : (index + 1) * rows]
-    return jax.make_array_from_process_local_data(sharding, local, a.shape)
+    return jax.make_array_from_process_local_data(
+      batch_sharding, local, a.shape
+    )
 
   return jax.tree.map(place, batch)
 
@@ -179,6 +211,44 @@ def _abstract(tree: Any) -> Any:
   )
 
 
+def _sync(name: str) -> None:
+  if jax.process_count() > 1:
+    multihost_utils.sync_global_devices(name)
+
+
+def _check_drift(
+  cfg: config_lib.TrainConfig, ckpts: checkpoints_lib.Checkpoints
+) -> None:
+  newest = ckpts.newest_info()
+  if newest is None:
+    return
+  step, run = newest
+  changes = config_lib.drift(run.get("config", {}), cfg)
+  if changes:
+    fields = ",".join(c.split()[0][2:] for c in changes)
+    raise ValueError(
+      f"train: {ckpts.manager.directory} holds a run (step {step}) saved "
+      f"with another config: {'; '.join(changes)}; rerun with the saved "
+      f"values, accept the change with --allow-change {fields}, or start "
+      f"over with --no-resume (the old run is moved aside)"
+    )
+
+
+def _record(
+  step: int, window: Sequence[dict[str, Any]], speed: float | None
+) -> dict[str, Any]:
+  """One log record: window means (finite values only) and last values."""
+  record: dict[str, Any] = {"step": step}
+  for key in window[-1]:
+    if key in _LAST_VALUE:
+      record[key] = window[-1][key]
+      continue
+    values = [m[key] for m in window if m[key] is not None]
+    record[key] = float(np.mean(values)) if values else None
+  record["tokens_per_sec"] = speed
+  return record
+
+
 def train(
   cfg: config_lib.TrainConfig, *, model: nnx.Module | None = None
 ) -> dict[str, Any]:
@@ -191,91 +261,162 @@ def train(
       schedule such as `jaxnorm.nn.fakeln.FakeLayerNorm`); the model fields
       of ``cfg`` (width, depth, norm, ...) are then unused. On return it
       holds the trained parameters and state, in eval mode.
+
+  Returns:
+    The summary of `metrics.summarize`; ``stop_reason`` is ``preempted``
+    (resume by running again) or ``nonfinite`` (the last checkpoint is from
+    before the bad step) for an early stop.
+
+  Raises:
+    ValueError: for an invalid config, or a resume whose config differs
+      from the saved one in fields not named in ``allow_change``.
+    checkpoints.RunDirBusyError: if another runner holds ``out_dir``.
   """
-  config_lib.validate(cfg, registries(cfg.model))
+  config_lib.validate(cfg, build.registries_for(cfg))
+  faults = faults_lib.from_env()
   out_dir = pathlib.Path(cfg.out_dir).absolute()
-  out_dir.mkdir(parents=True, exist_ok=True)
+  primary = jax.process_index() == 0
+  with checkpoints_lib.RunLock(out_dir, enabled=primary):
+    if not cfg.resume and primary:
+      checkpoints_lib.move_aside(out_dir)
+    _sync("jaxnorm-move-aside")
+    ckpts = checkpoints_lib.Checkpoints(
+      out_dir / "checkpoints",
+      keep=cfg.keep_checkpoints,
+      corrupt_dir=out_dir / "corrupt",
+      primary=primary,
+    )
+    try:
+      if cfg.resume:
+        _check_drift(cfg, ckpts)
+      # optax mixes integer counts with floats; the run does not depend on
+      # the caller's promotion mode.
+      with jax.numpy_dtype_promotion("standard"):
+        return _run(cfg, model, out_dir, primary, faults, ckpts)
+    finally:
+      ckpts.close()
+
+
+def _run(
+  cfg: config_lib.TrainConfig,
+  model: nnx.Module | None,
+  out_dir: pathlib.Path,
+  primary: bool,
+  faults: Sequence[faults_lib.Fault],
+  ckpts: checkpoints_lib.Checkpoints,
+) -> dict[str, Any]:
   task = _make_task(cfg)
   mesh = sharding.make_mesh(cfg.mesh)
   rules = sharding.DEFAULT_RULES
   batch_sharding = NamedSharding(mesh, P(("data", "fsdp")))
-  dtype = jnp.dtype(cfg.dtype)
+  schedule = optimizers.make_schedule(
+    cfg.schedule,
+    cfg.learning_rate,
+    cfg.warmup_steps,
+    cfg.steps // cfg.grad_accum,
+  )
 
   with jax.set_mesh(mesh), nnx.logical_axis_rules(rules):
     given = model
     if model is None:
-      model = models.build_model(
-        cfg, rngs=nnx.Rngs(cfg.seed), dtype=dtype, **task.model_kwargs
-      )
-    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+      model = build.build_model(cfg, task.model_kwargs, rngs=nnx.Rngs(cfg.seed))
+    if primary and cfg.progress:
+      print("\n".join(build.summary_lines(model)), file=sys.stderr)
+    graphdef, params, backward, rest = nnx.split(
+      model, nnx.Param, jaxnorm_nn.BackwardStat, ...
+    )
     model.eval()
     eval_graphdef = nnx.graphdef(model)
-    tx = optimizers.build_optimizer(
-      cfg.optimizer,
-      learning_rate=cfg.learning_rate,
-      weight_decay=cfg.weight_decay,
-      warmup_steps=cfg.warmup_steps,
-      total_steps=cfg.steps,
-    )
+    tx = optimizers.from_config(cfg, mask=nn_decay.decay_mask(model))
     opt_state = jax.jit(tx.init)(params)
+    counter = NamedSharding(mesh, P())
+    state = {
+      "step": jax.device_put(jnp.zeros((), jnp.int32), counter),
+      "skipped": jax.device_put(jnp.zeros((), jnp.int32), counter),
+      "params": params,
+      "backward": backward,
+      "rest": rest,
+      "opt_state": opt_state,
+    }
+    if cfg.ema_decay > 0:
+      state["ema"] = jax.tree.map(
+        lambda p: jax.device_put(p, p.sharding, may_alias=False), params
+      )
   num_params = sum(int(np.prod(p.shape)) for p in jax.tree.leaves(params))
-  state = {
-    "step": jnp.zeros((), jnp.int32),
-    "params": params,
-    "rest": rest,
-    "opt_state": opt_state,
-  }
   base_key = jax.random.key(cfg.seed)
 
-  def train_step(state, batch):
-    def loss_fn(params):
-      m = nnx.merge(graphdef, params, state["rest"], copy=True)
+  def train_step(state, batch, loss_scale):
+    def loss_fn(params, backward):
+      m = nnx.merge(graphdef, params, backward, state["rest"], copy=True)
       outputs = m(
         _inputs(task.kind, batch),
         rngs=jax.random.fold_in(base_key, state["step"]),
       )
       loss, metrics = _loss_and_metrics(task.kind, outputs, batch)
-      return loss, (metrics, nnx.state(m, nnx.Not(nnx.Param)))
+      loss = loss * loss_scale
+      metrics["loss"] = loss
+      _, _, after, rest = nnx.split(m, nnx.Param, jaxnorm_nn.BackwardStat, ...)
+      return loss, (metrics, after, rest)
 
-    grads, (metrics, rest) = jax.grad(loss_fn, has_aux=True)(state["params"])
+    (grads, increments), (metrics, backward, rest) = jax.grad(
+      loss_fn, argnums=(0, 1), has_aux=True
+    )(state["params"], state["backward"])
     updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
     params = optax.apply_updates(state["params"], updates)
-    metrics["grad_norm"] = optax.tree.norm(grads)
-    return {
-      "step": state["step"] + 1,
+    new = {
       "params": params,
+      "backward": jax.tree.map(
+        lambda v, d: v + d.astype(v.dtype), backward, increments
+      ),
       "rest": rest,
       "opt_state": opt_state,
-    }, metrics
+    }
+    if "ema" in state:
+      d = cfg.ema_decay
+      new["ema"] = jax.tree.map(
+        lambda e, p: (d * e + (1 - d) * p).astype(e.dtype), state["ema"], params
+      )
+    grad_norm = optax.tree.norm(grads)
+    finite = jnp.isfinite(metrics["loss"]) & jnp.isfinite(grad_norm)
+    new = jax.tree.map(
+      lambda n, o: jnp.where(finite, n, o),
+      new,
+      {k: state[k] for k in new},
+    )
+    updates_done = (state["step"] - state["skipped"]) // cfg.grad_accum
+    metrics.update(
+      grad_norm=grad_norm,
+      lr=schedule(updates_done),
+      finite=finite,
+      skipped=state["skipped"] + (~finite).astype(jnp.int32),
+    )
+    new["step"] = state["step"] + 1
+    new["skipped"] = metrics["skipped"]
+    return new, metrics
 
   def eval_step(state, batch):
-    m = nnx.merge(eval_graphdef, state["params"], state["rest"], copy=True)
+    weights = state.get("ema", state["params"])
+    m = nnx.merge(
+      eval_graphdef, weights, state["backward"], state["rest"], copy=True
+    )
     return _loss_and_metrics(task.kind, m(_inputs(task.kind, batch)), batch)[1]
 
+  # The state keeps the layout it starts with (and a restore gives it), so
+  # every step, before or after a resume, runs the same executable.
+  layout = jax.tree.map(lambda x: x.sharding, state)
   with jax.set_mesh(mesh), nnx.logical_axis_rules(rules):
-    train_step = jax.jit(train_step, donate_argnums=0)
+    train_step = jax.jit(
+      train_step, donate_argnums=0, out_shardings=(layout, None)
+    )
     eval_step = jax.jit(eval_step)
 
   iterator = iter(task.train_ds.to_iter_dataset())
-  manager = ocp.CheckpointManager(
-    out_dir / "checkpoints",
-    options=ocp.CheckpointManagerOptions(
-      max_to_keep=cfg.keep_checkpoints, create=True
-    ),
-  )
-  start = 0
-  if cfg.resume and manager.latest_step() is not None:
-    restored = manager.restore(
-      manager.latest_step(),
-      args=ocp.args.Composite(
-        state=ocp.args.StandardRestore(_abstract(state)),
-        data=grain.checkpoint.CheckpointRestore(iterator),
-      ),
-    )
-    state = restored["state"]
-    start = int(state["step"])
-  primary = jax.process_index() == 0
-  # Every process computes the same metrics; process 0 owns the run files.
+  start, window = 0, []
+  if cfg.resume:
+    restored = ckpts.restore(_abstract(state), iterator)
+    if restored is not None:
+      start, state, run = restored
+      window = list(run.get("window", []))
   log = metrics_lib.MetricsLog(
     out_dir
     / (
@@ -284,75 +425,94 @@ def train(
       else f"metrics.process{jax.process_index()}.jsonl"
     ),
     truncate_after=start,
+    sinks=(
+      [metrics_lib.TensorBoardSink(out_dir / "tensorboard")]
+      if cfg.tensorboard and primary
+      else []
+    ),
   )
 
   def save(step: int) -> None:
-    if manager.latest_step() != step:
-      manager.save(
-        step,
-        args=ocp.args.Composite(
-          state=ocp.args.StandardSave(state),
-          data=grain.checkpoint.CheckpointSave(iterator),
-        ),
-      )
+    ckpts.save(
+      step,
+      state,
+      iterator,
+      {"config": config_lib.to_json(cfg), "window": window},
+    )
 
-  def evaluate(step: int) -> dict[str, float]:
+  def evaluate(step: int) -> None:
     totals: dict[str, float] = {}
     for batch in task.eval_batches:
       out = eval_step(state, _to_global(batch, batch_sharding))
-      for k, v in out.items():
+      for k, v in jax.device_get(out).items():
         totals[k] = totals.get(k, 0.0) + float(v)
-    record = {f"val_{k}": v / len(task.eval_batches) for k, v in totals.items()}
-    log.write({"step": step, **record})
-    return record
+    n = len(task.eval_batches)
+    log.write({"step": step, **{f"val_{k}": v / n for k, v in totals.items()}})
 
   bar = metrics_lib.Progress(
     cfg.steps, initial=start, enabled=cfg.progress and primary
   )
-  window: list[dict[str, jax.Array]] = []
-  tokens_since, time_since = 0, time.perf_counter()
-  stopped_early = False
-  with _Stop() as stop, jax.set_mesh(mesh), nnx.logical_axis_rules(rules):
+  tokens, seconds = 0, 0.0
+  stop_reason, last = None, start
+  profiling = False
+  with contextlib.ExitStack() as stack:
+    local = stack.enter_context(_LocalStop())
+    stack.enter_context(jax.set_mesh(mesh))
+    stack.enter_context(nnx.logical_axis_rules(rules))
     for step in range(start + 1, cfg.steps + 1):
+      if cfg.profile_steps and step == cfg.profile_steps[0]:
+        jax.profiler.start_trace(str(out_dir / "profile"))
+        profiling = True
+      began = time.perf_counter()
       batch = _to_global(next(iterator), batch_sharding)
-      state, metrics = train_step(state, batch)
+      state, metrics = train_step(
+        state, batch, jnp.float32(faults_lib.loss_scale(faults, step))
+      )
+      metrics = {k: v.item() for k, v in jax.device_get(metrics).items()}
+      if step > start + 1:  # The first step of a process compiles.
+        tokens += task.tokens_per_batch
+        seconds += time.perf_counter() - began
+      if profiling and step == cfg.profile_steps[1]:
+        jax.profiler.stop_trace()
+        profiling = False
+      finite = metrics.pop("finite")
+      metrics = metrics_lib.finite_or_null(metrics)
+      if not finite and cfg.nonfinite == "stop":
+        log.write({"step": step, **metrics, "nonfinite": True})
+        stop_reason = "nonfinite"
+        break
       window.append(metrics)
-      tokens_since += task.tokens_per_batch
+      last = step
       if step % cfg.log_every == 0 or step == cfg.steps:
-        means = {
-          k: float(np.mean([float(m[k]) for m in window])) for k in window[0]
-        }
-        elapsed = time.perf_counter() - time_since
-        record = {
-          "step": step,
-          **means,
-          "tokens_per_sec": tokens_since / elapsed,
-        }
+        record = _record(step, window, tokens / seconds if seconds else None)
         log.write(record)
         bar.update(
-          step, loss=means["loss"], tokens_per_sec=record["tokens_per_sec"]
+          step, loss=record["loss"], tokens_per_sec=record["tokens_per_sec"]
         )
-        window, tokens_since, time_since = [], 0, time.perf_counter()
+        window, tokens, seconds = [], 0, 0.0
       if step % cfg.eval_every == 0 or step == cfg.steps:
         evaluate(step)
       if step % cfg.checkpoint_every == 0 or step == cfg.steps:
         save(step)
-      if stop.requested:
+      faults_lib.after_step(faults, step)
+      if ckpts.reached_preemption(step) or local.requested:
         save(step)
-        stopped_early = True
+        stop_reason = "preempted"
         break
+    if profiling:
+      jax.profiler.stop_trace()
   bar.close()
-  manager.wait_until_finished()
-  manager.close()
+  log.close()
   if given is not None:
-    nnx.update(given, state["params"], state["rest"])
+    nnx.update(given, state["params"], state["backward"], state["rest"])
   summary = metrics_lib.summarize(
     log.path,
     config=dataclasses.asdict(cfg),
     num_params=num_params,
     baseline=task.baseline,
     kind=task.kind,
-    stopped_early=stopped_early,
+    steps=last,
+    stop_reason=stop_reason,
   )
   if primary:
     metrics_lib.plot_run(
