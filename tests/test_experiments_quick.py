@@ -10,6 +10,9 @@ import pytest
 
 from experiments import grpo, llm_int8, looped_power, nuclear_norm
 
+# Each experiment script end to end in --quick mode: CI runs them (-m slow).
+pytestmark = pytest.mark.slow
+
 VERDICTS = ("reproduced", "not reproduced at this scale", "inconclusive")
 
 

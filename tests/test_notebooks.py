@@ -4,6 +4,9 @@ import pathlib
 
 import pytest
 
+# Executes the notebooks top to bottom: CI runs them (-m slow).
+pytestmark = pytest.mark.slow
+
 nbclient = pytest.importorskip("nbclient")
 nbformat = pytest.importorskip("nbformat")
 

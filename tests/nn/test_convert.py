@@ -24,6 +24,9 @@ from jaxnorm.training import data, trainer
 from tests.helpers import assert_close
 from tests.oracles import lm_numpy
 
+# Trains tiny LMs before converting them: CI runs these (-m slow).
+pytestmark = pytest.mark.slow
+
 SEQ = 16
 
 

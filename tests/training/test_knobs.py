@@ -169,6 +169,7 @@ def test_model_kwargs_from_the_command_line(tmp_path):
     build.model_config(mlp, {"num_classes": 10, "image_shape": (8, 8, 1)})
 
 
+@pytest.mark.slow
 def test_grad_accumulation_equals_the_large_batch(tmp_path):
   accum = runs.tiny(
     tmp_path / "accum",
@@ -193,6 +194,7 @@ def test_grad_accumulation_equals_the_large_batch(tmp_path):
   np.testing.assert_allclose(a[0][4], b[0][2], rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_ema_follows_its_recurrence(tmp_path):
   cfg = runs.tiny(
     tmp_path, steps=3, ema_decay=0.5, checkpoint_every=1, keep_checkpoints=3
@@ -212,11 +214,13 @@ def test_ema_follows_its_recurrence(tmp_path):
   )
 
 
+@pytest.mark.slow
 def test_profile_trace(tmp_path):
   trainer.train(runs.tiny(tmp_path, profile_steps=(2, 3)))
   assert list((tmp_path / "profile").rglob("*.xplane.pb"))
 
 
+@pytest.mark.slow
 def test_tensorboard_sink(tmp_path):
   pytest.importorskip("tensorboardX")
   trainer.train(runs.tiny(tmp_path, tensorboard=True))

@@ -24,6 +24,9 @@ from jaxnorm import sharding
 from jaxnorm.training import checkpoints, cli, trainer
 from tests.training import runs
 
+# End-to-end runs, stopped and resumed: CI runs them (-m slow).
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):

@@ -8,6 +8,9 @@ from flax import nnx
 
 from jaxnorm.training import build, config, optimizers
 
+# Builds and steps every registered part in every model: CI runs it (-m slow).
+pytestmark = pytest.mark.slow
+
 LM_PARTS = build.registries("lm")
 VIT_PARTS = build.registries("vit")
 CNN_PARTS = build.registries("cnn")

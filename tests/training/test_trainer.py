@@ -78,6 +78,7 @@ def test_summary_states_units(lm_run):
   assert summary["baseline_bits_per_byte"] == pytest.approx(base_bits)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
   "model,data_name,norm,residual,activation",
   [
@@ -124,6 +125,7 @@ def _assert_same_losses(run, reference):
   )
 
 
+@pytest.mark.slow
 def test_one_device_equals_eight(tmp_path, lm_run):
   one, s1 = lm_run
   eight = dataclasses.replace(one, out_dir=str(tmp_path / "8"), mesh=(4, 1, 2))
@@ -132,6 +134,7 @@ def test_one_device_equals_eight(tmp_path, lm_run):
   assert s1["params"] == s8["params"]
 
 
+@pytest.mark.slow
 def test_preemption_stops_every_process_at_one_step(
   tmp_path, lm_run, compilation_cache_dir
 ):
@@ -394,6 +397,7 @@ class TestCommandLine:
     assert sorted(grouped) == sorted(config.FIELDS)
 
 
+@pytest.mark.slow
 def test_sweep_writes_table_and_plot(tmp_path, capsys):
   code = cli.sweep_main(
     [
