@@ -6,7 +6,9 @@ construction) and call the pure functions; see those for the maths.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import dataclasses
+import types
+from collections.abc import Callable, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -197,3 +199,49 @@ class AlphaDropout(nnx.Module):
     """
     if deterministic is not None:
       self.deterministic = deterministic
+
+
+@dataclasses.dataclass(frozen=True)
+class ActivationSpec:
+  """A registered activation.
+
+  Attributes:
+    fn: the elementwise function, or ``None`` for a learnable activation.
+    build: ``build(width, rngs) -> module`` of a learnable activation.
+    gated: a GLU form: the MLP's up projection is doubled and the output is
+      ``fn(a) * b``.
+  """
+
+  fn: Callable[[jax.Array], jax.Array] | None = None
+  build: Callable[[int, nnx.Rngs], nnx.Module] | None = None
+  gated: bool = False
+
+  @property
+  def elementwise(self) -> bool:
+    """A plain elementwise function (neither gated nor learnable)."""
+    return self.build is None and not self.gated
+
+
+def _gelu(x: jax.Array) -> jax.Array:
+  return jax.nn.gelu(x, approximate=False)
+
+
+ACTIVATIONS: Mapping[str, ActivationSpec] = types.MappingProxyType(
+  {
+    "gelu": ActivationSpec(_gelu),
+    "relu": ActivationSpec(jax.nn.relu),
+    "silu": ActivationSpec(jax.nn.silu),
+    "elu": ActivationSpec(activations.elu),
+    "selu": ActivationSpec(activations.selu),
+    "swiglu": ActivationSpec(jax.nn.silu, gated=True),
+    "geglu": ActivationSpec(_gelu, gated=True),
+    "salu": ActivationSpec(build=lambda w, rngs: SALU(w, rngs=rngs)),
+    "swalu": ActivationSpec(
+      build=lambda w, rngs: SWALU(w, experimental=True, rngs=rngs)
+    ),
+    "galu": ActivationSpec(
+      build=lambda w, rngs: GALU(w, experimental=True, rngs=rngs)
+    ),
+  }
+)
+"""The MLP activations the models accept, by name."""

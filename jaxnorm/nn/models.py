@@ -114,25 +114,7 @@ class Conv(nnx.Module):
     )
 
 
-def _gelu(x):
-  return jax.nn.gelu(x, approximate=False)
-
-
-# name -> (elementwise function or module class, gated)
-ACTIVATIONS: Mapping[str, tuple[Any, bool]] = types.MappingProxyType(
-  {
-    "gelu": (_gelu, False),
-    "relu": (jax.nn.relu, False),
-    "silu": (jax.nn.silu, False),
-    "elu": (activations.elu, False),
-    "selu": (activations.selu, False),
-    "swiglu": (jax.nn.silu, True),
-    "geglu": (_gelu, True),
-    "salu": (nn_activations.SALU, False),
-    "swalu": (nn_activations.SWALU, False),
-    "galu": (nn_activations.GALU, False),
-  }
-)
+ACTIVATIONS = nn_activations.ACTIVATIONS
 
 
 class MLP(nnx.Module):
@@ -148,21 +130,17 @@ class MLP(nnx.Module):
     use_bias: bool = True,
     rngs: nnx.Rngs,
   ):
-    fn, gated = ACTIVATIONS[activation]
-    self.gated = gated
+    spec = nn_activations.ACTIVATIONS[activation]
+    self.gated = spec.gated
     self.up = Dense(
       width,
-      hidden * (2 if gated else 1),
+      hidden * (2 if spec.gated else 1),
       names=("embed", "mlp"),
       use_bias=use_bias,
       dtype=dtype,
       rngs=rngs,
     )
-    if isinstance(fn, type):
-      kwargs = {"experimental": True} if fn is not nn_activations.SALU else {}
-      self.act = fn(hidden, rngs=rngs, **kwargs)
-    else:
-      self.act = fn
+    self.act = spec.fn if spec.build is None else spec.build(hidden, rngs)
     self.down = Dense(
       hidden,
       width,
@@ -695,13 +673,13 @@ class ConvBlock(nnx.Module):
   def __init__(
     self, width: int, *, activation: str, dtype: Any, rngs: nnx.Rngs
   ):
-    fn, gated = ACTIVATIONS[activation]
-    if gated or isinstance(fn, type):
+    spec = nn_activations.ACTIVATIONS[activation]
+    if not spec.elementwise:
       self.act = MLP(
         width, width, activation=activation, dtype=dtype, rngs=rngs
       )
     else:
-      self.act = fn
+      self.act = spec.fn
     self.conv1 = Conv(width, width, dtype=dtype, rngs=rngs)
     self.conv2 = Conv(width, width, dtype=dtype, rngs=rngs)
 
@@ -741,11 +719,11 @@ class CNN(nnx.Module):
     self.head = Dense(
       c.width, c.num_classes, names=("channels", None), dtype=dtype, rngs=rngs
     )
-    fn, gated = ACTIVATIONS[c.activation]
+    spec = nn_activations.ACTIVATIONS[c.activation]
     # Pre-activation ResNet head: norm -> activation -> global pooling. The
     # activation matters: per-channel spatial statistics (instance-like
     # norms) make the pooled normalized map exactly zero without it.
-    self.final_act = jax.nn.relu if gated or isinstance(fn, type) else fn
+    self.final_act = spec.fn if spec.elementwise else jax.nn.relu
 
   def __call__(
     self, images: jax.Array, *, rngs: jax.Array | None = None
@@ -780,14 +758,14 @@ class SNN(nnx.Module):
     self, config: SNNConfig, *, dtype: Any = jnp.float32, rngs: nnx.Rngs
   ):
     c = self.config = config
-    fn, gated = ACTIVATIONS[c.activation]
-    if gated or isinstance(fn, type):
+    spec = nn_activations.ACTIVATIONS[c.activation]
+    if not spec.elementwise:
+      valid = sorted(n for n, s in ACTIVATIONS.items() if s.elementwise)
       raise ValueError(
-        f"SNN: activation must be elementwise, got "
-        f"{c.activation!r}; choose one of selu, elu, gelu, "
-        f"relu, silu"
+        f"SNN: activation must be elementwise, got {c.activation!r}; "
+        f"choose one of {', '.join(valid)}"
       )
-    self.act = fn
+    self.act = spec.fn
     init = activations.lecun_normal("normal")
     sizes = [math.prod(c.image_shape)] + [c.width] * c.depth
     self.layers = nnx.List(
