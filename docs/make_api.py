@@ -30,6 +30,8 @@ FAMILIES: tuple[tuple[str, str], ...] = (
   ("Quantization (LLM.int8)", "jaxnorm.quant"),
   ("Looped linear attention", "jaxnorm.looped"),
   ("Analysis metrics", "jaxnorm.analysis"),
+  ("Graph Transformer", "jaxnorm.graph"),
+  ("DepthBench layer metrics", "jaxnorm.depth_metrics"),
   ("Optimizers (optax)", "jaxnorm.optim"),
   ("Modules (flax.nnx)", "jaxnorm.nn"),
   ("Sharding", "jaxnorm.sharding"),

@@ -6,7 +6,7 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, ArrayLike, Float
+from jaxtyping import Array, ArrayLike, Bool, Float
 
 from jaxnorm import _checks, _numerics
 from jaxnorm.norms import layer
@@ -36,6 +36,42 @@ def init_batch_norm_state(
   )
 
 
+def _masked_moments(
+  x: jax.Array,
+  mask: jax.Array,
+  axes: tuple[int, ...],
+  axis_name: _numerics.AxisName,
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """Two-pass mean and biased variance over the ``mask``-ed elements.
+
+  ``mask`` broadcasts against ``x`` (size 1 on the feature axis). Returns
+  ``(mean, var, count)`` with keepdims statistics and the global count of
+  valid elements (clamped at 1 in the divisions, so an all-masked batch
+  gives mean and variance 0).
+  """
+  m = jax.lax.stop_gradient(mask.astype(x.dtype))
+  count = _numerics.psum(jnp.sum(m), axis_name)
+  denom = jnp.maximum(count, 1.0)
+  mean = _numerics.psum(jnp.sum(x * m, axis=axes, keepdims=True), axis_name)
+  mean = mean / denom
+  var = jnp.sum(jnp.square(x - mean) * m, axis=axes, keepdims=True)
+  return mean, _numerics.psum(var, axis_name) / denom, count
+
+
+def _check_mask(who: str, mask: ArrayLike | None, x: jax.Array, feat: int):
+  """A boolean mask of ``x.shape`` without ``feat``, expanded on ``feat``."""
+  if mask is None:
+    return None
+  if jnp.result_type(mask) != jnp.bool_:
+    raise TypeError(
+      f"{who}: mask must be boolean (True on valid elements), got "
+      f"mask.dtype={jnp.result_type(mask)}"
+    )
+  expected = x.shape[:feat] + x.shape[feat + 1 :]
+  _checks.check_shape(who, "mask", mask, expected, "x.shape without axis")
+  return jnp.expand_dims(jnp.asarray(mask), feat)
+
+
 def batch_norm(
   x: Float[ArrayLike, "... c"],
   scale: Float[ArrayLike, " c"] | None,
@@ -47,6 +83,7 @@ def batch_norm(
   eps: float = 1e-5,
   axis: int = -1,
   axis_name: str | tuple[str, ...] | None = None,
+  mask: Bool[ArrayLike, "..."] | None = None,
 ) -> tuple[Float[Array, "... c"], BatchNormState]:
   r"""Batch normalization with explicit running statistics.
 
@@ -66,6 +103,18 @@ def batch_norm(
   (a static fact of the shape) returns an empty output and leaves the state
   unchanged, instead of averaging NaN statistics into it.
 
+  ``mask`` restricts the training statistics to valid elements (the real
+  nodes of a padded batch of graphs, as the Graph Transformer's BatchNorm
+  over all nodes of a batch of DGL graphs):
+
+  .. math::
+    \mu_B = \frac{\sum_i m_i x_i}{\sum_i m_i},\qquad
+    \sigma_B^2 = \frac{\sum_i m_i (x_i - \mu_B)^2}{\sum_i m_i}
+
+  Every element, masked or not, is normalized with these statistics (the
+  caller ignores the padded outputs); a batch without valid elements
+  leaves the state unchanged. Inference ignores ``mask``.
+
   Causality on ``(batch, seq, d)``: training statistics mix every position
   and example, so training mode is not causal-safe; inference (running
   statistics) is per token and causal-safe.
@@ -82,18 +131,23 @@ def batch_norm(
     axis: the feature axis.
     axis_name: mapped axis name(s) (`shard_map`, `pmap`) across which batch
       statistics are averaged, for cross-device BatchNorm.
+    mask: boolean, the shape of ``x`` without ``axis``; True on the
+      elements that enter the training statistics. ``None``: all.
 
   Returns:
     ``(y, new_state)``; ``y`` has the shape and dtype of ``x`` and
     ``new_state`` the structure and dtypes of ``state``.
 
   Raises:
-    TypeError: for non-floating ``x`` or parameters.
-    ValueError: for a bad ``axis``, parameter or state shape.
+    TypeError: for non-floating ``x`` or parameters, or a non-boolean
+      ``mask``.
+    ValueError: for a bad ``axis``, parameter, state or ``mask`` shape.
 
   References:
     Ioffe & Szegedy, *Batch Normalization: Accelerating Deep Network Training
-    by Reducing Internal Covariate Shift*, arXiv:1502.03167 (2015).
+    by Reducing Internal Covariate Shift*, arXiv:1502.03167 (2015); Dwivedi
+    & Bresson, *A Generalization of Transformer Networks to Graphs*,
+    arXiv:2012.09699 (2020) (BatchNorm over the nodes of a graph batch).
   """
   who = "batch_norm"
   _checks.check_floating(who, "x", x)
@@ -104,15 +158,23 @@ def batch_norm(
   _numerics.check_param(who, "bias", bias, x, (feat,))
   c = x.shape[feat]
   _numerics.check_state(who, state, BatchNormState, {"mean": (c,), "var": (c,)})
+  mask = _check_mask(who, mask, x, feat)
   cdt = _numerics.compute_dtype(x)
   xf = x.astype(cdt)
   reduce = _numerics.other_axes(x.ndim, (feat,))
   if training and not _numerics.is_empty(x, reduce):
-    mean, var = _numerics.moments(xf, reduce, axis_name)
+    if mask is None:
+      mean, var = _numerics.moments(xf, reduce, axis_name)
+    else:
+      mean, var, count = _masked_moments(xf, mask, reduce, axis_name)
     new_state = BatchNormState(
       mean=_numerics.ema(state.mean, mean, momentum),
       var=_numerics.ema(state.var, var, momentum),
     )
+    if mask is not None:  # No valid element: keep the running statistics.
+      new_state = jax.tree.map(
+        lambda old, new: jnp.where(count > 0, new, old), state, new_state
+      )
   else:
     mean = _numerics.expand(state.mean, x.ndim, (feat,), cdt)
     var = _numerics.expand(state.var, x.ndim, (feat,), cdt)
