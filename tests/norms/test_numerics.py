@@ -35,7 +35,8 @@ _PUBLIC_BEFORE_SPLIT = (
 
 
 def test_package_keeps_every_public_name():
-  assert sorted(norms.__all__) == sorted(_PUBLIC_BEFORE_SPLIT)
+  # The split kept every name; papers added since only extend the list.
+  assert set(_PUBLIC_BEFORE_SPLIT) <= set(norms.__all__)
   for name in norms.__all__:
     assert hasattr(norms, name), name
   # The function, not the submodule of the same name.
