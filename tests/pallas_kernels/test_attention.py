@@ -14,6 +14,9 @@ from pallas_kernels import attention as pa
 from tests import helpers
 from tests.attention import _common as attention_common
 
+# Pallas kernels run in the (slow) CPU interpreter here: CI runs them (-m slow).
+pytestmark = pytest.mark.slow
+
 TRITON, MOSAIC = True, pltpu.InterpretParams()
 
 

@@ -10,6 +10,9 @@ from jaxnorm import norms
 from pallas_kernels import norms as pk
 from tests.pallas_kernels import _common as c
 
+# Pallas kernels run in the (slow) CPU interpreter here: CI runs them (-m slow).
+pytestmark = pytest.mark.slow
+
 _DYT_CASES = [
   pytest.param(jnp.float32, (37, 96), None, id="f32-37x96"),
   pytest.param(jnp.bfloat16, (37, 96), None, id="bf16-37x96"),

@@ -12,6 +12,9 @@ from pallas_kernels import norms as pk
 from tests import helpers
 from tests.pallas_kernels import _common as c
 
+# Pallas kernels run in the (slow) CPU interpreter here: CI runs them (-m slow).
+pytestmark = pytest.mark.slow
+
 
 def _xr(key, shape, dtype):
   x, _ = c.inputs(key, shape, dtype, 0)

@@ -14,6 +14,9 @@ from pallas_kernels import linear_attention as pla
 from tests import helpers
 from tests.attention import _common as attention_common
 
+# Pallas kernels run in the (slow) CPU interpreter here: CI runs them (-m slow).
+pytestmark = pytest.mark.slow
+
 
 def _qkv(key, dtype, t=45):
   ks = jax.random.split(key, 3)

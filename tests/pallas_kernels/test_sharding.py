@@ -21,6 +21,9 @@ from pallas_kernels import sharding as psharding
 from tests import helpers
 from tests.pallas_kernels import _common as c
 
+# Pallas kernels run in the (slow) CPU interpreter here: CI runs them (-m slow).
+pytestmark = pytest.mark.slow
+
 ROWS = P("data", "tensor", None)
 
 
