@@ -1,0 +1,117 @@
+"""Complex-valued networks as pure functions (complex in, complex out).
+
+Conventions shared by every function here:
+
+* Arrays are complex with features last; the real layout of a complex array
+  is split halves ``[Re | Im]`` (`to_complex` / `to_real`).
+* Statistics and compute in complex64 / float32; complex128 / float64
+  inputs stay 64-bit. There is no complex bfloat16: real half-precision
+  pairs are upcast by `to_complex`. Outputs keep the input dtype.
+* Every non-holomorphic kink (``|z|``, ``arg z``, ``z/|z|``) has a finite
+  gradient at 0 (`modulus`, `phase`, `unit_phasor`).
+* JAX's gradient of a real loss is ``conj(2 dL/dz̄)``: descend along its
+  conjugate (`jaxnorm.optim.complex.conjugate_complex`).
+* Pallas has no complex support, so there are no kernels.
+
+Modules, one per paper or family: `basics` (layout and safe kinks),
+`norms` (Deep Complex Networks whitening, CNet TokenNorm, block L2 norm),
+`activations`, `layers` (dense, conv, complex RoPE, widely-linear
+conversion), `attention` (CNet Born attention and Born cross-entropy, causal
+Fourier mixing, ComplexFormer, PCT gates) and `fairy2i` (PhaseQuant).
+"""
+
+from jaxnorm.cplx.activations import (
+  ACTIVATIONS,
+  cardioid,
+  crelu,
+  modrelu,
+  split_gelu,
+  zrelu,
+)
+from jaxnorm.cplx.attention import (
+  PCT_GATES,
+  born_attention,
+  born_attention_weights,
+  born_cross_entropy,
+  born_probs,
+  causal_fourier_mix,
+  complexformer_attention,
+  complexformer_logits,
+  pct_attention,
+)
+from jaxnorm.cplx.basics import (
+  complex_power,
+  modulus,
+  modulus_squared,
+  phase,
+  to_complex,
+  to_real,
+  unit_phasor,
+)
+from jaxnorm.cplx.fairy2i import (
+  binary_quantize_kernel,
+  fairy2i_quantize_kernel,
+  phase_codes,
+  phase_quantize,
+  ternary_quantize_kernel,
+)
+from jaxnorm.cplx.layers import (
+  complex_conv,
+  complex_dense,
+  complex_rope,
+  real_from_widely_linear,
+  widely_linear,
+  widely_linear_from_real,
+)
+from jaxnorm.cplx.norms import (
+  ComplexBatchNormState,
+  complex_batch_norm,
+  complex_l2_normalize,
+  complex_layer_norm,
+  complex_rms_norm,
+  init_complex_batch_norm_state,
+  init_whitening_scale,
+)
+
+__all__ = [
+  "ACTIVATIONS",
+  "PCT_GATES",
+  "ComplexBatchNormState",
+  "binary_quantize_kernel",
+  "born_attention",
+  "born_attention_weights",
+  "born_cross_entropy",
+  "born_probs",
+  "cardioid",
+  "causal_fourier_mix",
+  "complex_batch_norm",
+  "complex_conv",
+  "complex_dense",
+  "complex_l2_normalize",
+  "complex_layer_norm",
+  "complex_power",
+  "complex_rms_norm",
+  "complex_rope",
+  "complexformer_attention",
+  "complexformer_logits",
+  "crelu",
+  "fairy2i_quantize_kernel",
+  "init_complex_batch_norm_state",
+  "init_whitening_scale",
+  "modrelu",
+  "modulus",
+  "modulus_squared",
+  "pct_attention",
+  "phase",
+  "phase_codes",
+  "phase_quantize",
+  "real_from_widely_linear",
+  "split_gelu",
+  "ternary_quantize_kernel",
+  "to_complex",
+  "to_real",
+  "unit_phasor",
+  "widely_linear",
+  "widely_linear_from_real",
+  "zrelu",
+]

@@ -1,0 +1,221 @@
+"""Tests of `jaxnorm.nn.cplx`: each module equals its pure function with
+its parameters, the real-pairs forms equal the complex forms on split
+halves, the registry specs are consistent, every causal model is causal,
+and the models train a step with the complex Adam."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from flax import nnx
+
+from jaxnorm import cplx
+from jaxnorm.nn import cplx as ncplx
+from jaxnorm.nn import registry
+from jaxnorm.nn.attention import _base
+from jaxnorm.optim import complex as copt
+from tests.cplx import _common as c
+
+RNG = np.random.default_rng(4)
+
+
+def _z(shape):
+  return jnp.asarray(c.np_cnormal(RNG, shape), jnp.complex64)
+
+
+def test_dense_conv_match_functions():
+  dense = ncplx.ComplexDense(4, 3, rngs=nnx.Rngs(0))
+  x = _z((2, 4))
+  c.close(dense(x), cplx.complex_dense(x, dense.kernel[...]), atol=1e-6)
+  w = dense.kernel[...]
+  assert w.dtype == jnp.complex64
+  conv = ncplx.ComplexConv(2, 5, (3, 3), strides=2, rngs=nnx.Rngs(1))
+  img = _z((1, 6, 6, 2))
+  want = cplx.complex_conv(img, conv.kernel[...], strides=2)
+  c.close(conv(img), want, atol=1e-6)
+  # Complex He: E|w|^2 = 2 / fan_in.
+  big = ncplx.complex_he(jax.random.key(0), (3, 3, 64, 64))
+  np.testing.assert_allclose(
+    float(jnp.mean(jnp.abs(big) ** 2)), 2 / (9 * 64), rtol=0.05
+  )
+
+
+def test_norm_modules_match_functions_and_real_pairs():
+  x = _z((3, 5, 4))
+  ln = ncplx.ComplexLayerNorm(4, rngs=nnx.Rngs(0))
+  c.close(
+    ln(x), cplx.complex_layer_norm(x, ln.scale[...], ln.bias[...]), atol=0
+  )
+  rms = ncplx.ComplexRMSNorm(4, rngs=nnx.Rngs(0))
+  c.close(rms(x), cplx.complex_rms_norm(x, rms.scale[...]), atol=0)
+  for cls in (ncplx.ComplexLayerNorm, ncplx.ComplexRMSNorm):
+    pairs = cls(8, real_pairs=True, rngs=nnx.Rngs(0))
+    native = cls(4, rngs=nnx.Rngs(0))
+    real = cplx.to_real(x)
+    c.close(pairs(real), cplx.to_real(native(x)), atol=0)
+  with pytest.raises(ValueError, match=r"ComplexRMSNorm: real_pairs=True"):
+    ncplx.ComplexRMSNorm(5, real_pairs=True, rngs=nnx.Rngs(0))
+  act = ncplx.ModReLU(4, power=2, rngs=nnx.Rngs(0))
+  c.close(act(x), cplx.modrelu(x, jnp.zeros(4), power=2), atol=0)
+
+
+def test_batch_norm_module_train_eval():
+  bn = ncplx.ComplexBatchNorm(3, rngs=nnx.Rngs(0))
+  x = _z((16, 3)) + 2.0
+  state = cplx.init_complex_batch_norm_state(3)
+  want, new = cplx.complex_batch_norm(
+    x, bn.scale[...], bn.bias[...], state, training=True
+  )
+  c.close(bn(x), want, atol=0)
+  c.close(bn.mean[...], new.mean, atol=0)
+  c.close(bn.cov[...], new.cov, atol=0)
+  bn.eval()
+  before = np.asarray(bn.mean[...])
+  y = bn(x)
+  want, _ = cplx.complex_batch_norm(
+    x, bn.scale[...], bn.bias[...], new, training=False
+  )
+  c.close(y, want, atol=0)
+  np.testing.assert_array_equal(bn.mean[...], before)
+
+
+def test_registry_specs_are_consistent():
+  for name, spec in ncplx.NORM_SPECS.items():
+    assert isinstance(spec, registry.NormSpec) and spec.paper
+    m = spec.module(8, rngs=nnx.Rngs(0), **spec.defaults(8, "tokens"))
+    x = jax.random.normal(jax.random.key(0), (2, 5, 8))
+    y = m(x)
+    assert y.shape == x.shape and y.dtype == jnp.float32, name
+    assert not hasattr(m, "implementation")
+    for p in spec.decay:
+      assert getattr(m, p) is not None
+  for spec in ncplx.ATTENTION_SPECS.values():
+    assert issubclass(spec.core, _base.AttentionCore) and spec.paper
+
+
+def _core_inputs(h=4):
+  keys = jax.random.split(jax.random.key(1), 3)
+  return [jax.random.normal(k, (2, 6, 2, h)) for k in keys]
+
+
+def test_attention_cores_match_functions():
+  dims = _base.HeadDims(8, 2, 2, 4)
+  q, k, v = _core_inputs()
+  born = ncplx.BornAttention(dims, is_causal=True, rngs=nnx.Rngs(0))
+  want = cplx.born_attention(
+    cplx.to_complex(q), cplx.to_complex(k), cplx.to_complex(v), is_causal=True
+  )
+  c.close(born(None, q, k, v), cplx.to_real(want), atol=0)
+  pct = ncplx.PCTAttention(dims, is_causal=True, gate="tanh1", rngs=nnx.Rngs(0))
+  want = cplx.pct_attention(
+    cplx.to_complex(q),
+    cplx.to_complex(k),
+    cplx.to_complex(v),
+    jnp.float32(-np.log(64.0)),
+    is_causal=True,
+    gate="tanh1",
+  )
+  c.close(pct(None, q, k, v), cplx.to_real(want), atol=1e-7)
+  cf = ncplx.ComplexFormerAttention(dims, is_causal=True, rngs=nnx.Rngs(0))
+  assert cf.delta.shape == (2, 2)
+  want = cplx.complexformer_attention(
+    q, k, v, cf.delta[...], cf.phase_bias[...], is_causal=True
+  )
+  c.close(cf(None, q, k, v), want, atol=0)
+  with pytest.raises(ValueError, match=r"BornAttention: Born attention has"):
+    born(None, q, k, v, bias=jnp.zeros((1, 1, 6, 6)))
+  with pytest.raises(ValueError, match=r"PCTAttention: the head dim must be"):
+    ncplx.PCTAttention(_base.HeadDims(6, 2, 2, 3), rngs=nnx.Rngs(0))
+  with pytest.raises(ValueError, match=r"unknown option\(s\) 'scale'"):
+    ncplx.BornAttention(dims, scale=1.0, rngs=nnx.Rngs(0))
+
+
+TINY = dict(vocab_size=17, width=8, depth=1, num_heads=2, max_len=8)
+
+
+@pytest.fixture(scope="module")
+def tokens():
+  return jax.random.randint(jax.random.key(0), (2, 8), 0, 17)
+
+
+@nnx.jit
+def _logits_pair(model, a, b):
+  return model(a), model(b)
+
+
+@pytest.mark.parametrize(
+  "parts",
+  [
+    {"mixer": "born"},
+    {"mixer": "pct", "activation": "modrelu", "readout": "real"},
+    {"mixer": "softmax", "norm": "layer", "cnet_gelu": False},
+    {"mixer": "fourier", "embed_init": "cnet"},
+  ],
+  ids=["born", "pct", "softmax", "fourier"],
+)
+def test_complex_lm_is_causal(parts, tokens):
+  model = ncplx.ComplexLM(
+    ncplx.ComplexLMConfig(**TINY, **parts), rngs=nnx.Rngs(0)
+  )
+  changed = tokens.at[:, -1].set((tokens[:, -1] + 1) % 17)
+  x, y = _logits_pair(model, tokens, changed)
+  assert x.shape == (2, 8, 17) and c.finite(x)
+  # Bluestein FFT rounding for the Fourier mixer; exact masks otherwise.
+  atol = 1e-4 if parts["mixer"] == "fourier" else 1e-6
+  c.close(y[:, :-1], x[:, :-1], atol=atol)
+  assert not np.allclose(y[:, -1], x[:, -1], atol=1e-4)
+
+
+def test_complex_lm_born_logits_and_training_step(tokens):
+  model = ncplx.ComplexLM(ncplx.ComplexLMConfig(**TINY), rngs=nnx.Rngs(0))
+  z = model.amplitudes(tokens)
+  logp = jax.nn.log_softmax(model(tokens))
+  c.close(jnp.exp(logp), cplx.born_probs(z), atol=1e-5)
+  tx = copt.complex_adam(3e-3)
+  graphdef, params = nnx.split(model)  # Parameters only.
+  opt_state = tx.init(params)
+
+  @jax.jit
+  def step(params, opt_state):
+    def loss(p):
+      m = nnx.merge(graphdef, p)
+      amp = m.amplitudes(tokens[:, :-1])
+      return cplx.born_cross_entropy(amp, tokens[:, 1:], target_floor=1e-3)
+
+    value, grads = jax.value_and_grad(loss)(params)
+    updates, opt_state = tx.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state, value
+
+  losses = []
+  for _ in range(5):
+    params, opt_state, value = step(params, opt_state)
+    losses.append(float(value))
+  assert losses[-1] < losses[0]
+  with pytest.raises(ValueError, match=r"ComplexLM.amplitudes: needs"):
+    ncplx.ComplexLM(
+      ncplx.ComplexLMConfig(**TINY, readout="real"), rngs=nnx.Rngs(0)
+    ).amplitudes(tokens)
+  with pytest.raises(ValueError, match=r"ComplexLM: tokens must have shape"):
+    model(jnp.zeros((2, 9), jnp.int32))
+  with pytest.raises(ValueError, match=r"ComplexLM: mixer must be one of"):
+    ncplx.ComplexLM(ncplx.ComplexLMConfig(**TINY, mixer="x"), rngs=nnx.Rngs(0))
+
+
+def test_cvcnn_forward_and_counts():
+  for inp, shape in (("real", (2, 8, 8, 1)), ("pairs", (2, 8, 8, 2))):
+    cfg = ncplx.CVCNNConfig(
+      num_classes=3, image_shape=shape[1:], widths=(4, 8), input=inp
+    )
+    model = ncplx.CVCNN(cfg, rngs=nnx.Rngs(0))
+    x = jax.random.normal(jax.random.key(0), shape)
+    y = model(x)
+    assert y.shape == (2, 3) and c.finite(y)
+  ch = shape[-1] // 2
+  convs = 2 * (9 * ch * 4 + 4 + 9 * 4 * 8 + 8)
+  norms = 3 * 4 + 2 * 4 + 3 * 8 + 2 * 8
+  assert ncplx.count_real_parameters(model) == convs + norms + 8 * 3 + 3
+  with pytest.raises(ValueError, match=r"CVCNN: input='pairs' needs an even"):
+    ncplx.CVCNN(
+      ncplx.CVCNNConfig(image_shape=(8, 8, 3), input="pairs"), rngs=nnx.Rngs(0)
+    )
