@@ -32,6 +32,7 @@ FAMILIES: tuple[tuple[str, str], ...] = (
   ("Analysis metrics", "jaxnorm.analysis"),
   ("Graph Transformer", "jaxnorm.graph"),
   ("DepthBench layer metrics", "jaxnorm.depth_metrics"),
+  ("Complex-valued networks", "jaxnorm.cplx"),
   ("Optimizers (optax)", "jaxnorm.optim"),
   ("Modules (flax.nnx)", "jaxnorm.nn"),
   ("Sharding", "jaxnorm.sharding"),

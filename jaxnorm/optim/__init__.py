@@ -16,6 +16,12 @@ from jaxnorm.optim.adamp import (
   scale_by_sgdp,
   sgdp,
 )
+from jaxnorm.optim.complex import (
+  ScaleByComplexAdamState,
+  complex_adam,
+  conjugate_complex,
+  scale_by_complex_adam,
+)
 from jaxnorm.optim.conda import (
   PostStepDecayState,
   ScaleByCondaState,
@@ -39,6 +45,10 @@ from jaxnorm.optim.rmnp import (
 )
 
 __all__ = [
+  "ScaleByComplexAdamState",
+  "complex_adam",
+  "conjugate_complex",
+  "scale_by_complex_adam",
   "MatrixAxes",
   "RmnpState",
   "axes_from_names",
