@@ -55,9 +55,10 @@ import jax
 import jax.numpy as jnp
 from jax.experimental.pallas import tpu as pltpu
 
-from jaxnorm import fused_norms, norms
-from pallas_kernels import _rows
+from jaxnorm import attention, fused_norms, norms
+from pallas_kernels import _rows, dyt_seed
 from pallas_kernels import attention as pa
+from pallas_kernels import linear_attention as pla
 from pallas_kernels import norms as pk
 
 GPU_SHAPES = ((16384, 4096), (8192, 8192), (65536, 1024))
@@ -65,6 +66,7 @@ TPU_SHAPES = ((16384, 4096), (8192, 8192), (65536, 1024))
 CPU_SHAPE = (64, 256)
 _ROTATE = 4
 _TOKAMAX_IMPLS = ("xla", "triton", "mosaic")
+_DYT_ALPHA = 0.5
 
 
 def _kernel_backends(backend: str) -> tuple[str, ...]:
@@ -168,6 +170,7 @@ def _norm_cases(
         "add_rms": lambda x, r, s: fused_norms.add_rms_norm(
           x, r, s, implementation="xla"
         ),
+        "dyt": lambda x, s: norms.dyt(x, _DYT_ALPHA, s, None),
       },
     }
   )
@@ -184,7 +187,7 @@ def _norm_cases(
   cases, nbytes = {}, {}
   for impl, fns in impls.items():
     for op, f in fns.items():
-      if op == "rms":
+      if op in ("rms", "dyt"):
         fwd_args = [(x, scale) for x in xs]
         bwd_args = [(x, scale, dy) for x, dy in zip(xs, dys)]
         n_fwd, n_bwd = 2, 4
@@ -210,18 +213,30 @@ def _pallas_fns(backend: str | None, interpret: Any) -> dict[str, Callable]:
     "rms": lambda x, s: pk.rms_norm_pallas(x, s, **kw),
     "ln": lambda x, s, b: pk.layer_norm_pallas(x, s, b, **kw),
     "add_rms": lambda x, r, s: pk.add_rms_norm_pallas(x, r, s, **kw),
+    "dyt": lambda x, s: dyt_seed.dyt_pallas(x, _DYT_ALPHA, s, None, **kw),
   }
 
 
-def _check(cases: dict[str, tuple[Callable, list[Any]]]) -> dict[str, float]:
-  """Max abs error of every case against its ``xla`` twin (float32)."""
+def _check(
+  cases: dict[str, tuple[Callable, list[Any]]], ref: Callable[[str], str]
+) -> dict[str, float]:
+  """Max abs error of every case against its baseline ``ref(name)``.
+
+  A case that fails to compile or run is printed and dropped from
+  ``cases``, so one broken kernel leaves the rest of the table standing.
+  """
   errs = {}
-  for name, (fn, args) in cases.items():
-    op, kind, impl = name.split(" ")
-    if impl == "xla":
+  for name, (fn, args) in list(cases.items()):
+    base = ref(name)
+    if base == name:
       continue
-    ref_fn, _ = cases[f"{op} {kind} xla"]
-    got, want = fn(*args[0]), ref_fn(*args[0])
+    try:
+      got = fn(*args[0])
+      want = cases[base][0](*args[0])
+    except Exception as e:  # noqa: BLE001 - report, drop, go on
+      print(f"FAILED {name}: {type(e).__name__}: {str(e)[:300]}")
+      del cases[name]
+      continue
     diffs = [
       float(jnp.max(jnp.abs(a.astype(jnp.float32) - b.astype(jnp.float32))))
       for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want))
@@ -272,13 +287,16 @@ def _attention(
   for name, f in fns.items():
     cases[f"{name} fwd"] = (jax.jit(f), [(q, k, v)])
     cases[f"{name} fwd+bwd"] = (_fwd_bwd(f), [(q, k, v, do)])
+  errs = _check(cases, lambda n: n.replace(n.split(" ")[0], "xla", 1))
   times = _measure(cases, rounds, calls)
+  best = (
+    "cudnn" if backend == "gpu" and any("cudnn" in n for n in times) else "xla"
+  )
   rows = []
   for name, ts in times.items():
     flops = 4 * b * h * t * t * d * (0.5 if "True" in name else 1.0)
     flops *= 3.5 if name.endswith("fwd+bwd") else 1.0
     med = statistics.median(ts)
-    best = "cudnn" if backend == "gpu" else "xla"
     base = statistics.median(times[name.replace(name.split(" ")[0], best, 1)])
     rows.append(
       {
@@ -286,6 +304,46 @@ def _attention(
         "ms": med * 1e3,
         "tflops": flops / med / 1e12,
         f"vs_{best}": base / med,
+        "max_err": errs.get(name, 0.0),
+      }
+    )
+  return rows
+
+
+def _linear_attention(
+  rounds: int,
+  calls: int,
+  dims: tuple[int, int, int, int] = (4, 8192, 16, 128),
+  interpret: Any = False,
+) -> list[dict]:
+  """Chunked causal linear attention: Pallas kernel vs the jnp reference."""
+  b, t, h, d = dims
+  ks = jax.random.split(jax.random.key(2), 4)
+  q, k, v, do = (jax.random.normal(kk, (b, t, h, d), jnp.bfloat16) for kk in ks)
+  fns = {
+    "xla": lambda q, k, v: attention.causal_linear_attention(
+      q, k, v, implementation="xla"
+    ),
+    "pallas": lambda q, k, v: pla.causal_linear_attention_pallas(
+      q, k, v, interpret=interpret
+    ),
+  }
+  cases = {}
+  for name, f in fns.items():
+    cases[f"{name} fwd"] = (jax.jit(f), [(q, k, v)])
+    cases[f"{name} fwd+bwd"] = (_fwd_bwd(f), [(q, k, v, do)])
+  errs = _check(cases, lambda n: "xla " + n.split(" ", 1)[1])
+  times = _measure(cases, rounds, calls)
+  rows = []
+  for name, ts in times.items():
+    med = statistics.median(ts)
+    base = statistics.median(times["xla " + name.split(" ", 1)[1]])
+    rows.append(
+      {
+        "case": f"linear {name}",
+        "ms": med * 1e3,
+        "vs_xla": base / med,
+        "max_err": errs.get(name, 0.0),
       }
     )
   return rows
@@ -312,7 +370,7 @@ def run_accelerator(
       cases, nbytes = _norm_cases(
         rows, cols, dtype, tokamax, backend, interpret=dry_run
       )
-      errs = _check(cases)
+      errs = _check(cases, lambda n: n.rsplit(" ", 1)[0] + " xla")
       times = _measure(cases, rounds, calls)
       for name, ts in times.items():
         op, kind, impl = name.split(" ")
@@ -357,12 +415,19 @@ def run_accelerator(
     (1, 128, 2, 32) if dry_run else (4, 4096, 16, 128),
     interpret=dry_run,
   )
-  for row in results["attention"]:
+  results["linear_attention"] = _linear_attention(
+    rounds,
+    calls,
+    (1, 256, 2, 32) if dry_run else (4, 8192, 16, 128),
+    interpret=dry_run,
+  )
+  for row in results["attention"] + results["linear_attention"]:
     ratio = {k: v for k, v in row.items() if k.startswith("vs_")}
+    flops = f"{row['tflops']:6.1f} TFLOP/s  " if "tflops" in row else ""
     print(
-      f"attention {row['case']:30s} {row['ms']:8.2f} ms "
-      f"{row['tflops']:6.1f} TFLOP/s  "
+      f"attention {row['case']:30s} {row['ms']:8.2f} ms {flops}"
       + " ".join(f"x{v:.2f} {k}" for k, v in ratio.items())
+      + f"  err {row['max_err']:.1e}"
     )
   return results
 
@@ -394,7 +459,7 @@ def run_cpu_smoke(rounds: int) -> dict:
       _fwd_bwd(_pallas_fns(backend, interpret)["rms"]),
       [(x, s, dy)],
     )
-  errs = _check(cases)
+  errs = _check(cases, lambda n: "rms fwd+bwd xla")
   times = _measure(cases, rounds, 1)
   ref = statistics.median(times["rms fwd+bwd xla"])
   out = []
