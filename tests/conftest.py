@@ -2,15 +2,26 @@
 
 The device count must be set before JAX initializes a backend, so this module
 sets ``XLA_FLAGS`` before anything imports jax.
+
+The suite is compile-bound (thousands of small jitted programs, each run once
+or twice), so the tests ask XLA:CPU for its lowest LLVM optimization level:
+that cuts the suite's CPU time by about a third (measured on tests/norms and
+tests/optim: 315 s -> 214 s) and changes no result, since the HLO passes
+(fusion, layout, algebraic rewrites) are the same and only machine-code
+optimization is skipped. Benchmarks and experiments run at the default level.
 """
 
 import os
 
-_DEVICE_FLAG = "--xla_force_host_platform_device_count=8"
-if _DEVICE_FLAG not in os.environ.get("XLA_FLAGS", ""):
-  os.environ["XLA_FLAGS"] = (
-    os.environ.get("XLA_FLAGS", "") + " " + _DEVICE_FLAG
-  ).strip()
+_TEST_FLAGS = (
+  "--xla_force_host_platform_device_count=8",
+  "--xla_backend_optimization_level=0",
+)
+for _flag in _TEST_FLAGS:
+  if _flag.split("=")[0] not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = (
+      os.environ.get("XLA_FLAGS", "") + " " + _flag
+    ).strip()
 
 import jax  # noqa: E402
 import pytest  # noqa: E402
