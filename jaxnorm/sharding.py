@@ -11,12 +11,42 @@ rules with
   with jax.set_mesh(mesh), nnx.logical_axis_rules(DEFAULT_RULES):
     model = ...
 
+Mesh-agnostic by default. Under a mesh whose axes are not jaxnorm's (gemma's
+``("fsdp", "tp")``, say) a module still builds:
+
+* a logical name without a rule in the active `nnx.logical_axis_rules` (or
+  with no rules active at all) is replicated: the parameter stores ``None``
+  for that axis, and an `UnmappedAxisWarning` names it (Python's default
+  warning filter shows it once per name, not once per parameter);
+* a name that is itself an axis of the mesh is kept (flax's physical names);
+* a rule that targets a mesh axis the mesh lacks is a `ValueError` that
+  points to `rules_for_mesh`, which derives jaxnorm's rules for the user's
+  mesh: ``rules_for_mesh(mesh, {"tensor": "tp"})`` renames jaxnorm's
+  ``tensor`` axis to ``tp`` and drops the axes the mesh does not have
+  (``data`` here), so every jaxnorm name has a rule and none warns.
+
+Only `jaxnorm.nn` norm parameters are resolved this way (`param_names`);
+activations (`constrain`) with no rules active use `DEFAULT_RULES` restricted
+to the active mesh.
+
+flax equivalence. A jaxnorm module's ``axis_names=("norm",)`` is what flax
+spells ``scale_metadata={"out_sharding": ("norm",)}`` (and ``bias_metadata``)
+on ``nnx.LayerNorm``, or ``nnx.with_partitioning(init, ("norm",))`` on an
+initializer: the logical names are stored as the variable's ``out_sharding``
+metadata, the parameter is placed when it is created under `jax.set_mesh`,
+and `nnx.get_partition_spec` (called inside the same
+`nnx.logical_axis_rules`) resolves them to a `PartitionSpec` that
+`jax.sharding.NamedSharding` accepts under that mesh. Deviation: flax keeps
+a name without a rule as if it were a mesh axis (so construction fails under
+a mesh without it); jaxnorm replicates it, as above.
+
 Pure functions never see a mesh; only modules and the training engine do.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import warnings
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
@@ -142,12 +172,13 @@ def logical_to_mesh(
   Args:
     names: one logical name (or None, replicated) per array axis.
     rules: rule table; defaults to the active `nnx.logical_axis_rules`
-      context, else `DEFAULT_RULES`.
+      context, else `DEFAULT_RULES` (restricted to the active mesh's axes
+      by `rules_for_mesh` when a mesh is active).
 
   Returns:
     The mesh `PartitionSpec`.
   """
-  rules = rules or spmd.get_logical_axis_rules() or DEFAULT_RULES
+  rules = rules or spmd.get_logical_axis_rules() or _mesh_default_rules()
   table: dict[str, Any] = {}
   for name, axes in rules:
     table.setdefault(name, axes)
@@ -180,3 +211,143 @@ def constrain(x: jax.Array, names: Sequence[str | None]) -> jax.Array:
   if not has_mesh():
     return x
   return jax.lax.with_sharding_constraint(x, logical_to_mesh(names))
+
+
+class UnmappedAxisWarning(UserWarning):
+  """A logical axis name has no rule in the active rules: it is replicated."""
+
+
+def _axes_of(value: Any) -> tuple[str, ...]:
+  """The mesh axes of a rule's right-hand side (None, a name or a tuple)."""
+  if value is None:
+    return ()
+  return (value,) if isinstance(value, str) else tuple(value)
+
+
+def _mesh_axis_names(mesh: Any) -> tuple[str, ...]:
+  """Axis names of a `Mesh`, an `AbstractMesh` or a sequence of names."""
+  names = getattr(mesh, "axis_names", mesh)
+  if isinstance(names, str) or not all(isinstance(n, str) for n in names):
+    raise ValueError(
+      "rules_for_mesh: mesh must be a jax Mesh, an AbstractMesh or a "
+      f"sequence of axis names, got {mesh!r}"
+    )
+  return tuple(names)
+
+
+def _mesh_default_rules() -> Rules:
+  """`DEFAULT_RULES`, restricted to the active mesh's axes if one is set."""
+  if not has_mesh():
+    return DEFAULT_RULES
+  return rules_for_mesh(jax.sharding.get_abstract_mesh())
+
+
+def rules_for_mesh(
+  mesh: Any,
+  rename: Mapping[str, str | None] | None = None,
+  *,
+  rules: Rules = DEFAULT_RULES,
+) -> Rules:
+  """Derives a rule table for a mesh whose axis names are not jaxnorm's.
+
+  Each mesh axis named by ``rules`` is renamed through ``rename`` (jaxnorm's
+  axis -> the user's axis, or ``None`` to drop it); axes the mesh does not
+  have are then dropped, so a logical name whose axes all vanish maps to
+  ``None`` (replicated). Every logical name of ``rules`` keeps a rule, so no
+  `UnmappedAxisWarning` is raised for jaxnorm's names.
+
+  Example: gemma's ``("fsdp", "tp")`` mesh, ``rules_for_mesh(mesh,
+  {"tensor": "tp"})``: ``batch -> fsdp`` (``data`` dropped), ``embed ->
+  fsdp``, ``heads``/``mlp``/``vocab -> tp``, ``norm -> None``.
+
+  Args:
+    mesh: a `jax.sharding.Mesh`, an `AbstractMesh` or its axis names.
+    rename: jaxnorm mesh axis (as named in ``rules``) -> the user's mesh
+      axis or ``None``; axes not listed keep their names.
+    rules: the table to adapt; `DEFAULT_RULES` by default.
+
+  Returns:
+    A rule table for `nnx.logical_axis_rules` and `logical_to_mesh`.
+
+  Raises:
+    ValueError: if ``mesh`` is not a mesh or names, or ``rename`` maps an
+      axis that ``rules`` does not use, or to an axis the mesh lacks.
+  """
+  who = "rules_for_mesh"
+  axis_names = _mesh_axis_names(mesh)
+  rename = dict(rename or {})
+  used = sorted({a for _, v in rules for a in _axes_of(v)})
+  for src, dst in rename.items():
+    if src not in used:
+      raise ValueError(
+        f"{who}: rename maps {src!r}, which the rules do not use; the rules "
+        f"use the mesh axes {', '.join(used)}"
+      )
+    if dst is not None and dst not in axis_names:
+      raise ValueError(
+        f"{who}: rename maps {src!r} to {dst!r}, which is not an axis of "
+        f"the mesh; its axes are {', '.join(axis_names)}"
+      )
+  out = []
+  for name, value in rules:
+    axes = tuple(
+      a
+      for a in (rename.get(a, a) for a in _axes_of(value))
+      if a is not None and a in axis_names
+    )
+    out.append((name, axes[0] if len(axes) == 1 else (axes or None)))
+  return tuple(out)
+
+
+def param_names(
+  names: Sequence[str | None] | None,
+) -> tuple[str | None, ...] | None:
+  """The axis names to store on a parameter created now, mesh-agnostic.
+
+  Without an active mesh the names are returned unchanged (placement and
+  rules are deferred to `nnx.get_partition_spec`). Under `jax.set_mesh`,
+  each name is kept when the active `nnx.logical_axis_rules` has a rule for
+  it (flax resolves it) or when it is an axis of the mesh; any other name
+  becomes ``None`` (replicated) with an `UnmappedAxisWarning`, which
+  Python's default filter shows once per name.
+
+  Args:
+    names: one logical name (or None) per parameter axis, or ``None``.
+
+  Returns:
+    The names to pass as ``out_sharding``.
+
+  Raises:
+    ValueError: if an active rule maps a name to a mesh axis the mesh does
+      not have; the message names `rules_for_mesh`.
+  """
+  if names is None or not has_mesh():
+    return None if names is None else tuple(names)
+  mesh_axes = tuple(jax.sharding.get_abstract_mesh().axis_names)
+  table = dict(spmd.get_logical_axis_rules())
+  out = []
+  for name in names:
+    if name is None or (name in mesh_axes and name not in table):
+      out.append(name)
+      continue
+    if name not in table:
+      warnings.warn(
+        f"jaxnorm: logical axis name {name!r} has no rule in the active "
+        "nnx.logical_axis_rules; parameters that name it are replicated. "
+        "Give it a rule, or derive jaxnorm's rules for your mesh with "
+        "jaxnorm.sharding.rules_for_mesh",
+        UnmappedAxisWarning,
+        stacklevel=1,
+      )
+      out.append(None)
+      continue
+    missing = [a for a in _axes_of(table[name]) if a not in mesh_axes]
+    if missing:
+      raise ValueError(
+        f"param_names: the active rules map logical axis {name!r} to mesh "
+        f"axis {missing[0]!r}, but the mesh has axes {', '.join(mesh_axes)}; "
+        "derive rules for this mesh with jaxnorm.sharding.rules_for_mesh("
+        "mesh, rename={...})"
+      )
+    out.append(name)
+  return tuple(out)

@@ -21,10 +21,14 @@ def param(
   The names are always stored as ``out_sharding`` metadata, so
   `nnx.get_partition_spec` resolves them under any rule table. The value is
   placed (sharded eagerly) only when a mesh is active; without one the module
-  still builds, e.g. in a notebook on a single device.
+  still builds, e.g. in a notebook on a single device. Under a mesh, a
+  logical name without a rule in the active rules is replicated (with one
+  warning) instead of failing (`jaxnorm.sharding.param_names`), so every
+  module builds under a user's mesh with other axis names.
   """
   if names is None:
     return variable_type(value)
+  names = sharding.param_names(names)
   if len(names) != value.ndim:
     raise ValueError(
       f"param: axis names must have one entry per axis, got {names=} for "

@@ -10,8 +10,18 @@ arguments:
 * ``param_dtype``: storage dtype of parameters and statistics (float32).
 * ``axis_names``: logical axis name of the feature axis, attached to every
   parameter for sharding (default ``("norm",)``, replicated by the default
-  rules of `jaxnorm.sharding`).
-* ``rngs``: an `nnx.Rngs`; the ``params`` stream feeds the initializers.
+  rules of `jaxnorm.sharding`). Under a mesh, a name without a rule in the
+  active rules is replicated with one warning, so the modules build under a
+  user's mesh with other axis names (`jaxnorm.sharding.param_names`).
+* ``rngs``: an `nnx.Rngs`; every module draws exactly two keys from the
+  ``params`` stream (as flax's LayerNorm/BatchNorm/GroupNorm do), whatever
+  its options, so swapping one norm for another leaves the initialization
+  of later layers unchanged.
+
+`LayerNorm`, `RMSNorm`, `GroupNorm` and `BatchNorm` take flax's ``mask=`` in
+``__call__``: statistics over the ``True`` elements only (a mask of shape
+``x.shape[:-1]`` masks positions; BatchNorm then updates its running
+statistics from the valid elements only).
 
 Modules with running statistics follow flax's train/eval protocol
 (``use_running_average``, ``model.eval()``, ``nnx.view``). `NORMS` maps each

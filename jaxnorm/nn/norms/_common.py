@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from jaxnorm.nn import _param
+from jaxnorm.nn._param import param
 
 Initializer = Callable[..., jax.Array]
 Names = Sequence[str | None] | None
@@ -28,16 +28,27 @@ def promote(x: jax.Array, module: nnx.Module) -> jax.Array:
   ``x.dtype``; with an explicit ``dtype`` the input is left as is and
   `cast` sets the output dtype.
   """
-  x = jnp.asarray(x)
-  if module.dtype is not None or not jnp.issubdtype(x.dtype, jnp.floating):
-    return x
   params = jax.tree.leaves(nnx.state(module, nnx.Param))
+  return promote_to(x, module.dtype, params)
+
+
+def promote_to(
+  x: jax.Array, dtype: Any, params: Sequence[jax.Array | None]
+) -> jax.Array:
+  """`promote` for a module's explicit ``dtype`` and parameter values.
+
+  Shared with `jaxnorm.linen`, whose parameters are call-time values;
+  ``None`` entries (absent parameters) are skipped.
+  """
+  x = jnp.asarray(x)
+  if dtype is not None or not jnp.issubdtype(x.dtype, jnp.floating):
+    return x
   with jax.numpy_dtype_promotion("standard"):
-    dtype = jnp.result_type(x.dtype, *(p.dtype for p in params))
-  return x.astype(dtype)
+    out = jnp.result_type(x.dtype, *(p.dtype for p in params if p is not None))
+  return x.astype(out)
 
 
-def cast(y: jax.Array, module: nnx.Module) -> jax.Array:
+def cast(y: jax.Array, module: Any) -> jax.Array:
   """``y`` in the module's explicit output ``dtype``, if one is set."""
   return y if module.dtype is None else y.astype(module.dtype)
 
@@ -89,10 +100,31 @@ def flax_spelling(init: Callable[..., None]) -> Callable[..., None]:
   return wrapper
 
 
+NUM_KEYS = 2
+"""Keys every norm module draws from ``rngs.params``, whatever its options.
+
+Two is the count of flax's ``nnx.LayerNorm``, ``BatchNorm``, ``GroupNorm``
+and ``InstanceNorm`` in their default form (one for ``scale``, one for
+``bias``), so swapping one norm for another, or for those flax norms, leaves
+the initialization of every later layer unchanged. Deviation: flax's
+``nnx.RMSNorm`` draws one key, jaxnorm's `RMSNorm` two.
+"""
+
+
+def draw_keys(rngs: nnx.Rngs) -> tuple[jax.Array, jax.Array]:
+  """The module's `NUM_KEYS` keys ``(scale_key, bias_key)``, drawn in order.
+
+  Every norm module calls this once in ``__init__``, even when its
+  initializers are constant; a module that needs more randomness splits
+  these keys.
+  """
+  return rngs.params(), rngs.params()
+
+
 def optional(
   use: bool,
   init: Initializer,
-  rngs: nnx.Rngs,
+  key: jax.Array,
   num_features: int,
   param_dtype: Any,
   names: Names,
@@ -100,7 +132,7 @@ def optional(
   """A ``(num_features,)`` parameter from ``init``, or ``None`` if unused."""
   if not use:
     return None
-  return _param.param(init(rngs.params(), (num_features,), param_dtype), names)
+  return param(init(key, (num_features,), param_dtype), names)
 
 
 def maybe(var: nnx.Variable | None) -> jax.Array | None:

@@ -109,12 +109,14 @@ NORMS: Mapping[str, registry.NormSpec] = types.MappingProxyType(
       LayerNorm,
       "Ba, Kiros & Hinton, arXiv:1607.06450",
       layouts=_PER_TOKEN,
+      takes_mask=True,
       kernel=True,
     ),
     "rmsnorm": registry.NormSpec(
       RMSNorm,
       "Zhang & Sennrich, arXiv:1910.07467",
       layouts=_PER_TOKEN,
+      takes_mask=True,
       kernel=True,
     ),
     "crmsnorm": registry.NormSpec(
@@ -124,6 +126,7 @@ NORMS: Mapping[str, registry.NormSpec] = types.MappingProxyType(
       BatchNorm,
       "Ioffe & Szegedy, arXiv:1502.03167",
       layouts=_CHANNELS,
+      takes_mask=True,
       batch_stats=True,
     ),
     "groupnorm": registry.NormSpec(
@@ -235,7 +238,10 @@ there because their token defaults take one statistic per token and group.
 Instance, region, EvoNorm-B0 and UnMix-TNS statistics run over the
 spatial (sequence) axes, so they are not. ``batch_stats``: training mode
 (or, for region norms and UnMix-TNS, every call) takes statistics over the
-batch. ``defaults(num_features, layout=None)`` returns the width- and
+batch. ``takes_mask``: ``__call__`` takes flax's ``mask=`` (LayerNorm,
+RMSNorm, BatchNorm; `GroupNorm` takes it too but is left unflagged, since
+`jaxnorm.nn.graph` reads the flag as "a graph norm with a node mask").
+``defaults(num_features, layout=None)`` returns the width- and
 layout-dependent keyword arguments (a second positional argument is
 accepted by every spec's ``defaults``).
 """

@@ -9,11 +9,12 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxnorm import _checks, _numerics, norms
-from jaxnorm.nn import _param
 from jaxnorm.nn.norms._common import (
   Names,
   RunningAverage,
   cast,
+  draw_keys,
+  param,
   promote,
 )
 
@@ -49,7 +50,7 @@ def apply_backward_updates(module: nnx.Module, grads: nnx.State) -> None:
 
 
 def _counter(names: Names) -> nnx.BatchStat:
-  return _param.param(
+  return param(
     jnp.zeros((), jnp.int32), None if names is None else (), nnx.BatchStat
   )
 
@@ -91,7 +92,7 @@ class PowerNorm(RunningAverage):
       _numerics.resolve_groups(
         who, "num_features", num_features, num_groups, None
       )
-    del rngs  # Constant initialization only.
+    draw_keys(rngs)  # Constant initialization: drawn, unused.
     self.num_features, self.eps = num_features, eps
     self.alpha_fwd, self.alpha_bkw = alpha_fwd, alpha_bkw
     self.warmup_iters, self.num_groups = warmup_iters, num_groups
@@ -99,14 +100,12 @@ class PowerNorm(RunningAverage):
     self.use_running_average, self.axis_name = use_running_average, axis_name
     self.dtype = dtype
     shape = (num_features,)
-    self.scale = _param.param(jnp.ones(shape, param_dtype), axis_names)
-    self.bias = _param.param(jnp.zeros(shape, param_dtype), axis_names)
+    self.scale = param(jnp.ones(shape, param_dtype), axis_names)
+    self.bias = param(jnp.zeros(shape, param_dtype), axis_names)
     state = norms.init_power_norm_state(num_features, param_dtype)
     self.count = _counter(axis_names)
-    self.running_phi = _param.param(
-      state.running_phi, axis_names, nnx.BatchStat
-    )
-    self.grad_ema = _param.param(state.grad_ema, axis_names, BackwardStat)
+    self.running_phi = param(state.running_phi, axis_names, nnx.BatchStat)
+    self.grad_ema = param(state.grad_ema, axis_names, BackwardStat)
 
   def state_tuple(self) -> norms.PowerNormState:
     """The module's statistics as a `jaxnorm.norms.PowerNormState`."""
@@ -173,7 +172,7 @@ class UnifiedNorm(RunningAverage):
     rngs: nnx.Rngs,
   ):
     _checks.check_positive_int("UnifiedNorm", "num_features", num_features)
-    del rngs  # Constant initialization only.
+    draw_keys(rngs)  # Constant initialization: drawn, unused.
     state = norms.init_unified_norm_state(
       num_features, window_size, param_dtype
     )
@@ -184,16 +183,14 @@ class UnifiedNorm(RunningAverage):
     self.dtype = dtype
     shape = (num_features,)
     buf_names = None if axis_names is None else (None, *axis_names)
-    self.scale = _param.param(jnp.ones(shape, param_dtype), axis_names)
-    self.bias = _param.param(jnp.zeros(shape, param_dtype), axis_names)
+    self.scale = param(jnp.ones(shape, param_dtype), axis_names)
+    self.bias = param(jnp.zeros(shape, param_dtype), axis_names)
     self.count = _counter(axis_names)
     self.skip_count = _counter(axis_names)
-    self.running_var = _param.param(
-      state.running_var, axis_names, nnx.BatchStat
-    )
-    self.buf_x2 = _param.param(state.buf_x2, buf_names, nnx.BatchStat)
-    self.grad_ema = _param.param(state.grad_ema, axis_names, BackwardStat)
-    self.buf_gz = _param.param(state.buf_gz, buf_names, BackwardStat)
+    self.running_var = param(state.running_var, axis_names, nnx.BatchStat)
+    self.buf_x2 = param(state.buf_x2, buf_names, nnx.BatchStat)
+    self.grad_ema = param(state.grad_ema, axis_names, BackwardStat)
+    self.buf_gz = param(state.buf_gz, buf_names, BackwardStat)
 
   def state_tuple(self) -> norms.UnifiedNormState:
     """The module's statistics as a `jaxnorm.norms.UnifiedNormState`."""

@@ -9,17 +9,19 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxnorm import _checks, _numerics, norms
-from jaxnorm.nn import _param
 from jaxnorm.nn.norms._common import (
   Initializer,
   Names,
   RunningAverage,
   cast,
+  draw_keys,
   flax_spelling,
   maybe,
   optional,
+  param,
   promote,
 )
+from jaxnorm.norms import masked as _masked
 
 
 class BatchNorm(RunningAverage):
@@ -54,21 +56,41 @@ class BatchNorm(RunningAverage):
     self.use_running_average, self.axis_name = use_running_average, axis_name
     self.dtype = dtype
     state = norms.init_batch_norm_state(num_features, param_dtype)
-    self.mean = _param.param(state.mean, axis_names, nnx.BatchStat)
-    self.var = _param.param(state.var, axis_names, nnx.BatchStat)
+    self.mean = param(state.mean, axis_names, nnx.BatchStat)
+    self.var = param(state.var, axis_names, nnx.BatchStat)
+    scale_key, bias_key = draw_keys(rngs)
     self.scale = optional(
-      use_scale, scale_init, rngs, num_features, param_dtype, axis_names
+      use_scale, scale_init, scale_key, num_features, param_dtype, axis_names
     )
     self.bias = optional(
-      use_bias, bias_init, rngs, num_features, param_dtype, axis_names
+      use_bias, bias_init, bias_key, num_features, param_dtype, axis_names
     )
 
   def __call__(
-    self, x: jax.Array, *, use_running_average: bool | None = None
+    self,
+    x: jax.Array,
+    *,
+    use_running_average: bool | None = None,
+    mask: jax.Array | None = None,
   ) -> jax.Array:
-    """Normalizes ``x``; in training mode also updates ``mean``/``var``."""
+    """Normalizes ``x``; in training mode also updates ``mean``/``var``.
+
+    Args:
+      x: input ``(..., num_features)``.
+      use_running_average: overrides the module's mode for this call.
+      mask: boolean, True on the elements that enter the batch statistics
+        (the real nodes of a padded graph batch): shape ``x.shape[:-1]``,
+        or a flax mask with last dimension 1. The running statistics are
+        updated from those elements only (not at all without any);
+        inference ignores it. See `jaxnorm.norms.batch_norm`.
+
+    Returns:
+      The normalized ``x``.
+    """
     x = promote(x, self)
     eval_mode = self.eval_mode(use_running_average)
+    if mask is not None:
+      mask = _masked.position_mask("BatchNorm", mask, x)
     state = norms.BatchNormState(self.mean[...], self.var[...])
     y, new_state = norms.batch_norm(
       x,
@@ -79,6 +101,7 @@ class BatchNorm(RunningAverage):
       momentum=self.momentum,
       eps=self.eps,
       axis_name=self.axis_name,
+      mask=mask,
     )
     if not eval_mode:
       self.mean[...] = new_state.mean
@@ -120,16 +143,40 @@ class GroupNorm(nnx.Module):
     )
     self.num_features, self.num_groups = num_features, num_groups
     self.eps, self.reduction_axes, self.dtype = eps, reduction_axes, dtype
+    scale_key, bias_key = draw_keys(rngs)
     self.scale = optional(
-      use_scale, scale_init, rngs, num_features, param_dtype, axis_names
+      use_scale, scale_init, scale_key, num_features, param_dtype, axis_names
     )
     self.bias = optional(
-      use_bias, bias_init, rngs, num_features, param_dtype, axis_names
+      use_bias, bias_init, bias_key, num_features, param_dtype, axis_names
     )
 
-  def __call__(self, x: jax.Array) -> jax.Array:
-    """Normalizes ``x`` (features last) with this module's parameters."""
+  def __call__(
+    self, x: jax.Array, *, mask: jax.Array | None = None
+  ) -> jax.Array:
+    """Normalizes ``x`` (features last) with this module's parameters.
+
+    Args:
+      x: input ``(batch, ..., num_features)``.
+      mask: boolean, as in flax: each group's statistics run over its
+        ``True`` elements only (``x.shape[:-1]`` masks positions, any other
+        shape broadcasts against ``x``).
+
+    Returns:
+      The normalized ``x``.
+    """
     x = promote(x, self)
+    if mask is not None:
+      y = _masked.group_norm(
+        x,
+        maybe(self.scale),
+        maybe(self.bias),
+        mask,
+        num_groups=self.num_groups,
+        eps=self.eps,
+        reduction_axes=self.reduction_axes,
+      )
+      return cast(y, self)
     y = norms.group_norm(
       x,
       maybe(self.scale),
@@ -161,11 +208,12 @@ class InstanceNorm(nnx.Module):
   ):
     _checks.check_positive_int("InstanceNorm", "num_features", num_features)
     self.num_features, self.eps, self.dtype = num_features, eps, dtype
+    scale_key, bias_key = draw_keys(rngs)
     self.scale = optional(
-      use_scale, scale_init, rngs, num_features, param_dtype, axis_names
+      use_scale, scale_init, scale_key, num_features, param_dtype, axis_names
     )
     self.bias = optional(
-      use_bias, bias_init, rngs, num_features, param_dtype, axis_names
+      use_bias, bias_init, bias_key, num_features, param_dtype, axis_names
     )
 
   def __call__(self, x: jax.Array) -> jax.Array:
@@ -201,20 +249,18 @@ class EvoNormB0(RunningAverage):
     rngs: nnx.Rngs,
   ):
     _checks.check_positive_int("EvoNormB0", "num_features", num_features)
-    del rngs  # Constant initialization only.
+    draw_keys(rngs)  # Constant initialization: drawn, unused.
     self.num_features, self.momentum, self.eps = num_features, momentum, eps
     self.use_running_average, self.axis_name = use_running_average, axis_name
     self.dtype = dtype
     shape = (num_features,)
-    self.scale = _param.param(jnp.ones(shape, param_dtype), axis_names)
-    self.bias = _param.param(jnp.zeros(shape, param_dtype), axis_names)
+    self.scale = param(jnp.ones(shape, param_dtype), axis_names)
+    self.bias = param(jnp.zeros(shape, param_dtype), axis_names)
     self.v = (
-      _param.param(jnp.ones(shape, param_dtype), axis_names)
-      if apply_act
-      else None
+      param(jnp.ones(shape, param_dtype), axis_names) if apply_act else None
     )
     state = norms.init_evo_norm_b0_state(num_features, param_dtype)
-    self.var = _param.param(state.var, axis_names, nnx.BatchStat)
+    self.var = param(state.var, axis_names, nnx.BatchStat)
 
   def __call__(
     self, x: jax.Array, *, use_running_average: bool | None = None
@@ -264,19 +310,17 @@ class EvoNormS0(nnx.Module):
     who = "EvoNormS0"
     _checks.check_positive_int(who, "num_features", num_features)
     _checks.check_choice(who, "variant", variant, ("s0", "s0a"))
-    del rngs  # Constant initialization only.
+    draw_keys(rngs)  # Constant initialization: drawn, unused.
     self.num_groups = _numerics.resolve_groups(
       who, "num_features", num_features, num_groups, group_size
     )
     self.num_features, self.eps, self.variant = num_features, eps, variant
     self.reduction_axes, self.dtype = reduction_axes, dtype
     shape = (num_features,)
-    self.scale = _param.param(jnp.ones(shape, param_dtype), axis_names)
-    self.bias = _param.param(jnp.zeros(shape, param_dtype), axis_names)
+    self.scale = param(jnp.ones(shape, param_dtype), axis_names)
+    self.bias = param(jnp.zeros(shape, param_dtype), axis_names)
     self.v = (
-      _param.param(jnp.ones(shape, param_dtype), axis_names)
-      if apply_act
-      else None
+      param(jnp.ones(shape, param_dtype), axis_names) if apply_act else None
     )
 
   def __call__(self, x: jax.Array) -> jax.Array:
@@ -319,17 +363,17 @@ class L1BatchNorm(RunningAverage):
   ):
     _checks.check_positive_int("L1BatchNorm", "num_features", num_features)
     _checks.check_choice("L1BatchNorm", "eps_mode", eps_mode, norms.EPS_MODES)
-    del rngs  # Constant initialization only.
+    draw_keys(rngs)  # Constant initialization: drawn, unused.
     self.num_features, self.momentum, self.eps = num_features, momentum, eps
     self.kappa, self.eps_mode = kappa, eps_mode
     self.use_running_average, self.axis_name = use_running_average, axis_name
     self.dtype = dtype
     shape = (num_features,)
     state = norms.init_l1_batch_norm_state(num_features, param_dtype)
-    self.scale = _param.param(jnp.ones(shape, param_dtype), axis_names)
-    self.bias = _param.param(jnp.zeros(shape, param_dtype), axis_names)
-    self.mean = _param.param(state.mean, axis_names, nnx.BatchStat)
-    self.dev = _param.param(state.dev, axis_names, nnx.BatchStat)
+    self.scale = param(jnp.ones(shape, param_dtype), axis_names)
+    self.bias = param(jnp.zeros(shape, param_dtype), axis_names)
+    self.mean = param(state.mean, axis_names, nnx.BatchStat)
+    self.dev = param(state.dev, axis_names, nnx.BatchStat)
 
   def __call__(
     self, x: jax.Array, *, use_running_average: bool | None = None

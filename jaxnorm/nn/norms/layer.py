@@ -10,16 +10,18 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxnorm import _checks, _dispatch, fused_norms, norms
-from jaxnorm.nn import _param
 from jaxnorm.nn.norms._common import (
   Initializer,
   Names,
   cast,
+  draw_keys,
   flax_spelling,
   maybe,
   optional,
+  param,
   promote,
 )
+from jaxnorm.norms import masked as _masked
 
 
 def fused_add_norm(
@@ -76,16 +78,40 @@ class LayerNorm(nnx.Module):
     self.implementation = implementation
     self.num_features, self.eps = num_features, eps
     self.scale_offset, self.dtype = scale_offset, dtype
+    scale_key, bias_key = draw_keys(rngs)
     self.scale = optional(
-      use_scale, scale_init, rngs, num_features, param_dtype, axis_names
+      use_scale, scale_init, scale_key, num_features, param_dtype, axis_names
     )
     self.bias = optional(
-      use_bias, bias_init, rngs, num_features, param_dtype, axis_names
+      use_bias, bias_init, bias_key, num_features, param_dtype, axis_names
     )
 
-  def __call__(self, x: jax.Array) -> jax.Array:
-    """Normalizes ``x`` (features last) with this module's parameters."""
+  def __call__(
+    self, x: jax.Array, *, mask: jax.Array | None = None
+  ) -> jax.Array:
+    """Normalizes ``x`` (features last) with this module's parameters.
+
+    Args:
+      x: input ``(..., num_features)``.
+      mask: boolean, as in flax: the statistics run over the ``True``
+        elements only (``x.shape[:-1]`` masks positions, any other shape
+        broadcasts against ``x``); see `jaxnorm.norms.masked`. The
+        masked form runs in XLA whatever ``implementation``.
+
+    Returns:
+      The normalized ``x``.
+    """
     x = promote(x, self)
+    if mask is not None:
+      y = _masked.layer_norm(
+        x,
+        maybe(self.scale),
+        maybe(self.bias),
+        mask,
+        eps=self.eps,
+        scale_offset=self.scale_offset,
+      )
+      return cast(y, self)
     y = norms.layer_norm(
       x,
       maybe(self.scale),
@@ -141,13 +167,33 @@ class RMSNorm(nnx.Module):
     self.implementation = implementation
     self.num_features, self.eps, self.eps_mode = num_features, eps, eps_mode
     self.scale_offset, self.dtype = scale_offset, dtype
+    scale_key, _ = draw_keys(rngs)
     self.scale = optional(
-      use_scale, scale_init, rngs, num_features, param_dtype, axis_names
+      use_scale, scale_init, scale_key, num_features, param_dtype, axis_names
     )
 
-  def __call__(self, x: jax.Array) -> jax.Array:
-    """Normalizes ``x`` (features last) with this module's parameters."""
+  def __call__(self, x: jax.Array, mask: jax.Array | None = None) -> jax.Array:
+    """Normalizes ``x`` (features last) with this module's parameters.
+
+    Args:
+      x: input ``(..., num_features)``.
+      mask: boolean, as in flax (positional there too): the mean square
+        runs over the ``True`` elements only; shapes as in `LayerNorm`.
+
+    Returns:
+      The normalized ``x``.
+    """
     x = promote(x, self)
+    if mask is not None:
+      y = _masked.rms_norm(
+        x,
+        maybe(self.scale),
+        mask,
+        eps=self.eps,
+        eps_mode=self.eps_mode,
+        scale_offset=self.scale_offset,
+      )
+      return cast(y, self)
     y = norms.rms_norm(
       x,
       maybe(self.scale),
@@ -196,8 +242,9 @@ class CRMSNorm(nnx.Module):
   ):
     _checks.check_positive_int("CRMSNorm", "num_features", num_features)
     self.num_features, self.eps, self.dtype = num_features, eps, dtype
+    scale_key, _ = draw_keys(rngs)
     self.scale = optional(
-      use_scale, scale_init, rngs, num_features, param_dtype, axis_names
+      use_scale, scale_init, scale_key, num_features, param_dtype, axis_names
     )
 
   def __call__(self, x: jax.Array) -> jax.Array:
@@ -235,15 +282,16 @@ class DyT(nnx.Module):
     _dispatch.check_implementation("DyT", implementation)
     self.num_features, self.dtype = num_features, dtype
     self.implementation = implementation
-    self.alpha = _param.param(
+    self.alpha = param(
       jnp.full((1,), alpha_init, param_dtype),
       (None,) if axis_names is not None else None,
     )
+    scale_key, bias_key = draw_keys(rngs)
     self.scale = optional(
-      use_scale, scale_init, rngs, num_features, param_dtype, axis_names
+      use_scale, scale_init, scale_key, num_features, param_dtype, axis_names
     )
     self.bias = optional(
-      use_bias, bias_init, rngs, num_features, param_dtype, axis_names
+      use_bias, bias_init, bias_key, num_features, param_dtype, axis_names
     )
 
   def __call__(self, x: jax.Array) -> jax.Array:
@@ -290,13 +338,13 @@ class SeeDNorm(nnx.Module):
     )
     self.num_features, self.eps, self.num_heads = num_features, eps, num_heads
     self.dyn_scale_div_dim, self.dtype = dyn_scale_div_dim, dtype
-    del rngs  # Constant initialization only.
+    draw_keys(rngs)  # Constant initialization: drawn, unused.
     shape = (num_features,)
-    self.scale = _param.param(jnp.ones(shape, param_dtype), axis_names)
-    self.dyn_scale = _param.param(
+    self.scale = param(jnp.ones(shape, param_dtype), axis_names)
+    self.dyn_scale = param(
       jnp.full(shape, dyn_scale_init, param_dtype), axis_names
     )
-    self.dyn_proj = _param.param(jnp.zeros(shape, param_dtype), axis_names)
+    self.dyn_proj = param(jnp.zeros(shape, param_dtype), axis_names)
 
   def __call__(self, x: jax.Array) -> jax.Array:
     """Normalizes ``x`` (features last) with this module's parameters."""
@@ -332,19 +380,15 @@ class L1LayerNorm(nnx.Module):
   ):
     _checks.check_positive_int("L1LayerNorm", "num_features", num_features)
     _checks.check_choice("L1LayerNorm", "eps_mode", eps_mode, norms.EPS_MODES)
-    del rngs  # Constant initialization only.
+    draw_keys(rngs)  # Constant initialization: drawn, unused.
     self.num_features, self.eps, self.kappa = num_features, eps, kappa
     self.eps_mode, self.dtype = eps_mode, dtype
     shape = (num_features,)
     self.scale = (
-      _param.param(jnp.ones(shape, param_dtype), axis_names)
-      if use_scale
-      else None
+      param(jnp.ones(shape, param_dtype), axis_names) if use_scale else None
     )
     self.bias = (
-      _param.param(jnp.zeros(shape, param_dtype), axis_names)
-      if use_bias
-      else None
+      param(jnp.zeros(shape, param_dtype), axis_names) if use_bias else None
     )
 
   def __call__(self, x: jax.Array) -> jax.Array:

@@ -10,10 +10,11 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxnorm import _checks, norms
-from jaxnorm.nn import _param
 from jaxnorm.nn.norms._common import (
   Names,
   cast,
+  draw_keys,
+  param,
   promote,
 )
 from jaxnorm.nn.norms.batch import BatchNorm
@@ -43,7 +44,7 @@ class RegionNormB(nnx.Module):
     rngs: nnx.Rngs,
   ):
     _checks.check_positive_int("RegionNormB", "num_features", num_features)
-    del rngs  # Constant initialization only.
+    draw_keys(rngs)  # Constant initialization: drawn, unused.
     self.num_features, self.eps, self.masked_bias = (
       num_features,
       eps,
@@ -51,10 +52,10 @@ class RegionNormB(nnx.Module):
     )
     self.axis_name, self.dtype = axis_name, dtype
     zeros = jnp.zeros((num_features,), param_dtype)
-    self.scale_fg = _param.param(zeros, axis_names)
-    self.bias_fg = _param.param(zeros, axis_names)
-    self.scale_bg = _param.param(zeros, axis_names)
-    self.bias_bg = _param.param(zeros, axis_names)
+    self.scale_fg = param(zeros, axis_names)
+    self.bias_fg = param(zeros, axis_names)
+    self.scale_bg = param(zeros, axis_names)
+    self.bias_bg = param(zeros, axis_names)
 
   def __call__(self, x: jax.Array, mask: jax.Array | None = None) -> jax.Array:
     """Normalizes NHWC ``x`` within the regions of ``mask``."""
@@ -78,7 +79,7 @@ class RegionNormB(nnx.Module):
 
 
 def _torch_uniform(
-  rngs: nnx.Rngs, shape: tuple[int, ...], fan_in: int, dtype: Any
+  key: jax.Array, shape: tuple[int, ...], fan_in: int, dtype: Any
 ) -> jax.Array:
   """The torch default conv init: U(-1/sqrt(fan_in), 1/sqrt(fan_in)).
 
@@ -86,9 +87,9 @@ def _torch_uniform(
   torch draws the bias from the same range.
   """
   bound = 1.0 / math.sqrt(fan_in)
-  return jax.random.uniform(
-    rngs.params(), shape, jnp.float32, -bound, bound
-  ).astype(dtype)
+  return jax.random.uniform(key, shape, jnp.float32, -bound, bound).astype(
+    dtype
+  )
 
 
 class RegionNormL(nnx.Module):
@@ -96,7 +97,8 @@ class RegionNormL(nnx.Module):
 
   Parameters (HWIO convs, torch default init): ``mask_kernel``
   ``(k, k, 2, 1)``; ``scale_kernel``/``scale_bias`` and
-  ``bias_kernel``/``bias_bias`` (``(k, k, 1, 1)`` and ``(1,)``).
+  ``bias_kernel``/``bias_bias`` (``(k, k, 1, 1)`` and ``(1,)``), from five
+  keys split from the first of the module's two draws.
   """
 
   def __init__(
@@ -121,21 +123,23 @@ class RegionNormL(nnx.Module):
     self.axis_name, self.dtype = axis_name, dtype
     k = kernel_size
     conv_names = None if axis_names is None else (None,) * 4
+    keys = iter(jax.random.split(draw_keys(rngs)[0], 5))
     bias_names = None if axis_names is None else (None,)
-    self.mask_kernel = _param.param(
-      _torch_uniform(rngs, (k, k, 2, 1), 2 * k * k, param_dtype), conv_names
+    self.mask_kernel = param(
+      _torch_uniform(next(keys), (k, k, 2, 1), 2 * k * k, param_dtype),
+      conv_names,
     )
-    self.scale_kernel = _param.param(
-      _torch_uniform(rngs, (k, k, 1, 1), k * k, param_dtype), conv_names
+    self.scale_kernel = param(
+      _torch_uniform(next(keys), (k, k, 1, 1), k * k, param_dtype), conv_names
     )
-    self.scale_bias = _param.param(
-      _torch_uniform(rngs, (1,), k * k, param_dtype), bias_names
+    self.scale_bias = param(
+      _torch_uniform(next(keys), (1,), k * k, param_dtype), bias_names
     )
-    self.bias_kernel = _param.param(
-      _torch_uniform(rngs, (k, k, 1, 1), k * k, param_dtype), conv_names
+    self.bias_kernel = param(
+      _torch_uniform(next(keys), (k, k, 1, 1), k * k, param_dtype), conv_names
     )
-    self.bias_bias = _param.param(
-      _torch_uniform(rngs, (1,), k * k, param_dtype), bias_names
+    self.bias_bias = param(
+      _torch_uniform(next(keys), (1,), k * k, param_dtype), bias_names
     )
 
   def __call__(self, x: jax.Array) -> jax.Array:
@@ -160,8 +164,8 @@ class UnMixTNS(nnx.Module):
 
   Parameters ``scale``/``bias`` (the replaced BatchNorm's); `nnx.BatchStat`
   components ``mean`` and ``var`` of shape ``(K, C)``, initialized from
-  ``source_mean``/``source_var`` (default 0 and 1) with noise from
-  ``rngs.params()``. Every call updates the components unless
+  ``source_mean``/``source_var`` (default 0 and 1) with noise from the
+  first of the module's two keys. Every call updates the components unless
   ``update_stats=False``. `from_batch_norm` replaces a trained `BatchNorm`.
   """
 
@@ -193,16 +197,16 @@ class UnMixTNS(nnx.Module):
     state = norms.init_unmix_tns_state(
       mean,
       var,
-      rngs.params(),
+      draw_keys(rngs)[0],
       num_components=num_components,
       spread=spread,
       dtype=param_dtype,
     )
     comp_names = None if axis_names is None else (None, *axis_names)
-    self.scale = _param.param(jnp.ones(shape, param_dtype), axis_names)
-    self.bias = _param.param(jnp.zeros(shape, param_dtype), axis_names)
-    self.mean = _param.param(state.mean, comp_names, nnx.BatchStat)
-    self.var = _param.param(state.var, comp_names, nnx.BatchStat)
+    self.scale = param(jnp.ones(shape, param_dtype), axis_names)
+    self.bias = param(jnp.zeros(shape, param_dtype), axis_names)
+    self.mean = param(state.mean, comp_names, nnx.BatchStat)
+    self.var = param(state.var, comp_names, nnx.BatchStat)
 
   @classmethod
   def from_batch_norm(

@@ -9,12 +9,13 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxnorm import _checks, norms
-from jaxnorm.nn import _param
 from jaxnorm.nn.norms._common import (
   Initializer,
   Names,
   cast,
+  draw_keys,
   maybe,
+  param,
   promote,
 )
 from jaxnorm.nn.norms.layer import LayerNorm, RMSNorm
@@ -62,7 +63,7 @@ class ScaleVectorNorm(nnx.Module):
     _checks.check_positive_int(who, "num_branches", num_branches)
     _checks.check_choice(who, "role", role, NORM_ROLES)
     _checks.check_choice(who, "eps_mode", eps_mode, norms.EPS_MODES)
-    del rngs  # Constant initialization only.
+    draw_keys(rngs)  # Constant initialization: drawn, unused.
     self.num_features, self.num_branches = num_features, num_branches
     self.reparam, self.eps, self.eps_mode = reparam, eps, eps_mode
     self.role, self.dtype = role, dtype
@@ -72,13 +73,13 @@ class ScaleVectorNorm(nnx.Module):
     )
     vec = jnp.ones((*lead, num_features), param_dtype)
     if reparam:
-      self.scale_magnitude = _param.param(
+      self.scale_magnitude = param(
         jnp.ones(lead or (1,), param_dtype),
         None if axis_names is None else (None,),
       )
-      self.scale_direction = _param.param(vec, names)
+      self.scale_direction = param(vec, names)
     else:
-      self.scale = _param.param(vec, names)
+      self.scale = param(vec, names)
 
   def scales(self) -> list[jax.Array]:
     """The effective per-branch scale vectors."""
@@ -134,21 +135,17 @@ class DualScaledLinear(nnx.Module):
     _checks.check_choice(who, "role", role, NORM_ROLES)
     self.in_features, self.out_features = in_features, out_features
     self.dnp, self.eps, self.role, self.dtype = dnp, eps, role, dtype
-    self.kernel = _param.param(
+    self.kernel = param(
       kernel_init(rngs.params(), (in_features, out_features), param_dtype),
       kernel_axis_names,
     )
     in_names = None if kernel_axis_names is None else kernel_axis_names[:1]
     out_names = None if kernel_axis_names is None else kernel_axis_names[1:]
     self.scale_in = (
-      _param.param(jnp.ones((in_features,), param_dtype), in_names)
-      if dual
-      else None
+      param(jnp.ones((in_features,), param_dtype), in_names) if dual else None
     )
     self.scale_out = (
-      _param.param(jnp.ones((out_features,), param_dtype), out_names)
-      if dual
-      else None
+      param(jnp.ones((out_features,), param_dtype), out_names) if dual else None
     )
 
   def __call__(self, x: jax.Array) -> jax.Array:
@@ -198,17 +195,17 @@ class CLSNorm(nnx.Module):
       who, "registers_with", registers_with, ("patch", "cls")
     )
     _checks.check_choice(who, "role", role, NORM_ROLES)
-    del rngs  # Constant initialization only.
+    draw_keys(rngs)  # Constant initialization: drawn, unused.
     self.num_features, self.kind, self.eps = num_features, kind, eps
     self.num_cls_tokens, self.num_registers = num_cls_tokens, num_registers
     self.registers_with, self.role, self.dtype = registers_with, role, dtype
     ones = jnp.ones((num_features,), param_dtype)
     zeros = jnp.zeros((num_features,), param_dtype)
-    self.scale_cls = _param.param(ones, axis_names)
-    self.scale_patch = _param.param(ones, axis_names)
+    self.scale_cls = param(ones, axis_names)
+    self.scale_patch = param(ones, axis_names)
     use_bias = kind == "layer"
-    self.bias_cls = _param.param(zeros, axis_names) if use_bias else None
-    self.bias_patch = _param.param(zeros, axis_names) if use_bias else None
+    self.bias_cls = param(zeros, axis_names) if use_bias else None
+    self.bias_patch = param(zeros, axis_names) if use_bias else None
 
   @classmethod
   def from_shared(cls, norm: LayerNorm | RMSNorm, **kwargs: Any) -> CLSNorm:

@@ -10,8 +10,13 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxnorm import _checks, norms
-from jaxnorm.nn import _param
-from jaxnorm.nn.norms._common import cast, flax_spelling, promote
+from jaxnorm.nn.norms._common import (
+  cast,
+  draw_keys,
+  flax_spelling,
+  param,
+  promote,
+)
 
 
 class ScaleNorm(nnx.Module):
@@ -32,11 +37,11 @@ class ScaleNorm(nnx.Module):
     param_dtype: Any = jnp.float32,
     rngs: nnx.Rngs,
   ):
-    del rngs  # A constant initializer: no key drawn.
+    draw_keys(rngs)  # Constant initialization: drawn, unused.
     _checks.check_positive_int("ScaleNorm", "num_features", num_features)
     g = math.sqrt(num_features) if scale_init is None else scale_init
     self.num_features, self.eps, self.dtype = num_features, eps, dtype
-    self.scale = _param.param(jnp.full((1,), g, param_dtype), (None,))
+    self.scale = param(jnp.full((1,), g, param_dtype), (None,))
 
   def __call__(self, x: jax.Array) -> jax.Array:
     """Normalizes ``x`` (features last) with this module's gain."""

@@ -9,10 +9,11 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxnorm import _checks, norms
-from jaxnorm.nn import _param
 from jaxnorm.nn.norms._common import (
   Names,
   cast,
+  draw_keys,
+  param,
   promote,
 )
 
@@ -49,12 +50,12 @@ class TimestepDecayNorm(nnx.Module):
         f"{who}: num_groups must be < num_features="
         f"{num_features}, got {num_groups=}"
       )
-    del rngs  # Constant initialization only.
+    draw_keys(rngs)  # Constant initialization: drawn, unused.
     self.num_features, self.num_groups = num_features, num_groups
     self.beta1, self.beta2, self.eps, self.dtype = beta1, beta2, eps, dtype
     zeros = jnp.zeros((num_features,), param_dtype)
-    self.scale = _param.param(zeros, axis_names)
-    self.bias = _param.param(zeros, axis_names)
+    self.scale = param(zeros, axis_names)
+    self.bias = param(zeros, axis_names)
 
   def __call__(
     self,
