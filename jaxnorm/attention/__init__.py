@@ -16,7 +16,8 @@ Shape problems raise ``ValueError`` at trace time, naming the argument.
 One module per paper or family: `softmax` (SDPA), `sinks` (off-by-one,
 learnable sinks, gated output), `affine_scaled`, `rotary` (RoPE), `soft`,
 `nala`, `lina`, `linear` (causal linear attention and its feature maps),
-`mxfp4`, `sinkhorn`, and `flax_adapter` (any of them as a flax
+`mxfp4`, `sinkhorn`, `kv_cache` (decode-cache masks and the StreamingLLM
+policy) and `flax_adapter` (any of them as a flax
 ``attention_fn``). This package re-exports every public name.
 """
 
@@ -26,6 +27,7 @@ from jaxnorm.attention.affine_scaled import (
   linear_clipping,
 )
 from jaxnorm.attention.flax_adapter import as_flax_attention_fn
+from jaxnorm.attention.kv_cache import decode_mask, streaming_cache_update
 from jaxnorm.attention.lina import lina_attention, lina_depthwise_conv
 from jaxnorm.attention.linear import FEATURE_MAPS, causal_linear_attention
 from jaxnorm.attention.mxfp4 import (
@@ -70,6 +72,7 @@ __all__ = [
   "attention_weights",
   "causal_linear_attention",
   "causal_sinkhorn_weights",
+  "decode_mask",
   "dot_product_attention",
   "gated_attention_output",
   "gaussian_kernel",
@@ -91,4 +94,5 @@ __all__ = [
   "soft_attention",
   "soft_landmarks",
   "softmax_off_by_one",
+  "streaming_cache_update",
 ]

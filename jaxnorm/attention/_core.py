@@ -2,13 +2,59 @@
 
 from __future__ import annotations
 
+import functools
+import inspect
 import math
-from typing import NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple, TypeVar
 
 import jax
 import jax.numpy as jnp
 
 from jaxnorm import _checks
+
+Window = int | tuple[int, int] | None
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+# Keywords flax passes to an ``attention_fn`` that jaxnorm functions lack.
+_FLAX_ONLY = frozenset(
+  {
+    "broadcast_dropout",
+    "deterministic",
+    "dropout_rate",
+    "dropout_rng",
+    "dtype",
+    "module",
+    "precision",
+    "promote_dtype",
+  }
+)
+
+
+def refuses_flax_kwargs(fn: _F) -> _F:
+  """Turns flax's ``attention_fn`` keywords into an error naming the adapter.
+
+  ``nnx.MultiHeadAttention(attention_fn=fn)`` calls ``fn`` with
+  ``dropout_rng=``, ``deterministic=`` ...; without this guard Python's
+  bare "unexpected keyword" `TypeError` would not say what to do. Only
+  keywords ``fn`` does not take are refused; the signature
+  (`inspect.signature`) is ``fn``'s own.
+  """
+  refused = _FLAX_ONLY - frozenset(inspect.signature(fn).parameters)
+
+  @functools.wraps(fn)
+  def guarded(*args: Any, **kwargs: Any) -> Any:
+    flax_only = sorted(refused & set(kwargs))
+    if flax_only:
+      raise TypeError(
+        f"{fn.__name__}: got flax attention_fn keyword(s) "
+        f"{', '.join(flax_only)}; a jaxnorm attention function is not a flax "
+        "attention_fn, wrap it: attention_fn=jaxnorm.attention."
+        f"as_flax_attention_fn({fn.__name__}) (flax's dropout, 0/1 masks)"
+      )
+    return fn(*args, **kwargs)
+
+  return guarded  # type: ignore[return-value]
 
 
 def large_negative() -> float:

@@ -52,6 +52,7 @@ def softmax_off_by_one(
   return e / (jnp.exp(s - m) + jnp.sum(e, axis=axis, keepdims=True))
 
 
+@_core.refuses_flax_kwargs
 def sink_attention(
   query: Float[Array, "B T N H"],
   key: Float[Array, "B S K H"],

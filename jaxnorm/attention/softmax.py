@@ -9,7 +9,7 @@ from jaxtyping import Array, Bool, Float
 from jaxnorm import _dispatch, _numerics
 from jaxnorm.attention import _core
 
-Window = int | tuple[int, int] | None
+Window = _core.Window
 
 
 def _check_soft_cap(who: str, logits_soft_cap: float | None) -> None:
@@ -90,6 +90,7 @@ def attention_weights(
   return w[0] if d.unbatched else w
 
 
+@_core.refuses_flax_kwargs
 def dot_product_attention(
   query: Float[Array, "B T N H"],
   key: Float[Array, "B S K H"],

@@ -321,7 +321,7 @@ def test_module_errors(key):
       "sink", D, N, sinks=1.0, temperature=2.0, rngs=nnx.Rngs(0)
     )
   m = nn_attn.make_attention("nala", D, N, rngs=nnx.Rngs(0))
-  with pytest.raises(ValueError, match=r"x must have num_features=16"):
+  with pytest.raises(ValueError, match=r"inputs_q must have num_features=16"):
     m(jnp.ones((2, 6, 8)))
   with pytest.raises(ValueError, match=r"make_norm: unknown norm"):
     nn_attn.MultiHeadAttention(D, N, qk_norm="nonorm", rngs=nnx.Rngs(0))

@@ -4,7 +4,7 @@
 between the projections and the output is a core, one class per paper
 (`cores`), registered in `ATTENTIONS` with its capabilities
 (`jaxnorm.nn.registry.AttentionSpec`). ``make_attention(name, ...)`` builds
-one by name.
+one by name; `from_flax_attention` loads a flax ``nnx.MultiHeadAttention``.
 """
 
 from jaxnorm.nn.attention._base import AttentionCore, HeadDims
@@ -22,6 +22,7 @@ from jaxnorm.nn.attention.cores import (
   SoftAttention,
   SoftmaxAttention,
 )
+from jaxnorm.nn.attention.from_flax import from_flax_attention
 from jaxnorm.nn.attention.multihead import (
   ATTENTION_NAMES,
   ATTENTIONS,
@@ -49,5 +50,6 @@ __all__ = [
   "SinkhornAttention",
   "SoftAttention",
   "SoftmaxAttention",
+  "from_flax_attention",
   "make_attention",
 ]

@@ -3,7 +3,9 @@
 A core is the part of multi-head attention between the projections and the
 output projection: it receives the (pre-normed) block input ``x (B, T, D)``
 and the projected, QK-normed, rotated ``q (B, T, N, H)``, ``k, v (B, T, K,
-H)`` and returns ``(B, T, N, H)``. It owns the parameters and state its
+H)`` and returns ``(B, T, N, H)``; with cross-attention (``inputs_k``) the
+keys and values have their own length ``S``, and in a decode step they are
+the whole cache. It owns the parameters and state its
 paper adds (sink logits, gates, running estimates) and calls one pure
 function of `jaxnorm.attention`.
 """
@@ -18,6 +20,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from jaxnorm.attention import _core
 from jaxnorm.nn import _param
 
 # Arguments a core fills in itself; never user options.
@@ -118,15 +121,59 @@ class AttentionCore(nnx.Module):
   """Base class of the cores (see the module docstring for the contract).
 
   A subclass is built as ``Core(dims, *, is_causal, param_dtype, rngs,
-  **options)`` and called as ``core(x, q, k, v, *, mask, bias)``.
+  **options)`` and called as ``core(x, q, k, v, *, mask, bias)``; a core
+  with ``supports_cache`` also takes ``cached=True`` (`call_structure`).
 
   Attributes:
     ties_keys: class-level capability: the paper has no key projection and
       uses the queries as keys (SOFT); `MultiHeadAttention` then builds no
       key kernel, key bias or key norm and passes ``k=None``.
+    supports_cache: class-level capability: the core runs a decode step on
+      a key/value cache (``init_cache`` / ``decode=True`` of
+      `MultiHeadAttention`): each query's output depends on the keys it may
+      see and on its own input only, so feeding the cache with a mask gives
+      the full causal forward.
   """
 
   ties_keys: ClassVar[bool] = False
+  supports_cache: ClassVar[bool] = False
+
+  def cross_refusal(self) -> str | None:
+    """Why the core cannot attend to other inputs (``inputs_k``), or None."""
+    if self.ties_keys:
+      return "it ties keys to queries (no key projection)"
+    return None
+
+  def cache_refusal(self) -> str | None:
+    """Why the core cannot decode from a cache now, or None."""
+    if not self.supports_cache:
+      return (
+        "it has no decode cache (the softmax-family cores have one: their "
+        "output is a masked softmax over cached keys and values)"
+      )
+    return None
+
+  def local_window(self) -> tuple[int, int] | None:
+    """The ``local_window_size`` option as ``(left, right)``, or None."""
+    options = dict(getattr(self, "options", ()))
+    who = type(self).__name__
+    return _core.window(who, options.get("local_window_size"))
+
+
+def call_structure(
+  core: AttentionCore, cached: bool
+) -> tuple[bool, dict[str, Any]]:
+  """``is_causal`` and the pure function's options for one core call.
+
+  A cached call (a decode step) gets the causal and local-window structure
+  from its mask, built in cache coordinates by `MultiHeadAttention`, so the
+  core then applies neither ``is_causal`` nor ``local_window_size``.
+  """
+  options = dict(core.options)
+  if not cached:
+    return core.is_causal, options
+  options.pop("local_window_size", None)
+  return False, options
 
 
 def cast_param(p: nnx.Variable, like: jax.Array) -> jax.Array:

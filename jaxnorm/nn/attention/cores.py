@@ -2,7 +2,9 @@
 
 Each core is built as ``Core(dims, *, is_causal, param_dtype, rngs,
 **options)`` (`HeadDims`) and called as ``core(x, q, k, v, *, mask,
-bias)`` by `MultiHeadAttention`. ``options`` are the keyword options of the
+bias)`` by `MultiHeadAttention` (plus ``cached=True`` in a decode step for
+the cores with ``supports_cache``: softmax, off-by-one, sink, gated and
+affine-scaled). ``options`` are the keyword options of the
 core's pure function (checked when the core is built) plus the core's own
 constructor arguments. Parameter paths below are relative to the core, which
 sits at ``<attention>.core`` in a model.
@@ -109,16 +111,17 @@ class _FunctionCore(_base.AttentionCore):
     self.dims, self.is_causal = dims, is_causal
     self.options = _base.check_options(who, type(self).function, options)
 
-  def __call__(self, x, q, k, v, *, mask=None, bias=None) -> jax.Array:
+  def __call__(
+    self, x, q, k, v, *, mask=None, bias=None, cached=False
+  ) -> jax.Array:
     """``(B, T, N, H)`` output of the pure function on ``q, k, v``."""
     del x
     fn = type(self).function
     if not self.masked:
       _base.refuse_mask(type(self).__name__, mask, bias)
       return fn(q, k, v, **dict(self.options))
-    return fn(
-      q, k, v, bias, mask, is_causal=self.is_causal, **dict(self.options)
-    )
+    is_causal, options = _base.call_structure(self, cached)
+    return fn(q, k, v, bias, mask, is_causal=is_causal, **options)
 
 
 class SoftmaxAttention(_FunctionCore):
@@ -131,6 +134,7 @@ class SoftmaxAttention(_FunctionCore):
   """
 
   function = staticmethod(attn.dot_product_attention)
+  supports_cache = True
 
 
 class OffByOneAttention(_FunctionCore):
@@ -144,6 +148,7 @@ class OffByOneAttention(_FunctionCore):
   """
 
   function = staticmethod(attn.sink_attention)
+  supports_cache = True
 
 
 class MXFP4Attention(_FunctionCore):
@@ -249,6 +254,15 @@ class NaLaAttention(_base.AttentionCore):
     self.norm_scale = _param.param(jnp.ones((c,), pd), ("heads",))
     self.norm_bias = _param.param(jnp.zeros((c,), pd), ("heads",))
 
+  def cross_refusal(self) -> str | None:
+    """The map form attends within its token map only."""
+    if self.grid_shape is not None:
+      return (
+        "the map form's LePE conv, gate and 2-D RoPE act on the query token "
+        "map (build it without grid_shape for the token form)"
+      )
+    return None
+
   def __call__(self, x, q, k, v, *, mask=None, bias=None) -> jax.Array:
     """``(B, T, N, H)``; the map form reads the gate from ``x``."""
     _base.refuse_mask(type(self).__name__, mask, bias)
@@ -287,6 +301,13 @@ class CausalLinearAttention(_FunctionCore):
   function = staticmethod(attn.causal_linear_attention)
   masked = False
 
+  def cross_refusal(self) -> str | None:
+    """The running key-value state is the prefix of the queries' sequence."""
+    return (
+      "it is always causal self-attention (its running key-value state "
+      "is the queries' own prefix)"
+    )
+
 
 class SinkAttention(_base.AttentionCore):
   """Learned per-head sink logits, `jaxnorm.attention.sink_attention`.
@@ -318,18 +339,16 @@ class SinkAttention(_base.AttentionCore):
       jnp.zeros((dims.num_heads,), param_dtype), ("heads",)
     )
 
-  def __call__(self, x, q, k, v, *, mask=None, bias=None) -> jax.Array:
+  supports_cache = True
+
+  def __call__(
+    self, x, q, k, v, *, mask=None, bias=None, cached=False
+  ) -> jax.Array:
     """``(B, T, N, H)``: attention with the learned sinks."""
     del x
+    is_causal, options = _base.call_structure(self, cached)
     return attn.sink_attention(
-      q,
-      k,
-      v,
-      bias,
-      mask,
-      sinks=self.sinks[...],
-      is_causal=self.is_causal,
-      **dict(self.options),
+      q, k, v, bias, mask, sinks=self.sinks[...], is_causal=is_causal, **options
     )
 
 
@@ -369,10 +388,15 @@ class GatedAttention(_base.AttentionCore):
       ("embed", "heads", None if headwise else "head_dim"),
     )
 
-  def __call__(self, x, q, k, v, *, mask=None, bias=None) -> jax.Array:
+  supports_cache = True
+
+  def __call__(
+    self, x, q, k, v, *, mask=None, bias=None, cached=False
+  ) -> jax.Array:
     """``(B, T, N, H)``: gated SDPA output."""
+    is_causal, options = _base.call_structure(self, cached)
     y = attn.dot_product_attention(
-      q, k, v, bias, mask, is_causal=self.is_causal, **dict(self.options)
+      q, k, v, bias, mask, is_causal=is_causal, **options
     )
     gates = jnp.einsum(
       "btd,dnh->btnh", x, _base.cast_param(self.gate_kernel, x)
@@ -427,6 +451,18 @@ class AffineScaledAttention(_base.AttentionCore):
       jnp.zeros(shape, jnp.float32), names, AffineScaleEMA
     )
 
+  supports_cache = True
+
+  def cache_refusal(self) -> str | None:
+    """Decoding runs in eval mode: training updates ``alpha_ma`` per call."""
+    if not self.use_running_average:
+      return (
+        "in training mode every call updates alpha_ma, so a decode step "
+        "would not equal the full forward; decode in eval mode "
+        "(model.eval() or nnx.view(model, use_running_average=True))"
+      )
+    return None
+
   def set_view(self, use_running_average: bool | None = None) -> None:
     """The `nnx.view` protocol: train (False) or eval (True) behaviour.
 
@@ -437,13 +473,16 @@ class AffineScaledAttention(_base.AttentionCore):
     if use_running_average is not None:
       self.use_running_average = use_running_average
 
-  def __call__(self, x, q, k, v, *, mask=None, bias=None) -> jax.Array:
+  def __call__(
+    self, x, q, k, v, *, mask=None, bias=None, cached=False
+  ) -> jax.Array:
     """``(B, T, N, H)``; updates ``alpha_ma`` in training mode."""
     logits = jnp.einsum(
       "btd,dn->btn", x, _base.cast_param(self.alpha_kernel, x)
     )
     alpha = attn.linear_clipping(logits.astype(jnp.float32))
     training = not self.use_running_average
+    is_causal, options = _base.call_structure(self, cached)
     y, new_ma = attn.affine_scaled_attention(
       q,
       k,
@@ -452,9 +491,9 @@ class AffineScaledAttention(_base.AttentionCore):
       mask,
       alpha=alpha,
       alpha_ma=self.alpha_ma[...],
-      is_causal=self.is_causal,
+      is_causal=is_causal,
       training=training,
-      **dict(self.options),
+      **options,
     )
     if training:
       self.alpha_ma[...] = new_ma
@@ -566,7 +605,8 @@ class LinaAttention(_base.AttentionCore):
 
   Parameters (only with ``max_len``): static KV gates ``key_gate`` and
   ``value_gate`` of shape ``(max_len, K)`` (``("seq", "kv_heads")``), init
-  1; a sequence may then be at most ``max_len`` long. No causal form, no
+  1, indexed by key position; the keys (``inputs_k`` in cross-attention)
+  may then be at most ``max_len`` long. No causal form, no
   mask.
 
   References:
@@ -604,10 +644,10 @@ class LinaAttention(_base.AttentionCore):
     _base.refuse_mask(who, mask, bias)
     gates = {}
     if self.key_gate is not None:
-      t, max_len = x.shape[1], self.key_gate.shape[0]
+      t, max_len = v.shape[1], self.key_gate.shape[0]
       if t > max_len:
         raise ValueError(
-          f"{who}: sequence length {t} exceeds max_len={max_len}"
+          f"{who}: key/value length {t} exceeds max_len={max_len}"
         )
       gates = dict(
         key_gate=self.key_gate[...][:t], value_gate=self.value_gate[...][:t]
