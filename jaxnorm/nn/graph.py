@@ -38,7 +38,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from jaxnorm import _checks, graph, norms
+from jaxnorm import _checks, graph
 from jaxnorm.nn import _param, models
 from jaxnorm.nn import norms as nn_norms
 
@@ -49,8 +49,10 @@ POSITIONAL: tuple[str, ...] = ("lap", "none")
 def graph_norms() -> tuple[str, ...]:
   """Norm names a `GraphTransformer` accepts, from the norms' specs.
 
-  Per-node norms (``graphs`` in the spec's layouts) and batch-statistics
-  norms that take a node mask (`jaxnorm.nn.BatchNorm`).
+  Norms whose spec ``takes_mask`` (called with the node or edge mask:
+  `jaxnorm.nn.BatchNorm` takes its statistics over the real nodes of the
+  batch) and per-node norms of the ``graphs`` layout without batch
+  statistics.
   """
   return tuple(
     sorted(
@@ -62,13 +64,9 @@ def graph_norms() -> tuple[str, ...]:
 
 
 def _norm_mode(spec) -> str | None:
-  """How the model calls a norm: ``mask``, ``batch_norm``, ``plain``."""
+  """How the model calls a norm: ``mask`` (with the node mask), ``plain``."""
   if spec.takes_mask:
     return "mask"
-  if issubclass(spec.module, nn_norms.BatchNorm):
-    # Until `BatchNorm.__call__` takes ``mask=``: the pure function is
-    # called with the module's variables (`_masked_batch_norm`).
-    return "batch_norm"
   if "graphs" in spec.layouts and not spec.batch_stats:
     return "plain"
   return None
@@ -138,28 +136,6 @@ class GraphTransformerConfig:
       raise ValueError(f"{who}: dropout must be in [0, 1), got {self.dropout}")
 
 
-def _masked_batch_norm(
-  module: nn_norms.BatchNorm, x: jax.Array, mask: jax.Array
-) -> jax.Array:
-  """`jaxnorm.nn.BatchNorm` with statistics over ``mask`` only."""
-  eval_mode = module.eval_mode(None)
-  y, new_state = norms.batch_norm(
-    x,
-    None if module.scale is None else module.scale[...],
-    None if module.bias is None else module.bias[...],
-    norms.BatchNormState(module.mean[...], module.var[...]),
-    training=not eval_mode,
-    momentum=module.momentum,
-    eps=module.eps,
-    axis_name=module.axis_name,
-    mask=mask,
-  )
-  if not eval_mode:
-    module.mean[...] = new_state.mean
-    module.var[...] = new_state.var
-  return y
-
-
 class _Norm(nnx.Module):
   """A registry norm applied to node (or edge) features with their mask."""
 
@@ -179,8 +155,6 @@ class _Norm(nnx.Module):
     """Normalizes ``x (..., d)``; batch statistics over ``mask (...)``."""
     if self.mode == "mask":
       return self.norm(x, mask=mask)
-    if self.mode == "batch_norm":
-      return _masked_batch_norm(self.norm, x, mask)
     return self.norm(x)
 
 

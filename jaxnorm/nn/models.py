@@ -195,13 +195,6 @@ def _residual(
 # ---------------------------------------------------------------------------
 # Which parts a model accepts, from the parts' specs.
 
-NORM_FREE = "none"
-"""``LMConfig.norm`` of the norm-free stack (no norm module at all)."""
-NORM_FREE_RESIDUAL = "prenorm"
-"""The scheme the norm-free stack is defined for: ``x + f(x)``."""
-# Builds it: ``x + 1 * f(x)`` (the pre-norm step does not take norm=None).
-_NORM_FREE_SCHEME = "scaled"
-
 
 def _norm_refusal(
   spec: registry.NormSpec, layout: str, causal: bool, allow_batch_stats: bool
@@ -264,7 +257,8 @@ def check_parts(
     causal: the model is autoregressive: position ``t`` may depend on
       positions ``<= t`` only, so attention needs a causal form and norms a
       causal statistic (batch statistics only with ``allow_batch_stats``).
-    norm: the norm name (None or `NORM_FREE`: no norm).
+    norm: the norm name (None or `jaxnorm.nn.residual.NORM_FREE`: no
+      norm).
     attention: the attention name (None: the model has no attention).
     allow_batch_stats: the explicit opt-in for batch-statistics norms.
 
@@ -289,7 +283,7 @@ def check_parts(
         f"{who}: attention {attention!r} has no causal form, so a decoder "
         f"would see future tokens; choose one of {', '.join(valid)}"
       )
-  if norm is None or norm == NORM_FREE:
+  if norm is None or norm == nn_residual.NORM_FREE:
     return
   valid = _valid_norms(layout, causal, allow_batch_stats)
   if norm not in nn_norms.NORMS:
@@ -324,9 +318,11 @@ class LMConfig:
     max_len: longest sequence (learned positions).
     norm: norm name; its spec must support the ``tokens`` layout and be
       causal there. ``norm_kwargs`` are passed to every norm (over the
-      spec's defaults). ``"none"`` builds a norm-free pre-norm stack ``x +
-      f(x)`` without a final norm (the LayerNorm-free export of
-      `jaxnorm.nn.convert.remove_fake_ln`).
+      spec's defaults). `jaxnorm.nn.residual.NORM_FREE` (``"none"``)
+      builds the stack without any norm and without a final norm (with
+      ``prenorm``: ``x + f(x)``, the LayerNorm-free export of
+      `jaxnorm.nn.convert.remove_fake_ln`); the residual registry says which
+      schemes run without a norm.
     attention: attention name; its spec must have a causal form.
     residual: residual scheme.
     activation: MLP activation.
@@ -397,12 +393,6 @@ class DecoderLM(nnx.Module):
     self, config: LMConfig, *, dtype: Any = jnp.float32, rngs: nnx.Rngs
   ):
     c = self.config = config
-    if c.norm == NORM_FREE and c.residual != NORM_FREE_RESIDUAL:
-      raise ValueError(
-        f"DecoderLM: norm={NORM_FREE!r} is the norm-free pre-norm stack "
-        f"x + f(x); it needs residual={NORM_FREE_RESIDUAL!r}, got "
-        f"residual={c.residual!r}"
-      )
     check_parts(
       "DecoderLM",
       layout="tokens",
@@ -463,33 +453,23 @@ class DecoderLM(nnx.Module):
       )
     if c.zero_mean_writers:
       blocks = [ZeroMeanOutput(b) for b in blocks]
-    norm = None if c.norm == NORM_FREE else c.norm
+    norm_free = c.norm == nn_residual.NORM_FREE
     # make_norm reads the layout: e.g. per-token groups on sequences.
-    norm_kwargs = {"layout": "tokens", **dict(c.norm_kwargs)}
-    self.net = (
-      nn_residual.make_residual(
-        _NORM_FREE_SCHEME,
-        blocks,
-        num_features=d,
-        rngs=rngs,
-        norm=None,
-        scale=1.0,
-      )
-      if norm is None
-      else _residual(
-        c.residual,
-        blocks,
-        width=d,
-        per_layer=2,
-        norm=norm,
-        norm_kwargs=norm_kwargs,
-        rngs=rngs,
-      )
+    norm_kwargs = {} if norm_free else {"layout": "tokens"}
+    norm_kwargs.update(c.norm_kwargs)
+    self.net = _residual(
+      c.residual,
+      blocks,
+      width=d,
+      per_layer=2,
+      norm=c.norm,
+      norm_kwargs=norm_kwargs,
+      rngs=rngs,
     )
     self.final_norm = (
       None
-      if norm is None
-      else nn_norms.make_norm(norm, d, rngs=rngs, **norm_kwargs)
+      if norm_free
+      else nn_norms.make_norm(c.norm, d, rngs=rngs, **norm_kwargs)
     )
     self.head = (
       None
@@ -510,9 +490,20 @@ class DecoderLM(nnx.Module):
       nn_quant.swap_dense(self, quant_mode=c.quant)
 
   def __call__(
-    self, tokens: jax.Array, *, rngs: jax.Array | None = None
-  ) -> jax.Array:
-    """Logits ``(batch, seq, vocab)`` (in ``dtype``) for int tokens."""
+    self,
+    tokens: jax.Array,
+    *,
+    rngs: jax.Array | None = None,
+    return_hidden: bool = False,
+  ) -> jax.Array | tuple[jax.Array, jax.Array]:
+    """Logits ``(batch, seq, vocab)`` (in ``dtype``) for int tokens.
+
+    With ``return_hidden``, also the residual stream at every depth,
+    ``(depth + 1, batch, seq, width)``: the embedding, then each layer's
+    output (after its MLP sublayer, before the final norm), the ``hs`` of
+    `jaxnorm.depth_metrics`. Multi-stream schemes give their read-out
+    stream; Attention Residuals the aggregated state after each layer.
+    """
     del rngs  # No dropout in the LM.
     if tokens.ndim != 2 or tokens.shape[1] > self.config.max_len:
       raise ValueError(
@@ -525,12 +516,18 @@ class DecoderLM(nnx.Module):
     if self.config.zero_mean_writers:
       x = _center(x)
     x = sharding.constrain(x.astype(self.dtype), ("batch", "seq", "embed"))
-    h = self.net(x)
+    if return_hidden:
+      h, per_sublayer = self.net(x, return_hidden=True)
+      hidden = jnp.concatenate([x[None], per_sublayer[1::2]])
+    else:
+      h = self.net(x)
     if self.final_norm is not None:
       h = self.final_norm(h)
     if self.head is None:
-      return jnp.matmul(h, self.embed[...].astype(self.dtype).T)
-    return self.head(h)
+      logits = jnp.matmul(h, self.embed[...].astype(self.dtype).T)
+    else:
+      logits = self.head(h)
+    return (logits, hidden) if return_hidden else logits
 
 
 @dataclasses.dataclass(frozen=True)

@@ -9,8 +9,8 @@ One module per family: `wiring` (pre-norm, post-norm, sandwich, the fused
 pre-norm stack and the scaled residuals: depth rule, SkipInit, ReZero,
 LayerScale), `hyper` (multi-stream expansion, readout and update;
 Hyper-Connections), `manifold` (Sinkhorn-Knopp, quaternion rotations; mHC,
-oHC, iHC) and `attnres` (Attention Residuals). This package re-exports every
-public name.
+oHC, iHC), `attnres` (Attention Residuals) and `depth` (DeepNorm, KEEL,
+depth-muP, CompleteP). This package re-exports every public name.
 """
 
 from jaxnorm.residual._common import (
@@ -20,6 +20,15 @@ from jaxnorm.residual._common import (
   check_layer_index,
 )
 from jaxnorm.residual.attnres import attn_res, attn_res_weights
+from jaxnorm.residual.depth import (
+  DEPTH_EXPONENTS,
+  deepnorm_alpha,
+  deepnorm_beta,
+  depth_scale,
+  keel_alpha,
+  num_layers_of,
+  scaled_post_norm,
+)
 from jaxnorm.residual.hyper import (
   READOUTS,
   Readout,
@@ -51,6 +60,7 @@ from jaxnorm.residual.wiring import (
 )
 
 __all__ = [
+  "DEPTH_EXPONENTS",
   "READOUTS",
   "RESIDUAL_MAPS",
   "SCALE_RULES",
@@ -63,13 +73,18 @@ __all__ = [
   "attn_res",
   "attn_res_weights",
   "check_layer_index",
+  "deepnorm_alpha",
+  "deepnorm_beta",
+  "depth_scale",
   "expand_streams",
   "fused_pre_norm",
   "hc_maps",
   "hc_static_init",
   "hyper_connection",
+  "keel_alpha",
   "mhc_maps",
   "mhc_static_init",
+  "num_layers_of",
   "post_norm",
   "pre_norm",
   "quaternion_left_matrix",
@@ -78,6 +93,7 @@ __all__ = [
   "reduce_streams",
   "residual_scale",
   "sandwich_norm",
+  "scaled_post_norm",
   "scaled_residual",
   "sinkhorn_knopp",
 ]

@@ -46,6 +46,23 @@ def check_layer_index(who: str, layer_index: IndexLike | None) -> None:
     )
 
 
+def branch(
+  who: str, x: jax.Array, sublayer: ArrayFn, norm: ArrayFn | None
+) -> jax.Array:
+  """``sublayer(norm(x))`` (``norm=None``: ``sublayer(x)``), shape checked.
+
+  Raises:
+    ValueError: if the branch output does not have the shape of ``x``.
+  """
+  y = sublayer(x if norm is None else norm(x))
+  if y.shape != x.shape:
+    raise ValueError(
+      f"{who}: the sublayer must keep the shape of x, got "
+      f"{x.shape=} and output shape {y.shape}"
+    )
+  return y
+
+
 def leading(v: jax.Array, shape: tuple[int, ...]) -> jax.Array:
   """Explicitly broadcasts ``v`` (trailing dims match) to ``shape``."""
   v = jnp.reshape(v, (1,) * (len(shape) - v.ndim) + v.shape)

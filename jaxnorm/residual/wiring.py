@@ -24,6 +24,7 @@ from jaxnorm.residual._common import (
   AddNormFn,
   ArrayFn,
   IndexLike,
+  branch,
   check_layer_index,
   leading,
 )
@@ -302,12 +303,7 @@ def scaled_residual(
         f"{who}: scale must be a scalar or have shape (x.shape[-1],)="
         f"({d},), got scale.shape={np.shape(scale)}"
       )
-  y = sublayer(x if norm is None else norm(x))
-  if y.shape != x.shape:
-    raise ValueError(
-      f"{who}: the sublayer must keep the shape of x, got "
-      f"{x.shape=} and output shape {y.shape}"
-    )
+  y = branch(who, x, sublayer, norm)
   ct = _numerics.compute_dtype(x)
   if isinstance(scale, (int, float)):
     s = jnp.asarray(scale, ct)

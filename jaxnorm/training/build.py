@@ -1,9 +1,11 @@
 """From a `TrainConfig` to a model: the runner's side of the model layer.
 
-The model layer (`jaxnorm.nn.models`) knows its own configs (`LMConfig`,
-`ViTConfig`, `CNNConfig`, `SNNConfig`) and nothing of the runner; this module
+The model layer (`jaxnorm.nn.models`, `jaxnorm.nn.graph`) knows its own
+configs (`LMConfig`, `ViTConfig`, `CNNConfig`, `SNNConfig`,
+`GraphTransformerConfig`) and nothing of the runner; this module
 maps the runner's flat `TrainConfig` onto them, fills in what the data
-decides (vocabulary, image shape, classes), stores parameters in
+decides (vocabulary, image shape, classes, encoding size), stores
+parameters in
 ``param_dtype`` and summarizes the result.
 """
 
@@ -17,6 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from jaxnorm.nn import graph as nn_graph
 from jaxnorm.nn import models
 from jaxnorm.training import config as config_lib
 from jaxnorm.training import optimizers
@@ -27,14 +30,17 @@ def registries(
 ) -> dict[str, tuple[str, ...]]:
   """Valid names for each named model part and the optimizer.
 
+  The graph model takes the norms of `jaxnorm.nn.graph.graph_norms` and
+  ignores the attention, residual and activation names.
+
   Args:
     model: a model name of `config.MODELS`.
     allow_batch_stats: admit batch-statistics norms in causal models.
   """
-  return {
-    **models.registries(model, allow_batch_stats=allow_batch_stats),
-    "optimizer": tuple(sorted(optimizers.OPTIMIZERS)),
-  }
+  names = models.registries(model, allow_batch_stats=allow_batch_stats)
+  if model == "graph":
+    names["norm"] = nn_graph.graph_norms()
+  return {**names, "optimizer": tuple(sorted(optimizers.OPTIMIZERS))}
 
 
 def registries_for(cfg: config_lib.TrainConfig) -> dict[str, tuple[str, ...]]:
@@ -47,21 +53,39 @@ def _image_fields(data: dict[str, Any]) -> dict[str, Any]:
   return {"num_classes": data["num_classes"], "image_shape": shape}
 
 
+def _graph_fields(
+  cfg: config_lib.TrainConfig, data: dict[str, Any]
+) -> tuple[type, dict[str, Any]]:
+  """`GraphTransformerConfig` and its fields beyond the shared parts."""
+  return nn_graph.GraphTransformerConfig, {
+    "num_classes": data["num_classes"],
+    "vocab_size": data["vocab_size"],
+    "pe": cfg.positional,
+    "pe_dim": data["pe_dim"],
+    "graph": cfg.graph,
+    "edge_features": cfg.edge_features,
+    "logit_clip": cfg.logit_clip,
+  }
+
+
 def model_config(cfg: config_lib.TrainConfig, data: dict[str, Any]) -> Any:
   """The model layer's config for ``cfg``.
 
   Args:
     cfg: the run configuration.
     data: what the data decides: ``vocab_size`` and ``max_len`` for the LM,
-      ``num_classes`` and ``image_shape`` for the image models.
+      ``num_classes`` and ``image_shape`` for the image models,
+      ``num_classes``, ``vocab_size`` and ``pe_dim`` for the graph model.
 
   Returns:
-    An `LMConfig`, `ViTConfig`, `CNNConfig` or `SNNConfig`.
+    An `LMConfig`, `ViTConfig`, `CNNConfig`, `SNNConfig` or
+    `GraphTransformerConfig`.
 
   Raises:
     ValueError: if ``norm_kwargs`` / ``attention_kwargs`` are given for a
       model whose config does not take them.
   """
+  cfg = config_lib.resolve(cfg)
   parts = {
     "width": cfg.width,
     "depth": cfg.depth,
@@ -89,6 +113,8 @@ def model_config(cfg: config_lib.TrainConfig, data: dict[str, Any]) -> Any:
     extra["patch_size"] = 4 if min(extra["image_shape"][:2]) >= 16 else 2
   elif cfg.model == "cnn":
     kind, extra = models.CNNConfig, _image_fields(data)
+  elif cfg.model == "graph":
+    kind, extra = _graph_fields(cfg, data)
   else:
     kind, extra = models.SNNConfig, _image_fields(data)
   accepted = {f.name for f in dataclasses.fields(kind)}
@@ -107,6 +133,7 @@ _MODELS = {
   models.ViTConfig: models.ViT,
   models.CNNConfig: models.CNN,
   models.SNNConfig: models.SNN,
+  nn_graph.GraphTransformerConfig: nn_graph.GraphTransformer,
 }
 
 

@@ -30,17 +30,28 @@ from typing import Any
 import jax
 
 from jaxnorm.training import data as data_lib
+from jaxnorm.training import graph_data
 
-MODELS: tuple[str, ...] = ("lm", "vit", "cnn", "mlp")
+MODELS: tuple[str, ...] = ("lm", "vit", "cnn", "mlp", "graph")
 MODEL_DATA: types.MappingProxyType = types.MappingProxyType(
   {
     "lm": data_lib.TEXT_CORPORA,
     "vit": data_lib.IMAGE_DATASETS,
     "cnn": data_lib.IMAGE_DATASETS,
     "mlp": data_lib.IMAGE_DATASETS,
+    "graph": graph_data.GRAPH_DATASETS,
   }
 )
-POSITIONAL: tuple[str, ...] = ("learned", "rope", "none")
+POSITIONAL: tuple[str, ...] = ("auto", "learned", "rope", "lap", "none")
+# The positional encodings each model takes, its own default first; models
+# not listed have none and ignore the field.
+MODEL_POSITIONAL: types.MappingProxyType = types.MappingProxyType(
+  {"lm": ("learned", "rope", "none"), "graph": ("lap", "none")}
+)
+GRAPHS: tuple[str, ...] = ("sparse", "full")
+# Models with attention heads (width and the tensor mesh axis must suit
+# them).
+_HEADED = ("lm", "vit", "graph")
 DTYPES: tuple[str, ...] = ("float32", "bfloat16")
 SCHEDULES: tuple[str, ...] = ("cosine", "wsd", "constant")
 NONFINITE: tuple[str, ...] = ("stop", "skip")
@@ -53,15 +64,20 @@ class TrainConfig:
   """One training run. Defaults: a byte-level LM on Shakespeare (~2 min CPU).
 
   Attributes:
-    model: ``lm`` (decoder LM), ``vit``, ``cnn`` (ResNet-style) or ``mlp``
-      (self-normalizing MLP).
+    model: ``lm`` (decoder LM), ``vit``, ``cnn`` (ResNet-style), ``mlp``
+      (self-normalizing MLP) or ``graph`` (Graph Transformer, node
+      classification).
     data: ``shakespeare`` or ``kjv`` for ``lm``; ``fashion_mnist`` or
-      ``digits`` for the image models.
+      ``digits`` for the image models; ``pattern`` or ``cluster`` (SBM
+      graphs generated offline and cached in ``out_dir/data``) for
+      ``graph``.
     norm: a name of `jaxnorm.nn.NORMS`.
     attention: an attention variant name (LM and ViT).
     residual: a residual scheme name.
     activation: an activation name.
-    positional: ``learned``, ``rope`` or ``none`` (LM).
+    positional: ``auto`` (the model's own: ``learned`` for the LM, ``lap``
+      for the graph model), ``learned``, ``rope`` or ``none`` (LM); ``lap``
+      (Laplacian eigenvectors with random sign flips) or ``none`` (graph).
     norm_kwargs: extra keyword arguments of every norm, ``(name, value)``
       pairs (a JSON object on the command line).
     attention_kwargs: extra keyword arguments of every attention layer.
@@ -71,6 +87,18 @@ class TrainConfig:
     width: model width (embedding / channels).
     depth: number of blocks.
     num_heads: attention heads.
+    graph: graph model attention: ``sparse`` (neighbours) or ``full``
+      (every other node of the graph).
+    pe_dim: Laplacian encodings of the graph model; 0 takes the official
+      config's (PATTERN 2, CLUSTER 10).
+    edge_features: the graph model's edge stream (edge input 1).
+    logit_clip: clamp of the graph attention logits (official code 5);
+      None for none.
+    graph_sizes: train, val and test graph counts of the graph data; empty
+      for the benchmark's (10000, 2000, 2000 for PATTERN; 10000, 1000,
+      1000 for CLUSTER). PATTERN draws ``min(100, gcd(sizes))`` patterns.
+    graph_blocks: ``size_min,size_max`` of the SBM blocks and patterns
+      (exclusive maximum); empty for the benchmark's 5,35.
     dtype: compute dtype (``float32`` or ``bfloat16``).
     param_dtype: storage dtype of the parameters (cast to ``dtype`` at use).
     seq_len: tokens per training window (LM).
@@ -120,13 +148,19 @@ class TrainConfig:
   attention: str = "softmax"
   residual: str = "prenorm"
   activation: str = "gelu"
-  positional: str = "learned"
+  positional: str = "auto"
   norm_kwargs: Kwargs = ()
   attention_kwargs: Kwargs = ()
   allow_batch_stats: bool = False
   width: int = 128
   depth: int = 4
   num_heads: int = 4
+  graph: str = "sparse"
+  pe_dim: int = 0
+  edge_features: bool = False
+  logit_clip: float | None = None
+  graph_sizes: tuple[int, ...] = ()
+  graph_blocks: tuple[int, ...] = ()
   dtype: str = "float32"
   param_dtype: str = "float32"
   seq_len: int = 128
@@ -176,10 +210,21 @@ GROUPS: types.MappingProxyType = types.MappingProxyType(
       "width",
       "depth",
       "num_heads",
+      "graph",
+      "pe_dim",
+      "edge_features",
+      "logit_clip",
       "dtype",
       "param_dtype",
     ),
-    "data": ("data", "seq_len", "batch_size", "seed"),
+    "data": (
+      "data",
+      "seq_len",
+      "batch_size",
+      "seed",
+      "graph_sizes",
+      "graph_blocks",
+    ),
     "optim": (
       "optimizer",
       "learning_rate",
@@ -223,7 +268,15 @@ RUN_CONTROL: frozenset[str] = frozenset(GROUPS["run"]) - {
 # resume cannot change them.
 STRUCTURAL: frozenset[str] = (
   frozenset(GROUPS["model"]) - {"dtype", "allow_batch_stats"}
-) | {"data", "seq_len", "optimizer", "grad_accum", "ema_decay"}
+) | {
+  "data",
+  "seq_len",
+  "optimizer",
+  "grad_accum",
+  "ema_decay",
+  "graph_sizes",
+  "graph_blocks",
+}
 
 _POSITIVE_INTS = (
   "width",
@@ -277,7 +330,7 @@ def valid_meshes(cfg: TrainConfig, devices: int) -> list[tuple[int, int, int]]:
     t, rest = divmod(devices, d * f)
     if rest or t < 1 or cfg.batch_size % (d * f) or cfg.width % t:
       continue
-    if cfg.model in ("lm", "vit") and cfg.num_heads % t:
+    if cfg.model in _HEADED and cfg.num_heads % t:
       continue
     out.append((d, f, t))
   return out
@@ -295,6 +348,43 @@ def _mesh_error(cfg: TrainConfig, problem: str) -> ValueError:
   return ValueError(f"TrainConfig: {problem}; {hint}")
 
 
+def resolve(cfg: TrainConfig) -> TrainConfig:
+  """``cfg`` with ``positional="auto"`` replaced by its model's default.
+
+  The LM's default is ``learned``, the graph model's ``lap``; models without
+  positional encodings keep ``auto`` (they ignore the field).
+  """
+  if cfg.positional != "auto" or cfg.model not in MODEL_POSITIONAL:
+    return cfg
+  return dataclasses.replace(cfg, positional=MODEL_POSITIONAL[cfg.model][0])
+
+
+def _validate_graph(cfg: TrainConfig) -> None:
+  """The graph model's fields (other models ignore them)."""
+  _choice("graph", cfg.graph, GRAPHS)
+  if not isinstance(cfg.pe_dim, int) or cfg.pe_dim < 0:
+    raise ValueError(
+      f"TrainConfig: --pe-dim must be >= 0 (0: the dataset's official "
+      f"size), got {cfg.pe_dim!r}"
+    )
+  if cfg.logit_clip is not None:
+    _number("logit_clip", cfg.logit_clip, 0.0, math.inf, False)
+    if cfg.logit_clip == 0:
+      raise ValueError("TrainConfig: --logit-clip must be > 0 or none, got 0")
+  sizes, blocks = cfg.graph_sizes, cfg.graph_blocks
+  if sizes and (len(sizes) != 3 or min(sizes) <= 0):
+    raise ValueError(
+      f"TrainConfig: --graph-sizes takes three positive graph counts "
+      f"TRAIN,VAL,TEST (or nothing for the benchmark's), got {sizes}"
+    )
+  if blocks and (len(blocks) != 2 or not 0 < blocks[0] < blocks[1]):
+    raise ValueError(
+      f"TrainConfig: --graph-blocks takes SIZE_MIN,SIZE_MAX with 0 < "
+      f"SIZE_MIN < SIZE_MAX (or nothing for the benchmark's 5,35), got "
+      f"{blocks}"
+    )
+
+
 def validate(cfg: TrainConfig, registries: Mapping[str, Sequence[str]]) -> None:
   """Checks a config before anything is built.
 
@@ -310,9 +400,20 @@ def validate(cfg: TrainConfig, registries: Mapping[str, Sequence[str]]) -> None:
   """
   _choice("model", cfg.model, MODELS)
   _choice("data", cfg.data, MODEL_DATA[cfg.model])
+  cfg = resolve(cfg)
   for field, names in registries.items():
     _choice(field, getattr(cfg, field), sorted(names))
   _choice("positional", cfg.positional, POSITIONAL)
+  if cfg.model in MODEL_POSITIONAL and (
+    cfg.positional not in MODEL_POSITIONAL[cfg.model]
+  ):
+    raise ValueError(
+      f"TrainConfig: --positional {cfg.positional!r} is not valid for "
+      f"--model {cfg.model}; choose one of "
+      f"{', '.join(('auto', *MODEL_POSITIONAL[cfg.model]))}"
+    )
+  if cfg.model == "graph":
+    _validate_graph(cfg)
   _choice("dtype", cfg.dtype, DTYPES)
   _choice("param_dtype", cfg.param_dtype, DTYPES)
   _choice("schedule", cfg.schedule, SCHEDULES)
@@ -375,7 +476,7 @@ def validate(cfg: TrainConfig, registries: Mapping[str, Sequence[str]]) -> None:
       "TrainConfig: --tensorboard needs the tensorboardX package: pip "
       "install tensorboardX"
     )
-  if cfg.model in ("lm", "vit") and cfg.width % cfg.num_heads:
+  if cfg.model in _HEADED and cfg.width % cfg.num_heads:
     raise ValueError(
       f"TrainConfig: --num-heads {cfg.num_heads} must divide "
       f"--width {cfg.width} (head_dim = width / num_heads); "
@@ -411,7 +512,7 @@ def _validate_mesh(cfg: TrainConfig) -> None:
       f"{batch_shards}",
     )
   tensor = cfg.mesh[2]
-  if cfg.model in ("lm", "vit") and cfg.num_heads % tensor:
+  if cfg.model in _HEADED and cfg.num_heads % tensor:
     raise _mesh_error(
       cfg,
       f"the tensor mesh axis ({tensor}) must divide --num-heads "
@@ -549,12 +650,13 @@ def drift(saved: Mapping[str, Any], cfg: TrainConfig) -> list[str]:
 
   Fields in `RUN_CONTROL` and in ``cfg.allow_change`` are not compared; a
   field missing from ``saved`` (an older runner) counts as its default.
+  ``positional="auto"`` compares as the model's default (`resolve`).
 
   Returns:
     One ``--field old -> new`` entry per differing field.
   """
-  current = to_json(cfg)
-  default = to_json(TrainConfig())
+  current = to_json(resolve(cfg))
+  default = to_json(resolve(TrainConfig(model=cfg.model)))
   out = []
   for field in FIELDS:
     if field in RUN_CONTROL or field in cfg.allow_change:
@@ -622,6 +724,7 @@ def add_arguments(
     "model": MODELS,
     "data": sorted({d for ds in MODEL_DATA.values() for d in ds}),
     "positional": POSITIONAL,
+    "graph": GRAPHS,
     "dtype": DTYPES,
     "param_dtype": DTYPES,
     "schedule": SCHEDULES,

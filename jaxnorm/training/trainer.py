@@ -59,24 +59,29 @@ from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from jaxnorm import graph as graph_lib
 from jaxnorm import nn as jaxnorm_nn
 from jaxnorm import sharding
 from jaxnorm.nn import decay as nn_decay
-from jaxnorm.training import build, optimizers
+from jaxnorm.training import build, graph_data, optimizers
 from jaxnorm.training import checkpoints as checkpoints_lib
 from jaxnorm.training import config as config_lib
 from jaxnorm.training import data as data_lib
 from jaxnorm.training import faults as faults_lib
 from jaxnorm.training import metrics as metrics_lib
 
-_BASELINE_LABELS = {"lm": "unigram entropy", "classify": "uniform guess"}
+_BASELINE_LABELS = {
+  "lm": "unigram entropy",
+  "classify": "uniform guess",
+  "graph": "uniform guess",
+}
 # Record fields that report the window's last step instead of its mean.
 _LAST_VALUE = ("lr", "skipped")
 
 
 @dataclasses.dataclass
 class _Task:
-  """Data and loss of one run: LM next-byte prediction or classification."""
+  """Data and loss of one run: LM, image or graph-node classification."""
 
   kind: str
   train_ds: grain.MapDataset
@@ -86,7 +91,54 @@ class _Task:
   baseline: float | None
 
 
+def _graph_task(cfg: config_lib.TrainConfig) -> _Task:
+  """PATTERN or CLUSTER, generated once and cached in ``out_dir/data``.
+
+  Training batches are shuffled padded graphs (`graph_data.graph_batches`);
+  evaluation takes the first ``eval_batches`` batches of the validation
+  split in order. ``pe_dim=0`` takes the official config's size.
+  """
+  sizes = cfg.graph_sizes or graph_data.SPLIT_SIZES[cfg.data]
+  options = {}
+  if cfg.graph_blocks:
+    options.update(size_min=cfg.graph_blocks[0], size_max=cfg.graph_blocks[1])
+  if cfg.data == "pattern":
+    options["patterns"] = min(100, math.gcd(*sizes))
+  pe_dim = cfg.pe_dim or graph_data.PE_DIM[cfg.data]
+  train_src, val_src, _ = graph_data.load_sources(
+    cfg.data,
+    sizes,
+    seed=cfg.seed,
+    pe_dim=pe_dim,
+    cache_dir=pathlib.Path(cfg.out_dir) / "data",
+    **options,
+  )
+  if len(train_src) < cfg.batch_size:
+    raise ValueError(
+      f"train: the {cfg.data} training split has {len(train_src)} graphs, "
+      f"fewer than --batch-size {cfg.batch_size}"
+    )
+  evals = graph_data.eval_batches(val_src, batch_size=cfg.batch_size)
+  num_classes = graph_data.NUM_CLASSES[cfg.data]
+  return _Task(
+    kind="graph",
+    train_ds=graph_data.graph_batches(
+      train_src, batch_size=cfg.batch_size, seed=cfg.seed
+    ),
+    eval_batches=evals[: cfg.eval_batches],
+    model_kwargs={
+      "num_classes": num_classes,
+      "vocab_size": graph_data.VOCAB_SIZE[cfg.data],
+      "pe_dim": pe_dim,
+    },
+    tokens_per_batch=cfg.batch_size,
+    baseline=math.log(num_classes),
+  )
+
+
 def _make_task(cfg: config_lib.TrainConfig) -> _Task:
+  if cfg.model == "graph":
+    return _graph_task(cfg)
   if cfg.model == "lm":
     text = data_lib.load_text(cfg.data)
     return _Task(
@@ -137,7 +189,20 @@ def _make_task(cfg: config_lib.TrainConfig) -> _Task:
 def _loss_and_metrics(
   kind: str, outputs: jax.Array, batch: Any
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
+  """Mean cross-entropy and accuracy of a batch.
+
+  Graphs: the class-balanced cross-entropy over the real nodes and the
+  weighted (class-averaged) accuracy as a fraction, per batch (averaged
+  over evaluation batches, as the official code).
+  """
   logits = outputs.astype(jnp.float32)
+  if kind == "graph":
+    labels, mask = batch["labels"], batch["node_mask"]
+    loss = graph_lib.class_balanced_cross_entropy(
+      logits, labels, node_mask=mask
+    )
+    accuracy = graph_lib.weighted_class_accuracy(logits, labels, node_mask=mask)
+    return loss, {"loss": loss, "accuracy": accuracy / 100.0}
   labels = batch[:, 1:] if kind == "lm" else batch["label"]
   loss = jnp.mean(
     optax.softmax_cross_entropy_with_integer_labels(logits, labels)
@@ -146,8 +211,12 @@ def _loss_and_metrics(
   return loss, {"loss": loss, "accuracy": accuracy}
 
 
-def _inputs(kind: str, batch: Any) -> jax.Array:
-  return batch[:, :-1] if kind == "lm" else batch["image"]
+def _inputs(kind: str, batch: Any) -> tuple[jax.Array | None, ...]:
+  """The model's positional arguments for ``batch``."""
+  if kind == "graph":
+    keys = ("features", "adjacency", "node_mask", "pe")
+    return tuple(batch[k] for k in keys)
+  return (batch[:, :-1] if kind == "lm" else batch["image"],)
 
 
 class _LocalStop:
@@ -273,6 +342,7 @@ def train(
     checkpoints.RunDirBusyError: if another runner holds ``out_dir``.
   """
   config_lib.validate(cfg, build.registries_for(cfg))
+  cfg = config_lib.resolve(cfg)
   faults = faults_lib.from_env()
   out_dir = pathlib.Path(cfg.out_dir).absolute()
   primary = jax.process_index() == 0
@@ -349,7 +419,7 @@ def _run(
     def loss_fn(params, backward):
       m = nnx.merge(graphdef, params, backward, state["rest"], copy=True)
       outputs = m(
-        _inputs(task.kind, batch),
+        *_inputs(task.kind, batch),
         rngs=jax.random.fold_in(base_key, state["step"]),
       )
       loss, metrics = _loss_and_metrics(task.kind, outputs, batch)
@@ -399,7 +469,8 @@ def _run(
     m = nnx.merge(
       eval_graphdef, weights, state["backward"], state["rest"], copy=True
     )
-    return _loss_and_metrics(task.kind, m(_inputs(task.kind, batch)), batch)[1]
+    outputs = m(*_inputs(task.kind, batch))
+    return _loss_and_metrics(task.kind, outputs, batch)[1]
 
   # The state keeps the layout it starts with (and a restore gives it), so
   # every step, before or after a resume, runs the same executable.

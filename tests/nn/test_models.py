@@ -69,7 +69,9 @@ def test_lm_refusals_name_reason_and_alternatives():
   ):
     _lm(attention="flash")
   with pytest.raises(
-    ValueError, match=r"norm='none' is the norm-free pre-norm stack"
+    ValueError,
+    match=r"make_residual: norm='none' \(no norm\) needs a scheme that runs "
+    r"without one, got 'postnorm'; choose one of prenorm, scaled",
   ):
     _lm(norm="none", residual="postnorm")
   lm = _lm(norm="batchnorm", allow_batch_stats=True)
@@ -158,3 +160,43 @@ def test_residual_defaults_from_the_scheme(residual):
   if residual == "lns":  # 1/sqrt(l) per layer: two sublayers per layer.
     steps = lm.net.steps
     assert [s.layer_index for s in steps] == [0, 0, 1, 1]
+
+
+# ---------------------------------------------------------------------------
+# Per-layer hidden states and the DepthBench schemes.
+
+
+@nnx.jit
+def _with_hidden(lm, tokens):
+  return lm(tokens), lm(tokens, return_hidden=True)
+
+
+@pytest.mark.parametrize(
+  "residual", ["prenorm", "deepnorm", "keel", "depth_mup", "completep"]
+)
+def test_lm_returns_hidden_states_per_layer(residual):
+  # The DepthBench schemes plug in by name, with no model change.
+  lm = _lm(residual=residual, depth=3)
+  tokens = jax.random.randint(jax.random.key(0), (2, 8), 0, 32)
+  logits, (again, hidden) = _with_hidden(lm, tokens)
+  assert hidden.shape == (4, 2, 8, 16)
+  np.testing.assert_array_equal(np.asarray(again), np.asarray(logits))
+  embed = lm.embed[...][tokens] + lm.pos[...][None, :8]
+  np.testing.assert_allclose(hidden[0], embed, atol=1e-6)
+  # The last state is the stream the final norm and tied head read.
+  head = lm.final_norm(hidden[-1]) @ lm.embed[...].T
+  np.testing.assert_allclose(head, logits, atol=1e-5)
+  # Each state is the stream after a layer's MLP sublayer.
+  _, per_sublayer = lm.net(embed, return_hidden=True)
+  np.testing.assert_allclose(hidden[1:], per_sublayer[1::2], atol=1e-5)
+
+
+def test_norm_free_stack_is_chosen_by_the_residual_registry():
+  lm = _lm(norm="none", residual="scaled", depth=2)
+  assert lm.final_norm is None
+  x = jax.random.normal(jax.random.key(1), (2, 8, 16))
+  # scaled (1/n) without norm: x + f(x) / 4 per sublayer.
+  want = x
+  for block in lm.net.blocks:
+    want = want + block(want) / 4
+  np.testing.assert_allclose(lm.net(x), want, atol=1e-5)

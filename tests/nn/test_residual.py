@@ -72,9 +72,14 @@ def transformer(num_layers, d, seed=0):
   ]
 
 
+# Post-norm schemes default to LayerNorm (their papers); the depth table
+# uses RMSNorm everywhere.
+POST_NORM = ("postnorm", "deepnorm", "keel")
+
+
 def _kwargs(name, **extra):
   kw = dict(extra)
-  if name == "postnorm":  # RMSNorm everywhere, as the depth table says.
+  if name in POST_NORM:
     kw.setdefault("norm", "rmsnorm")
   return kw
 
@@ -108,9 +113,9 @@ def test_make_residual_unknown_name_lists_names():
   with pytest.raises(
     ValueError,
     match=r"unknown residual scheme 'mhc2'; "
-    r"valid names are attnres, block_attnres, hc, ihc, "
-    r"layerscale, lns, mhc, ohc, postnorm, prenorm, "
-    r"rezero, sandwich, scaled, skipinit",
+    r"valid names are attnres, block_attnres, completep, deepnorm, "
+    r"depth_mup, hc, ihc, keel, layerscale, lns, mhc, ohc, postnorm, "
+    r"prenorm, rezero, sandwich, scaled, skipinit",
   ):
     nn_res.make_residual(
       "mhc2", transformer(1, 8), num_features=8, rngs=nnx.Rngs(0)
@@ -444,7 +449,9 @@ def test_registry_holds_specs_and_the_literal_lists_every_name():
     "skipinit",
     "rezero",
   }
-  assert nn_res.SCAN_RESIDUALS == tuple(n for n in NAMES if "attnres" not in n)
+  assert nn_res.SCAN_RESIDUALS == tuple(
+    n for n in NAMES if "attnres" not in n and n != "keel"
+  )
 
 
 def test_spec_defaults():
@@ -654,8 +661,10 @@ def test_scan_over_layers_equals_unrolled_stack(name):
   x = jax.random.normal(jax.random.key(1), (2, 5, WIDTH))
   per_layer = _unstack(layers)
   blocks = [f for layer in per_layer for f in (layer.attn, layer.mlp)]
+  # A scanned step cannot scale its sublayers (DeepNorm's init gain).
+  extra = {"init_gain": False} if name == "deepnorm" else {}
   net = nn_res.make_residual(
-    name, blocks, num_features=WIDTH, rngs=nnx.Rngs(5), **_kwargs(name)
+    name, blocks, num_features=WIDTH, rngs=nnx.Rngs(5), **_kwargs(name, **extra)
   )
   # At init: the index-dependent parts (LNS factor, HC's read stream) agree.
   helpers.assert_close(_scan_forward(layers, x), net(x), atol=1e-5)

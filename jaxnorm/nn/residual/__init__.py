@@ -24,7 +24,8 @@ its norm and options, so swapping a norm never shifts the initialization of
 later modules.
 
 Files: `steps` (single-stream steps), `streams` (HC, mHC, oHC, iHC steps),
-`stacks` (networks of steps), `attnres` (Attention Residuals) and
+`stacks` (networks of steps), `attnres` (Attention Residuals), `depth`
+(DeepNorm and KEEL steps, DeepNorm's init gain) and
 `_registry` (`RESIDUALS`, `make_residual`, `make_residual_step`); this
 package re-exports every public name.
 
@@ -47,6 +48,12 @@ name                    wiring of sublayer ``f_k`` (norms from `make_norm`)
 ``ihc``                 iHC: mHC with identity stream mixing
 ``attnres``             Full Attention Residuals
 ``block_attnres``       Block Attention Residuals
+``deepnorm``            ``norm(a x + f(x))``, ``a = (2L)^(1/4)``; branch
+                        weights (not q, k) scaled by ``(8L)^(-1/4)``
+``keel``                ``norm_out(2L x + f(norm_in(x)))``; layer 0:
+                        ``x + f(norm(x))``, then ``norm_out(x + f(norm_in(x)))``
+``depth_mup``           ``x + (L/L0)^(-1/2) f(norm(x))``, ``L0 = 1``
+``completep``           ``x + (L/L0)^(-1) f(norm(x))``, ``L0 = 1``
 ======================  ====================================================
 
 Depth growth at initialization, measured by
@@ -75,6 +82,9 @@ hc                 3.67    n copies of prenorm at init
 mhc, ohc, ihc      3.67    same: identical streams, rows of H_res sum to 1
 attnres            0.15    inputs are means over a growing set of sources
 block_attnres      0.81    8 blocks: means over at most 9 sources
+deepnorm, keel     1.00    every step ends in a norm (as postnorm)
+depth_mup          1.24    branches weighted 24^(-1/2) (base depth 1)
+completep          1.00    branches weighted 1/24 (base depth 1)
 =================  ======  ================================================
 
 The slow test recomputes every entry and checks it within 10%.
@@ -82,6 +92,8 @@ The slow test recomputes every entry and checks it within 10%.
 
 from jaxnorm.nn.residual._common import LayerIndex, NormSpec, Sublayer
 from jaxnorm.nn.residual._registry import (
+  NORM_FREE,
+  NORM_FREE_SCHEMES,
   RESIDUALS,
   SCAN_RESIDUALS,
   ResidualLayer,
@@ -90,6 +102,12 @@ from jaxnorm.nn.residual._registry import (
   make_residual_step,
 )
 from jaxnorm.nn.residual.attnres import AttnResQuery, AttnResStack
+from jaxnorm.nn.residual.depth import (
+  QUERY_KEY,
+  ScaledPostNormResidual,
+  keel_step,
+  scale_branch_init,
+)
 from jaxnorm.nn.residual.stacks import ResidualStack, StreamStack
 from jaxnorm.nn.residual.steps import (
   GatedResidual,
@@ -101,6 +119,9 @@ from jaxnorm.nn.residual.steps import (
 from jaxnorm.nn.residual.streams import HyperConnection, ManifoldHyperConnection
 
 __all__ = [
+  "NORM_FREE",
+  "NORM_FREE_SCHEMES",
+  "QUERY_KEY",
   "RESIDUALS",
   "SCAN_RESIDUALS",
   "AttnResQuery",
@@ -116,9 +137,12 @@ __all__ = [
   "ResidualName",
   "ResidualStack",
   "SandwichNormResidual",
+  "ScaledPostNormResidual",
   "ScaledResidual",
   "StreamStack",
   "Sublayer",
+  "keel_step",
   "make_residual",
   "make_residual_step",
+  "scale_branch_init",
 ]

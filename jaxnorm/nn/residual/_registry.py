@@ -14,6 +14,11 @@ from jaxnorm import _checks, residual
 from jaxnorm.nn import registry
 from jaxnorm.nn.residual._common import Sublayer, check_blocks, check_input
 from jaxnorm.nn.residual.attnres import AttnResStack
+from jaxnorm.nn.residual.depth import (
+  ScaledPostNormResidual,
+  keel_step,
+  scale_branch_init,
+)
 from jaxnorm.nn.residual.stacks import ResidualStack, StreamStack
 from jaxnorm.nn.residual.steps import (
   GatedResidual,
@@ -37,11 +42,33 @@ def _step(
   layer: residual.IndexLike,
   sublayer: residual.IndexLike,
   num_sublayers: int,
+  per_layer: int,
   rngs: nnx.Rngs,
   kwargs: Mapping[str, Any],
 ) -> nnx.Module:
   """The step module of scheme ``name`` around one sublayer."""
   d = num_features
+  num_layers = residual.num_layers_of(num_sublayers, per_layer)
+  if name == "deepnorm":
+    alpha = residual.deepnorm_alpha(num_layers)
+    return ScaledPostNormResidual(d, alpha=alpha, rngs=rngs, **kwargs)
+  if name == "keel":
+    return keel_step(
+      d,
+      sublayer=sublayer,
+      sublayers_per_layer=per_layer,
+      num_layers=num_layers,
+      rngs=rngs,
+      **kwargs,
+    )
+  if name in residual.DEPTH_EXPONENTS:
+    kwargs = dict(kwargs)
+    scale = residual.depth_scale(
+      num_layers, kwargs.pop("base_depth"), residual.DEPTH_EXPONENTS[name]
+    )
+    return ScaledResidual(
+      d, num_residuals=num_sublayers, scale=scale, rngs=rngs, **kwargs
+    )
   if name == "prenorm":
     return PreNormResidual(d, rngs=rngs, **kwargs)
   if name == "lns":
@@ -70,6 +97,7 @@ def _layer_steps(
   layer: residual.IndexLike,
   sublayers: Sequence[residual.IndexLike],
   num_sublayers: int,
+  per_layer: int,
   rngs: nnx.Rngs,
   kwargs: Mapping[str, Any],
 ) -> list[nnx.Module]:
@@ -92,6 +120,7 @@ def _layer_steps(
       layer=layer,
       sublayer=sublayer,
       num_sublayers=num_sublayers,
+      per_layer=per_layer,
       rngs=rngs,
       kwargs=kwargs,
     )
@@ -115,6 +144,7 @@ def _all_steps(
       layer=layer,
       sublayers=range(first, min(first + per_layer, num_sublayers)),
       num_sublayers=num_sublayers,
+      per_layer=per_layer,
       rngs=rngs,
       kwargs=kwargs,
     )
@@ -144,6 +174,18 @@ def _build_single(
   return ResidualStack(
     blocks, steps, num_features=num_features, fused=fused is not None
   )
+
+
+def _build_deepnorm(
+  name: str, blocks: list, num_features: int, rngs: nnx.Rngs, kwargs: dict
+) -> nnx.Module:
+  """DeepNorm: the steps, and (``init_gain``) the branch init gain beta."""
+  if kwargs.pop("init_gain"):
+    num_layers = residual.num_layers_of(
+      len(blocks), kwargs["sublayers_per_layer"]
+    )
+    scale_branch_init(blocks, residual.deepnorm_beta(num_layers))
+  return _build_single(name, blocks, num_features, rngs, kwargs)
 
 
 def _build_streams(
@@ -200,6 +242,18 @@ def _streams(num_sublayers: int, sublayers_per_layer: int) -> dict:
   return {"num_streams": 4, "readout": "mean"}
 
 
+def _deepnorm(num_sublayers: int, sublayers_per_layer: int) -> dict:
+  """DeepNorm: scale the sublayers' init by beta (DepthBench, DeepNet)."""
+  del num_sublayers, sublayers_per_layer
+  return {"init_gain": True}
+
+
+def _base_depth(num_sublayers: int, sublayers_per_layer: int) -> dict:
+  """depth-muP, CompleteP: base depth 1, multiplier ``L^{-e}``."""
+  del num_sublayers, sublayers_per_layer
+  return {"base_depth": 1}
+
+
 def _blocks(num_sublayers: int, sublayers_per_layer: int) -> dict:
   """Block AttnRes: the paper's 8 blocks, or the largest divisor below."""
   del sublayers_per_layer
@@ -221,6 +275,10 @@ ResidualName = Literal[
   "ihc",
   "attnres",
   "block_attnres",
+  "deepnorm",
+  "keel",
+  "depth_mup",
+  "completep",
 ]
 
 _HC = "Zhu et al., Hyper-Connections, arXiv:2409.19606"
@@ -300,8 +358,39 @@ RESIDUALS: Mapping[str, registry.ResidualSpec] = types.MappingProxyType(
     "block_attnres": registry.ResidualSpec(
       _build_attnres, _ATTNRES, defaults=_blocks
     ),
+    "deepnorm": registry.ResidualSpec(
+      _build_deepnorm,
+      "Wang et al., DeepNet, arXiv:2203.00555",
+      defaults=_deepnorm,
+    ),
+    "keel": registry.ResidualSpec(_build_single, "KEEL, arXiv:2601.19895"),
+    "depth_mup": registry.ResidualSpec(
+      _build_single,
+      "Yang et al., Tensor Programs VI (Depth-muP), arXiv:2310.02244",
+      defaults=_base_depth,
+    ),
+    "completep": registry.ResidualSpec(
+      _build_single,
+      "Dey et al., CompleteP, arXiv:2505.01618",
+      defaults=_base_depth,
+    ),
   }
 )
+
+
+NORM_FREE = "none"
+"""The ``norm`` of a norm-free stack: steps without any norm module.
+
+With ``prenorm`` the stack is ``x + f(x)``; the schemes of
+`NORM_FREE_SCHEMES` accept it (models build no final norm either)."""
+NORM_FREE_SCHEMES: tuple[str, ...] = (
+  "prenorm",
+  "scaled",
+  "layerscale",
+  "depth_mup",
+  "completep",
+)
+"""Schemes that place norms but run without one (``norm=NORM_FREE``)."""
 
 
 def _options(
@@ -316,6 +405,14 @@ def _options(
       f"make_residual: unknown residual scheme {name!r}; "
       f"valid names are {', '.join(sorted(RESIDUALS))}"
     )
+  if kwargs.get("norm") == NORM_FREE:
+    if name not in NORM_FREE_SCHEMES:
+      raise ValueError(
+        f"make_residual: norm={NORM_FREE!r} (no norm) needs a scheme that "
+        f"runs without one, got {name!r}; choose one of "
+        f"{', '.join(NORM_FREE_SCHEMES)}"
+      )
+    kwargs = {**kwargs, "norm": None}
   _checks.check_positive_int(
     "make_residual", "sublayers_per_layer", sublayers_per_layer
   )
@@ -356,7 +453,10 @@ def make_residual(
       scales layer ``l`` by :math:`1/\sqrt{l}` and ReZero shares one gate
       per layer.
     **kwargs: options of the scheme's step module (e.g. ``norm``,
-      ``norm_kwargs``; ``scale`` for ``scaled``; ``init_value`` for the
+      ``norm_kwargs``; ``init_gain`` for ``deepnorm``: scale the sublayers'
+      weight matrices, in place, by beta (`scale_branch_init`, default
+      True); ``base_depth`` for ``depth_mup`` and ``completep`` (default
+      1); ``scale`` for ``scaled``; ``init_value`` for the
       gated schemes, ``shared`` for ``skipinit``/``rezero``;
       ``num_streams``, ``dynamic``, ``tanh`` for ``hc``; ``num_iters``,
       ``temperature``, ``res_diag``, ``gate_init`` for
@@ -435,8 +535,16 @@ class ResidualLayer(nnx.Module):
     return carry
 
 
+# Why a scheme cannot be scanned over layers.
+_NO_SCAN: Mapping[str, str] = types.MappingProxyType(
+  {
+    "attnres": "has no fixed-size scan carry",
+    "block_attnres": "has no fixed-size scan carry",
+    "keel": "wires its first layer differently from the others",
+  }
+)
 SCAN_RESIDUALS: tuple[str, ...] = tuple(
-  name for name in typing.get_args(ResidualName) if "attnres" not in name
+  name for name in typing.get_args(ResidualName) if name not in _NO_SCAN
 )
 
 
@@ -469,8 +577,12 @@ def make_residual_step(
       return layer.res(carry, [layer.attn, layer.mlp])
 
   The carry's state must have a fixed shape, so the AttnRes schemes (whose
-  sources grow with depth) are refused. A traced ``layer_index`` is held in
-  a `LayerIndex` variable where the step reads it (LNS).
+  sources grow with depth) are refused, and so is KEEL (its first layer has
+  another wiring). A traced ``layer_index`` is held in a `LayerIndex`
+  variable where the step reads it (LNS). DeepNorm's init gain needs the
+  sublayers, which a step does not hold: the spec's ``init_gain`` is
+  dropped here (``init_gain=True`` is refused); call `scale_branch_init`
+  on the layer's sublayers with `jaxnorm.residual.deepnorm_beta`.
 
   Args:
     name: one of `SCAN_RESIDUALS`.
@@ -493,9 +605,16 @@ def make_residual_step(
   """
   who = "make_residual_step"
   if name not in SCAN_RESIDUALS:
+    reason = _NO_SCAN.get(name, "is unknown")
     raise ValueError(
-      f"{who}: residual scheme {name!r} has no fixed-size scan carry; "
+      f"{who}: residual scheme {name!r} {reason}; "
       f"valid names are {', '.join(SCAN_RESIDUALS)}"
+    )
+  if kwargs.get("init_gain"):
+    raise ValueError(
+      f"{who}: init_gain scales the sublayers' weights, which a step does "
+      "not hold; scale them with jaxnorm.nn.residual.scale_branch_init("
+      "blocks, jaxnorm.residual.deepnorm_beta(num_layers))"
     )
   _checks.check_positive_int(who, "num_features", num_features)
   _checks.check_positive_int(who, "num_layers", num_layers)
@@ -503,6 +622,7 @@ def make_residual_step(
   num_sublayers = num_layers * sublayers_per_layer
   options = _options(name, num_sublayers, sublayers_per_layer, kwargs)
   del options["sublayers_per_layer"]
+  options.pop("init_gain", None)
   readout = options.pop("readout", "sum")
   first = layer_index * sublayers_per_layer
   steps = _layer_steps(
@@ -511,6 +631,7 @@ def make_residual_step(
     layer=layer_index,
     sublayers=[first + j for j in range(sublayers_per_layer)],
     num_sublayers=num_sublayers,
+    per_layer=sublayers_per_layer,
     rngs=rngs,
     kwargs=options,
   )

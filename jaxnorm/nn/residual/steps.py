@@ -22,19 +22,24 @@ from jaxnorm.nn.residual._common import (
 )
 
 
+def _identity(x: jax.Array) -> jax.Array:
+  return x
+
+
 class PreNormResidual(nnx.Module):
   """Pre-norm step ``x + f(norm(x))``; see `jaxnorm.residual.pre_norm`.
 
   ``layer_index`` (0-based Transformer layer: a Python integer, or an
   integer scalar array when the layers are created under ``nnx.vmap`` for
-  ``nnx.scan``) enables LayerNorm Scaling.
+  ``nnx.scan``) enables LayerNorm Scaling. ``norm=None`` is the norm-free
+  step ``x + f(x)``.
   """
 
   def __init__(
     self,
     num_features: int,
     *,
-    norm: str = "rmsnorm",
+    norm: NormSpec = "rmsnorm",
     norm_kwargs: Mapping | None = None,
     layer_index: residual.IndexLike | None = None,
     rngs: nnx.Rngs,
@@ -50,8 +55,9 @@ class PreNormResidual(nnx.Module):
   def __call__(self, x: jax.Array, sublayer: Sublayer) -> jax.Array:
     """Applies one residual step around ``sublayer``."""
     check_input(type(self).__name__, x, self.num_features)
+    norm = _identity if self.norm is None else self.norm
     return residual.pre_norm(
-      x, sublayer, self.norm, layer_index=read_index(self.layer_index)
+      x, sublayer, norm, layer_index=read_index(self.layer_index)
     )
 
 

@@ -1,0 +1,123 @@
+"""DeepNorm and KEEL steps, and DeepNorm's branch initialization gain."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import jax
+from flax import nnx
+
+from jaxnorm import _checks, residual
+from jaxnorm.nn.residual._common import (
+  NormSpec,
+  Sublayer,
+  build_norm,
+  check_input,
+  params_key,
+)
+from jaxnorm.nn.residual.steps import PreNormResidual
+
+QUERY_KEY: tuple[str, ...] = ("q_kernel", "k_kernel")
+"""Parameter names that `scale_branch_init` leaves alone: the query and key
+projections of `jaxnorm.nn.attention.MultiHeadAttention` (DeepNet keeps
+their gain at 1)."""
+
+
+class ScaledPostNormResidual(nnx.Module):
+  """Scaled post-norm step ``norm(alpha * x + f(norm_in(x)))``.
+
+  See `jaxnorm.residual.scaled_post_norm`. DeepNorm: ``pre_norm=False``,
+  ``alpha = jaxnorm.residual.deepnorm_alpha(L)``; KEEL: ``pre_norm=True``,
+  ``alpha = jaxnorm.residual.keel_alpha(L)`` (1 in the first layer's MLP).
+  """
+
+  def __init__(
+    self,
+    num_features: int,
+    *,
+    alpha: float,
+    pre_norm: bool = False,
+    norm: str = "layernorm",
+    norm_kwargs: Mapping | None = None,
+    rngs: nnx.Rngs,
+  ):
+    who = "ScaledPostNormResidual"
+    _checks.check_positive_int(who, "num_features", num_features)
+    if not (isinstance(alpha, (int, float)) and alpha > 0):
+      raise ValueError(f"{who}: alpha must be a positive float, got {alpha=}")
+    key = params_key(rngs)
+    self.num_features, self.alpha = num_features, float(alpha)
+    self.norm = build_norm(norm, num_features, norm_kwargs, key, 0)
+    self.norm_in = (
+      build_norm(norm, num_features, norm_kwargs, key, 1) if pre_norm else None
+    )
+
+  def __call__(self, x: jax.Array, sublayer: Sublayer) -> jax.Array:
+    """Applies one residual step around ``sublayer``."""
+    check_input(type(self).__name__, x, self.num_features)
+    return residual.scaled_post_norm(
+      x, sublayer, self.norm, alpha=self.alpha, norm_in=self.norm_in
+    )
+
+
+def keel_step(
+  num_features: int,
+  *,
+  sublayer: int,
+  sublayers_per_layer: int,
+  num_layers: int,
+  norm: NormSpec = "layernorm",
+  norm_kwargs: Mapping | None = None,
+  rngs: nnx.Rngs,
+) -> nnx.Module:
+  """KEEL's step of ``sublayer`` (0-based over the whole stack).
+
+  Layer 0 follows DepthBench's ``KeelTransformerBlock``: its first sublayer
+  (attention) is the pre-norm step ``x + f(norm(x))``, the others are
+  ``norm_out(x + f(norm_in(x)))`` (alpha 1); every later sublayer is
+  ``norm_out(2L x + f(norm_in(x)))``.
+  """
+  if sublayer == 0:
+    return PreNormResidual(
+      num_features, norm=norm, norm_kwargs=norm_kwargs, rngs=rngs
+    )
+  first_layer = sublayer < sublayers_per_layer
+  alpha = 1.0 if first_layer else residual.keel_alpha(num_layers)
+  return ScaledPostNormResidual(
+    num_features,
+    alpha=alpha,
+    pre_norm=True,
+    norm=norm,
+    norm_kwargs=norm_kwargs,
+    rngs=rngs,
+  )
+
+
+def scale_branch_init(blocks: Sequence[Sublayer], gain: float) -> None:
+  """Multiplies the sublayers' weight matrices by ``gain``, in place.
+
+  DeepNet's init: every parameter with two or more dimensions of every
+  `nnx.Module` sublayer (attention value and output projections, MLP
+  matrices) is scaled, except the query and key projections named in
+  `QUERY_KEY`; vectors (biases, norm scales) are left alone. Plain
+  functions have nothing to scale.
+
+  Deviation: DeepNet draws Xavier-normal weights with gain ``beta``;
+  DepthBench scales its truncated-normal std by ``beta``; this scales
+  whatever init the sublayers drew (same factor on the standard
+  deviation). A fused ``qkv`` matrix is scaled whole.
+
+  Args:
+    blocks: the sublayers.
+    gain: the factor, e.g. `jaxnorm.residual.deepnorm_beta`.
+  """
+  for block in blocks:
+    if not isinstance(block, nnx.Module):
+      continue
+    for path, param in nnx.iter_graph(block):
+      if (
+        isinstance(param, nnx.Param)
+        and param.ndim >= 2
+        and str(path[-1]) not in QUERY_KEY
+      ):
+        param[...] = param[...] * jax.numpy.asarray(gain, param.dtype)
