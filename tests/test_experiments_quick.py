@@ -8,7 +8,14 @@ import json
 
 import pytest
 
-from experiments import grpo, llm_int8, looped_power, nuclear_norm
+from experiments import (
+  depthbench,
+  grpo,
+  llm_int8,
+  looped_power,
+  norms_bytelm,
+  nuclear_norm,
+)
 
 # Each experiment script end to end in --quick mode: CI runs them (-m slow).
 pytestmark = pytest.mark.slow
@@ -30,9 +37,14 @@ def _check(out, name):
     (looped_power, "looped_power"),
     (llm_int8, "llm_int8"),
     (nuclear_norm, "nuclear_norm"),
+    (depthbench, "depthbench"),
+    (norms_bytelm, "norms_bytelm"),
   ],
 )
 def test_quick(module, name, tmp_path):
-  result = module.main(["--quick", "--out", str(tmp_path)])
+  argv = ["--quick", "--out", str(tmp_path)]
+  if module is norms_bytelm:
+    argv += ["--runs", str(tmp_path / "runs")]
+  result = module.main(argv)
   assert result
   _check(tmp_path, name)

@@ -1,0 +1,174 @@
+"""Norms in the byte LM: DyT, SeeDNorm, scale vectors, LNS, L1 vs LN/RMSNorm.
+
+Claims checked (each against its reference, same runner, data and seeds):
+
+* DyT (Zhu et al., "Transformers without Normalization", arXiv:2503.10622):
+  replacing LayerNorm by DyT matches its loss.
+* SeeDNorm (arXiv:2510.22777): SeeDNorm lowers the loss of RMSNorm.
+* Scale vectors ("Negligible in Size, Significant in Effect",
+  arXiv:2605.26895): removing the norms' scale vectors raises the loss; the
+  paper's combined strategy (`scalevectornorm`) lowers it.
+* LayerNorm Scaling ("The Curse of Depth", arXiv:2502.05795): scaling block
+  ``l``'s norms by ``1/sqrt(l)`` lowers the loss of Pre-RMSNorm.
+* L1 layer norm (sub-8-bit training paper): matches LayerNorm.
+* CRMSNorm is reported beside LayerNorm (the same function class; no
+  training claim).
+
+Setting: the runner's decoder LM on byte-level Shakespeare, and the
+LN / RMSNorm / DyT / SeeDNorm subset on the KJV Bible as a second corpus;
+3 seeds each. Verdicts compare means with the standard error of their
+difference (`experiments._grid.verdict`).
+
+  python -m experiments.norms_bytelm [--quick] [--full]
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+from collections.abc import Sequence
+
+from experiments import _grid, _report
+from jaxnorm.training import config as config_lib
+
+NAME = "norms_bytelm"
+
+SHAKESPEARE = {
+  "layernorm": {"norm": "layernorm"},
+  "rmsnorm": {"norm": "rmsnorm"},
+  "crmsnorm": {"norm": "crmsnorm"},
+  "dyt": {"norm": "dyt"},
+  "seednorm": {"norm": "seednorm"},
+  "l1layernorm": {"norm": "l1layernorm"},
+  "rmsnorm-no-scale": {
+    "norm": "rmsnorm",
+    "norm_kwargs": (("use_scale", False),),
+  },
+  "scalevectornorm": {"norm": "scalevectornorm"},
+  "rmsnorm-lns": {"norm": "rmsnorm", "residual": "lns"},
+}
+KJV = ("layernorm", "rmsnorm", "dyt", "seednorm")
+
+# (variant, reference, claim, tolerance in nats for "equal", label)
+CLAIMS = (
+  ("dyt", "layernorm", "equal", 0.01, "DyT matches LayerNorm"),
+  ("seednorm", "rmsnorm", "lower", 0.0, "SeeDNorm beats RMSNorm"),
+  ("rmsnorm", "rmsnorm-no-scale", "lower", 0.0, "scale vectors help"),
+  (
+    "scalevectornorm",
+    "rmsnorm",
+    "lower",
+    0.0,
+    "the scale-vector strategy beats RMSNorm",
+  ),
+  ("rmsnorm-lns", "rmsnorm", "lower", 0.0, "LNS beats Pre-RMSNorm"),
+  ("l1layernorm", "layernorm", "equal", 0.01, "L1 norm matches LayerNorm"),
+)
+
+
+def base_config(quick: bool, full: bool) -> config_lib.TrainConfig:
+  """The shared run: width 64, depth 4, 64-byte windows (quick: toy)."""
+  if quick:
+    size = dict(width=16, depth=1, num_heads=2, seq_len=16, batch_size=4)
+    steps = dict(steps=4, eval_every=2, eval_batches=1, warmup_steps=1)
+  elif full:
+    size = dict(width=256, depth=8, num_heads=8, seq_len=256, batch_size=32)
+    steps = dict(steps=5000, eval_every=250, eval_batches=16, warmup_steps=200)
+  else:
+    size = dict(width=64, depth=4, num_heads=4, seq_len=64, batch_size=16)
+    steps = dict(steps=300, eval_every=50, eval_batches=8, warmup_steps=30)
+  return config_lib.TrainConfig(
+    **size,
+    **steps,
+    log_every=steps["eval_every"],
+    checkpoint_every=10**9,
+    learning_rate=3e-3,
+  )
+
+
+def main(argv: Sequence[str] | None = None) -> dict:
+  """Runs the grids (skipping finished runs) and writes the report."""
+  p = _report.parser(__doc__)
+  p.add_argument("--full", action="store_true", help="GPU-sized runs")
+  p.add_argument(
+    "--runs",
+    default=f"runs/claims/{NAME}",
+    help="folder of the run directories and the JSON-lines tables",
+  )
+  args = p.parse_args(argv)
+  base = base_config(args.quick, args.full)
+  seeds = (0,) if args.quick else (0, 1, 2)
+  shakespeare = (
+    {k: SHAKESPEARE[k] for k in ("layernorm", "dyt")}
+    if args.quick
+    else SHAKESPEARE
+  )
+  kjv = KJV[:1] if args.quick else KJV
+  runs = pathlib.Path(args.runs)
+  tables = {
+    "shakespeare": runs / "shakespeare.jsonl",
+    "kjv": runs / "kjv.jsonl",
+  }
+
+  def compute() -> dict:
+    lines = {
+      "shakespeare": _grid.run_grid(
+        tables["shakespeare"], base, shakespeare, seeds
+      ),
+      "kjv": _grid.run_grid(
+        tables["kjv"],
+        dataclasses.replace(base, data="kjv"),
+        {k: SHAKESPEARE[k] for k in kjv},
+        seeds,
+      ),
+    }
+    cells = {c: _grid.cells(ls, "val_loss") for c, ls in lines.items()}
+    verdicts = []
+    for variant, ref, claim, tol, label in CLAIMS:
+      for corpus, grid in cells.items():
+        if variant in grid and ref in grid:
+          v, why = _grid.verdict(grid, variant, ref, claim, tol)
+          verdicts.append(
+            {"claim": label, "corpus": corpus, "verdict": v, "why": why}
+          )
+    return {"lines": lines, "cells": cells, "verdicts": verdicts}
+
+  def figure(result: dict, path: pathlib.Path) -> None:
+    _grid.figure(
+      tables["shakespeare"],
+      result["lines"]["shakespeare"],
+      "val_loss",
+      path,
+      "byte LM on Shakespeare: validation loss by norm (3 seeds)",
+    )
+
+  def markdown(result: dict) -> list[str]:
+    lines = [f"# {__doc__.splitlines()[0]}", ""]
+    lines += [
+      f"Runner config: width {base.width}, depth {base.depth}, "
+      f"{base.num_heads} heads, {base.seq_len}-byte windows, batch "
+      f"{base.batch_size}, {base.steps} AdamW steps (lr "
+      f"{base.learning_rate}, cosine, warm-up {base.warmup_steps}, weight "
+      f"decay {base.weight_decay}), seeds {list(seeds)}. Validation loss "
+      f"in nats per byte over {base.eval_batches} held-out batches; mean ± "
+      "sample std (ddof=1) over seeds.",
+      "",
+    ]
+    for corpus, grid in result["cells"].items():
+      lines += [f"## {corpus}", ""]
+      lines += _grid.markdown_table(grid, "val loss", "layernorm")
+      lines.append("")
+    lines += ["## Verdicts", "", "| claim | corpus | verdict | evidence |"]
+    lines.append("|---|---|---|---|")
+    for v in result["verdicts"]:
+      lines.append(
+        f"| {v['claim']} | {v['corpus']} | **Verdict: {v['verdict']}** "
+        f"| {v['why']} |"
+      )
+    return lines
+
+  return _report.run(NAME, args, compute, figure, markdown)
+
+
+if __name__ == "__main__":
+  main()
