@@ -35,6 +35,7 @@ FAMILIES: tuple[tuple[str, str], ...] = (
   ("Complex-valued networks", "jaxnorm.cplx"),
   ("Optimizers (optax)", "jaxnorm.optim"),
   ("Modules (flax.nnx)", "jaxnorm.nn"),
+  ("Modules (flax.linen)", "jaxnorm.linen"),
   ("Sharding", "jaxnorm.sharding"),
 )
 
@@ -62,6 +63,9 @@ EQUIVALENTS: dict[str, str] = {
   "jaxnorm.nn.GroupNorm": "`flax.nnx.GroupNorm`",
   "jaxnorm.nn.InstanceNorm": "`flax.nnx.InstanceNorm`",
   "jaxnorm.nn.MultiHeadAttention": "`flax.nnx.MultiHeadAttention`",
+  "jaxnorm.linen.LayerNorm": "`flax.linen.LayerNorm`",
+  "jaxnorm.linen.RMSNorm": "`flax.linen.RMSNorm`",
+  "jaxnorm.linen.GroupNorm": "`flax.linen.GroupNorm`",
 }
 
 HEADER = """# API reference
