@@ -21,9 +21,13 @@ On a GPU or TPU, for each (shape, dtype) it times, in one process:
   (``x + 1`` into a fresh array, 2 arrays), which is the practical peak,
   and the speed-up over XLA and over the fastest tokamax implementation;
 * attention TFLOP/s, forward and forward+backward, of the Pallas flash
-  kernel (`pallas_kernels.attention`) against ``jax.nn.dot_product_attention``
+  kernel (`pallas_kernels.attention`; on GPU its ``mosaic_gpu`` lowering, the
+  default, and ``triton`` while the installed JAX has it, as
+  ``pallas-<lowering>`` rows) against ``jax.nn.dot_product_attention``
   (``xla`` and, on GPU, ``cudnn``; causal counted as half the FLOPs, the
-  backward as 2.5x the forward), with the speed ratio to cuDNN (GPU) or XLA.
+  backward as 2.5x the forward), with the speed ratio to cuDNN (GPU) or XLA;
+  and the chunked causal linear attention kernel per lowering against the
+  jnp reference.
 
 Inputs are random (never zeros) and rotated through 4 sets so the working set
 is well beyond L2; every case is checked against the float32 reference
@@ -261,15 +265,18 @@ def _attention(
   dims: tuple[int, int, int, int] = (4, 4096, 16, 128),
   interpret: Any = False,
 ) -> list[dict]:
-  """Flash kernel vs jax.nn.dot_product_attention, fwd and fwd+bwd.
+  """Flash kernels vs jax.nn.dot_product_attention, fwd and fwd+bwd.
 
-  FLOPs: 4 B N T^2 H forward (halved when causal), backward counted as 2.5x
-  the forward (the convention of tokamax and FlashAttention papers).
+  ``backend`` is ``"gpu"`` or ``"tpu"`` (the kernel lowerings timed, see
+  `_kernel_backends`); with ``interpret`` the kernels run in their
+  interpreters and only XLA is the baseline. FLOPs: 4 B N T^2 H forward
+  (halved when causal), backward counted as 2.5x the forward (the
+  convention of tokamax and FlashAttention papers).
   """
   b, t, h, d = dims
   ks = jax.random.split(jax.random.key(1), 4)
   q, k, v, do = (jax.random.normal(kk, (b, t, h, d), jnp.bfloat16) for kk in ks)
-  impls = ("xla", "cudnn") if backend == "gpu" else ("xla",)
+  impls = ("xla", "cudnn") if backend == "gpu" and not interpret else ("xla",)
   fns: dict[str, Callable] = {}
   for causal in (False, True):
     for impl in impls:
@@ -278,11 +285,14 @@ def _attention(
           q, k, v, is_causal=causal, implementation=impl
         )
       )
-    fns[f"pallas causal={causal}"] = lambda q, k, v, causal=causal: (
-      pa.dot_product_attention_pallas(
-        q, k, v, is_causal=causal, interpret=interpret
+    for lowering in _kernel_backends(backend):
+      fns[f"pallas-{lowering} causal={causal}"] = (
+        lambda q, k, v, causal=causal, lowering=lowering: (
+          pa.dot_product_attention_pallas(
+            q, k, v, is_causal=causal, backend=lowering, interpret=interpret
+          )
+        )
       )
-    )
   cases = {}
   for name, f in fns.items():
     cases[f"{name} fwd"] = (jax.jit(f), [(q, k, v)])
@@ -311,12 +321,13 @@ def _attention(
 
 
 def _linear_attention(
+  backend: str,
   rounds: int,
   calls: int,
   dims: tuple[int, int, int, int] = (4, 8192, 16, 128),
   interpret: Any = False,
 ) -> list[dict]:
-  """Chunked causal linear attention: Pallas kernel vs the jnp reference."""
+  """Chunked causal linear attention: Pallas kernels vs the jnp reference."""
   b, t, h, d = dims
   ks = jax.random.split(jax.random.key(2), 4)
   q, k, v, do = (jax.random.normal(kk, (b, t, h, d), jnp.bfloat16) for kk in ks)
@@ -324,10 +335,13 @@ def _linear_attention(
     "xla": lambda q, k, v: attention.causal_linear_attention(
       q, k, v, implementation="xla"
     ),
-    "pallas": lambda q, k, v: pla.causal_linear_attention_pallas(
-      q, k, v, interpret=interpret
-    ),
   }
+  for lowering in _kernel_backends(backend):
+    fns[f"pallas-{lowering}"] = lambda q, k, v, lowering=lowering: (
+      pla.causal_linear_attention_pallas(
+        q, k, v, backend=lowering, interpret=interpret
+      )
+    )
   cases = {}
   for name, f in fns.items():
     cases[f"{name} fwd"] = (jax.jit(f), [(q, k, v)])
@@ -408,17 +422,19 @@ def run_accelerator(
           f"{row['pct_peak']:5.1f}% peak  x{row['speedup_vs_xla']:.2f} "
           f"vs xla  {vs_toka}  err {row['max_err']:.1e}"
         )
+  # Head dims of 64 in the dry run: the smallest the Mosaic GPU kernels take.
   results["attention"] = _attention(
-    "cpu" if dry_run else backend,
+    backend,
     rounds,
     calls,
-    (1, 128, 2, 32) if dry_run else (4, 4096, 16, 128),
+    (1, 128, 2, 64) if dry_run else (4, 4096, 16, 128),
     interpret=dry_run,
   )
   results["linear_attention"] = _linear_attention(
+    backend,
     rounds,
     calls,
-    (1, 256, 2, 32) if dry_run else (4, 8192, 16, 128),
+    (1, 256, 2, 64) if dry_run else (4, 8192, 16, 128),
     interpret=dry_run,
   )
   for row in results["attention"] + results["linear_attention"]:

@@ -55,8 +55,6 @@ try:  # Triton is deprecated in newer JAX and may be gone from the install.
 except ImportError:  # pragma: no cover - depends on the installed JAX
   pltr = None
 
-# The attention kernels' lowerings (`lowering_for`): "gpu" is Triton.
-Lowering = Literal["gpu", "tpu"]
 # The row kernels' lowerings (`row_lowering`).
 RowLowering = Literal["mosaic_gpu", "triton", "tpu"]
 # Values of the row kernels' ``backend=`` knob (``None``: the device default).
@@ -187,30 +185,6 @@ def interpreter(lowering: RowLowering, interpret: Any) -> Any:
   if interpret is True and lowering == "tpu":
     return pltpu.InterpretParams()
   return interpret
-
-
-def lowering_for(who: str, interpret: Any) -> Lowering:
-  """Picks the kernel lowering from ``interpret`` and the default backend.
-
-  Raises:
-    NotImplementedError: on a backend without a Pallas lowering (CPU) when
-      ``interpret`` is false.
-  """
-  if isinstance(interpret, pltpu.InterpretParams):
-    return "tpu"
-  if interpret:
-    return "gpu"
-  backend = jax.default_backend()
-  if backend in ("gpu", "cuda", "rocm"):
-    return "gpu"
-  if backend == "tpu":
-    return "tpu"
-  raise NotImplementedError(
-    f"{who}: no compiled Pallas lowering for backend {backend!r}; pass "
-    "interpret=True (GPU semantics) or interpret=pltpu.InterpretParams() "
-    "(TPU semantics) to run the kernel in the interpreter, or use the "
-    "reference (implementation='xla')"
-  )
 
 
 def check_dtype(who: str, dtype: Any, lowering: str) -> None:

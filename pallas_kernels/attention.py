@@ -20,13 +20,24 @@ for ``dq``, one per key block for ``dk``/``dv`` (per query head, summed over
 each GQA group outside); ``delta = rowsum(dO * O)`` and the sink gradient
 ``-sum exp(s_h - lse) * delta`` are small jnp reductions.
 
+Lowerings (``backend=``, as for the norm kernels, `_rows.row_lowering`):
+``"mosaic_gpu"``, the GPU default (`pallas_kernels.mosaic_gpu_attention`:
+the same online softmax on warpgroup MMAs with TMA-fed, double-buffered
+key/value tiles, and the same two backward kernels; where the backward's
+tiles exceed shared memory (head dims of 256) the backward is the jnp
+reference's VJP, recomputed);
+``"triton"``, kept behind that explicit choice while the installed JAX has
+it (the kernels below); ``"mosaic_tpu"`` (the kernels below, on TPU).
+
 Tiling (`attention_block_heuristic`): sequences are padded to the blocks in
-the wrapper (so no load is ever out of bounds on either lowering) and the
-whole key/value sequence of one head sits in one block that the kernel
-slices. Unsupported, raising `NotImplementedError` for dispatch: an additive
-``bias``, a GPU head dim that is not a power of two >= 16, dtypes other than
-float32/bfloat16 (float16 on GPU), sequences whose per-head K/V exceed the
-on-chip budget.
+the wrapper (so no load is ever out of bounds on any lowering); on Triton and
+TPU the whole key/value sequence of one head sits in one block that the
+kernel slices, on Mosaic GPU keys stream through shared memory. Unsupported,
+raising `NotImplementedError` for dispatch: an additive ``bias``; on Mosaic
+GPU dtypes other than bfloat16/float16 and head dims that are not multiples
+of 64 up to 256; on Triton head dims that are not powers of two >= 16;
+dtypes other than float32/bfloat16 (float16 on GPU); on Triton and TPU,
+sequences whose per-head K/V exceed the on-chip budget.
 """
 
 from __future__ import annotations
@@ -40,13 +51,15 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
-from jax.experimental.pallas import triton as plgpu
 from jaxtyping import Array, Bool, Float
 
 from jaxnorm import _checks
 from jaxnorm.attention import _core as attention_core
 from jaxnorm.attention import affine_scaled as affine_ref
+from jaxnorm.attention import sinks as sinks_ref
+from jaxnorm.attention import softmax as softmax_ref
 from pallas_kernels import _rows
+from pallas_kernels import mosaic_gpu_attention as mga
 
 # The reference's masked logit (finite, as jax.nn), so fully masked rows
 # keep its semantics.
@@ -61,7 +74,7 @@ class AttentionTiling:
   """Static tiling of the flash kernels.
 
   Attributes:
-    lowering: ``"gpu"`` or ``"tpu"``.
+    lowering: ``"mosaic_gpu"``, ``"triton"`` or ``"tpu"``.
     block_q: query rows per program.
     block_k: keys per inner-loop step.
     q_len: padded query length (a multiple of ``block_q``).
@@ -79,10 +92,15 @@ class AttentionTiling:
       v = getattr(self, name)
       if v < 1:
         raise ValueError(f"AttentionTiling: {name} must be >= 1, got {v}")
-      if self.lowering == "gpu" and (v & (v - 1) or v < 16):
+      if self.lowering == "triton" and (v & (v - 1) or v < 16):
         raise ValueError(
-          f"AttentionTiling: the gpu (Triton) lowering needs "
+          f"AttentionTiling: the triton lowering needs "
           f"a power-of-two {name} >= 16, got {name}={v}"
+        )
+      if self.lowering == "mosaic_gpu" and v not in mga.BLOCKS:
+        raise ValueError(
+          f"AttentionTiling: the mosaic_gpu lowering needs {name} in "
+          f"{mga.BLOCKS}, got {name}={v}"
         )
     if self.lowering == "tpu":
       if self.block_q % 8:
@@ -108,6 +126,9 @@ def attention_block_heuristic(
   kv_len: int,
   block_q: int | None = None,
   block_k: int | None = None,
+  *,
+  head_dims: tuple[int, int] = (128, 128),
+  itemsize: int = 2,
 ) -> AttentionTiling:
   """Chooses the flash tiles; the one place for attention block sizes.
 
@@ -119,20 +140,36 @@ def attention_block_heuristic(
   shrink the query block to ``next_pow2(q_len)`` (GPU, at least 16, the
   Triton ``dot`` minimum) or to ``q_len`` rounded up to 8 sublanes (TPU) so
   tiny problems do not pad to 128 rows. The key block stays a lane multiple
-  (128) on TPU because the mask tile is sliced along lanes; on GPU it
+  (128) on TPU because the mask tile is sliced along lanes; on Triton it
   shrinks like the query block.
 
+  Mosaic GPU: one warpgroup owns a query block, so ``block_q = 64`` (one
+  wgmma M tile; its float32 accumulator is 64 registers per thread at head
+  dim 128, and the logits tile as many at ``block_k = 128``); keys stream in
+  blocks of 128 (64 when the keys fit in 64), double-buffered in shared
+  memory: ``2 * 128 * (H + Hv)`` 16-bit elements, 128 KiB at head dim 128;
+  with the q, p and o tiles that must stay under
+  `mosaic_gpu_attention.SMEM_BUDGET` (200 of the 227 KiB of an H100/H200
+  block), else keys stream in blocks of 64 (head dims 256).
+
   Args:
-    lowering: ``"gpu"`` or ``"tpu"``.
+    lowering: ``"mosaic_gpu"``, ``"triton"`` or ``"tpu"``.
     q_len: query length.
     kv_len: key length.
     block_q: override for the query block.
     block_k: override for the key block.
+    head_dims: ``(H, Hv)`` (Mosaic GPU shared-memory fit).
+    itemsize: bytes per q/k/v element (Mosaic GPU shared-memory fit).
 
   Returns:
     The `AttentionTiling` with padded lengths.
   """
-  if lowering == "gpu":
+  if lowering == "mosaic_gpu":
+    bq = block_q or 64
+    fits = mga.flash_smem_bytes(bq, 128, *head_dims, itemsize)
+    wide = kv_len > 64 and fits <= mga.SMEM_BUDGET
+    bk = block_k or (128 if wide else 64)
+  elif lowering == "triton":
     bq = block_q or min(128, max(16, pl.next_power_of_2(q_len)))
     bk = block_k or min(128, max(16, pl.next_power_of_2(kv_len)))
   else:
@@ -159,8 +196,8 @@ class _Static:
 
 
 def _compiler_params(st: _Static, num_dims: int):
-  if st.tiling.lowering == "gpu":
-    return plgpu.CompilerParams(num_warps=4, num_stages=2)
+  if st.tiling.lowering == "triton":
+    return _rows.pltr.CompilerParams(num_warps=4, num_stages=2)
   if isinstance(st.interpret, pltpu.InterpretParams):
     return pltpu.CompilerParams()  # see _rows.row_call (interpreter + vmap)
   return pltpu.CompilerParams(dimension_semantics=("parallel",) * num_dims)
@@ -485,6 +522,133 @@ def _flash_bwd(st, res, do):
 _flash.defvjp(_flash_fwd, _flash_bwd)
 
 
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
+def _mosaic_flash(q, k, v, sink, mask, st):
+  """The Mosaic GPU kernels; backward kernels where their tiles fit."""
+  return _mosaic_flash_fwd(q, k, v, sink, mask, st)[0]
+
+
+def _mosaic_config(st):
+  t = st.tiling
+  return mga.FlashConfig(
+    block_q=t.block_q,
+    block_k=t.block_k,
+    scale=st.scale,
+    causal=st.causal,
+    stop_at_diagonal=_skip_above_diagonal(st),
+    kv_len=st.kv_len,
+    group=st.group,
+    mask_b=st.mask_b,
+    mask_n=st.mask_n,
+    has_mask=st.has_mask,
+    has_sink=st.has_sink,
+    padded_keys=t.kv_len != st.kv_len,
+  )
+
+
+def _pad_seq(x, length):
+  """Pads axis 1 (the sequence of a (B, T, N, H) array) to ``length``."""
+  return jnp.pad(x, ((0, 0), (0, length - x.shape[1]), (0, 0), (0, 0)))
+
+
+def _mosaic_flash_fwd(q, k, v, sink, mask, st):
+  t = st.tiling
+  rows = None
+  if st.has_sink:
+    n = q.shape[2]
+    rows = jnp.broadcast_to(sink.astype(jnp.float32)[:, None], (n, t.block_q))
+  out, m, norm = mga.flash_forward(
+    _pad_seq(q, t.q_len),
+    _pad_seq(k, t.kv_len),
+    _pad_seq(v, t.kv_len),
+    mask,
+    rows,
+    _mosaic_config(st),
+    st.interpret,
+  )
+  out = out[:, : st.q_len]
+  return out, (q, k, v, sink, mask, out, m, norm)
+
+
+def _mosaic_flash_bwd(st, res, do):
+  q, k, v, sink, mask, out, m, norm = res
+  t = st.tiling
+  size = q.dtype.itemsize
+  h, hv = q.shape[-1], v.shape[-1]
+  fits = mga.flash_bwd_smem_bytes(t.block_q, t.block_k, h, hv, size)
+  if fits > mga.SMEM_BUDGET:
+    return _reference_bwd(st, q, k, v, sink, mask, do)
+  delta = jnp.sum(
+    do.astype(jnp.float32) * out.astype(jnp.float32), axis=-1
+  ).transpose(0, 2, 1)  # (B, N, T)
+  delta = jnp.pad(delta, ((0, 0), (0, 0), (0, t.q_len - st.q_len)))
+  dq, dk, dv = mga.flash_backward(
+    _pad_seq(q, t.q_len),
+    _pad_seq(k, t.kv_len),
+    _pad_seq(v, t.kv_len),
+    mask,
+    m,
+    1.0 / norm,
+    delta,
+    _pad_seq(do, t.q_len),
+    _mosaic_config(st),
+    st.interpret,
+  )
+  b, s, n = k.shape[0], st.kv_len, q.shape[2]
+  kh = k.shape[2]
+
+  def group_sum(x):  # the query heads of each GQA group, in f32
+    x = x[:, :s].astype(jnp.float32).reshape(b, s, kh, n // kh, -1)
+    return jnp.sum(x, axis=3)
+
+  dk, dv = group_sum(dk).astype(k.dtype), group_sum(dv).astype(v.dtype)
+  dsink = None
+  if st.has_sink:
+    sk = sink.astype(jnp.float32).reshape(1, n, 1)
+    w = (jnp.exp(sk - m) / norm)[:, :, : st.q_len] * delta[:, :, : st.q_len]
+    dsink = (-jnp.sum(w, axis=(0, 2))).astype(sink.dtype)
+  dmask = None if mask is None else jnp.zeros(mask.shape, mask.dtype)
+  return dq[:, : st.q_len], dk, dv, dsink, dmask
+
+
+def _reference_bwd(st, q, k, v, sink, mask, do):
+  """The jnp reference's VJP, recomputed (tiles too large for the kernels)."""
+  kw = dict(scale=st.scale, is_causal=st.causal, implementation="xla")
+  if st.has_mask:
+    kw["mask"] = mask[:, :, : st.q_len, : st.kv_len] != 0
+  if st.has_sink:
+
+    def with_sink(q, k, v, sk):
+      return sinks_ref.sink_attention(q, k, v, sinks=sk, **kw)
+
+    dq, dk, dv, dsink = jax.vjp(with_sink, q, k, v, sink)[1](do)
+  else:
+
+    def plain(q, k, v):
+      return softmax_ref.dot_product_attention(q, k, v, **kw)
+
+    (dq, dk, dv), dsink = jax.vjp(plain, q, k, v)[1](do), None
+  dmask = None if mask is None else jnp.zeros(mask.shape, mask.dtype)
+  return dq, dk, dv, dsink, dmask
+
+
+_mosaic_flash.defvjp(_mosaic_flash_fwd, _mosaic_flash_bwd)
+
+
+def _check_head_dims(who, lowering, dtype, h, hv, interpret):
+  """Raises `NotImplementedError` for head dims or dtypes a GPU kernel lacks."""
+  if lowering == "mosaic_gpu":
+    mga.check_supported(who, dtype, {"head_dim": h, "value head_dim": hv})
+    mga.check_interpreter(who, interpret)
+  elif lowering == "triton":
+    for name, dim in (("head_dim", h), ("value head_dim", hv)):
+      if dim < 16 or dim & (dim - 1):
+        raise NotImplementedError(
+          f"{who}: the triton kernel needs a power-of-two {name} "
+          f">= 16, got {dim}; use the reference (implementation='xla')"
+        )
+
+
 def _attention(
   who,
   query,
@@ -498,12 +662,14 @@ def _attention(
   is_causal,
   block_q,
   block_k,
+  backend,
   interpret,
 ):
   for name, a in (("query", query), ("key", key), ("value", value)):
     _checks.check_floating(who, name, a)
   query, key, value = map(jnp.asarray, (query, key, value))
-  lowering = _rows.lowering_for(who, interpret)
+  lowering = _rows.row_lowering(who, interpret, backend)
+  interpret = _rows.interpreter(lowering, interpret)
   if bias is not None:
     raise NotImplementedError(
       f"{who}: the flash kernel has no additive bias (it would stream a "
@@ -543,16 +709,20 @@ def _attention(
       f"{value.dtype}"
     )
   hv = value.shape[-1]
-  if lowering == "gpu":
-    for name, dim in (("head_dim", h), ("value head_dim", hv)):
-      if dim < 16 or dim & (dim - 1):
-        raise NotImplementedError(
-          f"{who}: the gpu (Triton) kernel needs a power-of-two {name} "
-          f">= 16, got {dim}; use the reference (implementation='xla')"
-        )
-  tiling = attention_block_heuristic(lowering, tq, s, block_q, block_k)
+  _check_head_dims(who, lowering, query.dtype, h, hv, interpret)
+  size = query.dtype.itemsize
+  tiling = attention_block_heuristic(
+    lowering, tq, s, block_q, block_k, head_dims=(h, hv), itemsize=size
+  )
+  if lowering == "mosaic_gpu":
+    mga.check_smem(
+      who,
+      mga.flash_smem_bytes(tiling.block_q, tiling.block_k, h, hv, size),
+      f"block_q={tiling.block_q}, block_k={tiling.block_k}, head dims "
+      f"{h}, {hv}",
+    )
   kv_bytes = tiling.kv_len * (h + hv) * query.dtype.itemsize
-  if kv_bytes > MAX_KV_BYTES:
+  if lowering != "mosaic_gpu" and kv_bytes > MAX_KV_BYTES:
     raise NotImplementedError(
       f"{who}: one head's keys and values ({kv_bytes} bytes after padding) "
       f"exceed the single-block budget of {MAX_KV_BYTES} bytes; use the "
@@ -603,6 +773,9 @@ def _attention(
     mask_b,
     mask_n,
   )
+  if lowering == "mosaic_gpu":
+    out = _mosaic_flash(query, key, value, sink, mask_arr, st)
+    return out[0] if unbatched else out
 
   def heads_first(x, length):
     x = jnp.swapaxes(x, 1, 2)
@@ -631,6 +804,7 @@ def dot_product_attention_pallas(
   is_causal: bool = False,
   block_q: int | None = None,
   block_k: int | None = None,
+  backend: str | None = None,
   interpret: Any = False,
 ) -> Float[Array, "B T N Hv"]:
   r"""Flash attention kernel of `jaxnorm.attention.dot_product_attention`.
@@ -647,8 +821,12 @@ def dot_product_attention_pallas(
     is_causal: query ``i`` attends keys ``j <= i``.
     block_q: query block (default: `attention_block_heuristic`).
     block_k: key block (default: `attention_block_heuristic`).
-    interpret: ``True`` (GPU kernel, interpreter), ``pltpu.InterpretParams()``
-      (TPU kernel, interpreter) or ``False`` (compiled).
+    backend: ``"mosaic_gpu"`` (the GPU default), ``"triton"`` (while the
+      installed JAX has it), ``"mosaic_tpu"`` or ``None`` (the device
+      default), as for `pallas_kernels.norms.rms_norm_pallas`.
+    interpret: ``True`` runs the ``backend`` kernel in its interpreter
+      (Mosaic GPU's by default), ``pltpu.InterpretParams()`` the TPU kernel
+      in the TPU interpreter, ``False`` compiles.
 
   Returns:
     ``(B, T, N, Hv)`` in ``query.dtype``.
@@ -676,6 +854,7 @@ def dot_product_attention_pallas(
     is_causal,
     block_q,
     block_k,
+    backend,
     interpret,
   )
 
@@ -692,6 +871,7 @@ def sink_attention_pallas(
   is_causal: bool = False,
   block_q: int | None = None,
   block_k: int | None = None,
+  backend: str | None = None,
   interpret: Any = False,
 ) -> Float[Array, "B T N Hv"]:
   r"""Flash attention kernel of `jaxnorm.attention.sink_attention`.
@@ -713,6 +893,7 @@ def sink_attention_pallas(
     is_causal: query ``i`` attends keys ``j <= i``.
     block_q: query block (default: `attention_block_heuristic`).
     block_k: key block (default: `attention_block_heuristic`).
+    backend: see `dot_product_attention_pallas`.
     interpret: see `dot_product_attention_pallas`.
 
   Returns:
@@ -741,6 +922,7 @@ def sink_attention_pallas(
     is_causal,
     block_q,
     block_k,
+    backend,
     interpret,
   )
 
@@ -760,6 +942,7 @@ def affine_scaled_attention_pallas(
   rho: float = 0.9,
   block_q: int | None = None,
   block_k: int | None = None,
+  backend: str | None = None,
   interpret: Any = False,
 ) -> tuple[Float[Array, "B T N Hv"], Float[Array, "..."]]:
   r"""Affine-scaled attention with the softmax part as the flash kernel.
@@ -794,6 +977,7 @@ def affine_scaled_attention_pallas(
     rho: EMA decay.
     block_q: query block (default: `attention_block_heuristic`).
     block_k: key block (default: `attention_block_heuristic`).
+    backend: see `dot_product_attention_pallas`.
     interpret: see `dot_product_attention_pallas`.
 
   Returns:
@@ -827,6 +1011,7 @@ def affine_scaled_attention_pallas(
     is_causal,
     block_q,
     block_k,
+    backend,
     interpret,
   )
   b, t, n, _ = query.shape

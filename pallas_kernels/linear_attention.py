@@ -15,10 +15,19 @@ pass reads ``q, k, v`` once. The feature map is applied in the wrapper
 (element-wise, fused by XLA into the padding copy); padded keys are zero
 after the map, so they add nothing.
 
+Lowerings (``backend=``, `_rows.row_lowering`): ``"mosaic_gpu"``, the GPU
+default (`pallas_kernels.mosaic_gpu_attention.linear_forward`: the same
+recurrence on warpgroup MMAs, chunks streamed by TMA, the key chunk fed
+transposed so both of its products take it as a plain operand);
+``"triton"`` while the installed JAX has it, behind that explicit choice;
+``"mosaic_tpu"``. The last two run the kernel below.
+
 Backward: the VJP of the jnp chunked reference (recomputed), until a
 backward kernel exists (STYLE.md 2). Unsupported (``NotImplementedError``):
-on GPU, feature/value head dims or chunk sizes that are not powers of two
->= 16; per-head sequences above the on-chip budget.
+on Mosaic GPU, dtypes other than bfloat16/float16 and feature/value head
+dims that are not multiples of 64 up to 256 (chunks become 64 or 128); on
+Triton, head dims or chunk sizes that are not powers of two >= 16; on
+Triton and TPU, per-head sequences above the on-chip budget.
 """
 
 from __future__ import annotations
@@ -30,12 +39,12 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
-from jax.experimental.pallas import triton as plgpu
 from jaxtyping import Array, Float
 
 from jaxnorm import _checks
 from jaxnorm.attention import linear as reference
 from pallas_kernels import _rows
+from pallas_kernels import mosaic_gpu_attention as mga
 
 # q, k, v of one head sit in one block (the kernel slices the chunks).
 MAX_HEAD_BYTES = 8 << 20
@@ -86,8 +95,8 @@ def _forward(fq, fk, v, *, chunk, group, normalize, eps, lowering, interpret):
     if kv
     else (lambda b, h: (b, h, 0, 0)),
   )
-  if lowering == "gpu":
-    params = plgpu.CompilerParams(num_warps=4, num_stages=1)
+  if lowering == "triton":
+    params = _rows.pltr.CompilerParams(num_warps=4, num_stages=1)
   elif isinstance(interpret, pltpu.InterpretParams):
     params = pltpu.CompilerParams()
   else:
@@ -113,6 +122,7 @@ def causal_linear_attention_pallas(
   normalize: bool = True,
   eps: float = 1e-6,
   chunk_size: int = 64,
+  backend: str | None = None,
   interpret: Any = False,
 ) -> Float[Array, "B T N Hv"]:
   r"""Chunked causal linear attention with a Pallas forward kernel.
@@ -132,10 +142,15 @@ def causal_linear_attention_pallas(
     feature_map: ``"elu_plus_one"``, ``"relu"`` or ``"identity"``.
     normalize: divide by the running normalizer.
     eps: denominator epsilon.
-    chunk_size: queries per chunk (clipped to the sequence length, rounded
-      to a power of two >= 16 on GPU and a multiple of 8 on TPU).
-    interpret: ``True`` (GPU kernel, interpreter), ``pltpu.InterpretParams()``
-      (TPU kernel, interpreter) or ``False`` (compiled).
+    chunk_size: queries per chunk (clipped to the sequence length, then
+      64 or 128 on Mosaic GPU, rounded to a power of two >= 16 on Triton and
+      to a multiple of 8 on TPU).
+    backend: ``"mosaic_gpu"`` (the GPU default), ``"triton"`` (while the
+      installed JAX has it), ``"mosaic_tpu"`` or ``None`` (the device
+      default).
+    interpret: ``True`` runs the ``backend`` kernel in its interpreter
+      (Mosaic GPU's by default), ``pltpu.InterpretParams()`` the TPU kernel
+      in the TPU interpreter, ``False`` compiles.
 
   Returns:
     ``(B, T, N, Hv)`` in ``query.dtype``.
@@ -158,7 +173,8 @@ def causal_linear_attention_pallas(
   for name, a in (("query", query), ("key", key), ("value", value)):
     _checks.check_floating(who, name, a)
   query, key, value = map(jnp.asarray, (query, key, value))
-  lowering = _rows.lowering_for(who, interpret)
+  lowering = _rows.row_lowering(who, interpret, backend)
+  interpret = _rows.interpreter(lowering, interpret)
   if (
     query.ndim != 4
     or key.shape[:2] != query.shape[:2]
@@ -178,19 +194,30 @@ def causal_linear_attention_pallas(
   b, t, n, h = query.shape
   hv = value.shape[-1]
   c = min(chunk_size, t)
-  if lowering == "gpu":
+  if lowering == "mosaic_gpu":
+    mga.check_supported(who, query.dtype, {"head_dim": h, "value head_dim": hv})
+    mga.check_interpreter(who, interpret)
+    size = query.dtype.itemsize
+    wide = mga.linear_smem_bytes(128, h, hv, size) <= mga.SMEM_BUDGET
+    c = 128 if c > 64 and wide else 64
+    mga.check_smem(
+      who,
+      mga.linear_smem_bytes(c, h, hv, size),
+      f"chunk={c}, head dims {h}, {hv}",
+    )
+  elif lowering == "triton":
     c = max(16, pl.next_power_of_2(c))
     for name, dim in (("head_dim", h), ("value head_dim", hv)):
       if dim < 16 or dim & (dim - 1):
         raise NotImplementedError(
-          f"{who}: the gpu (Triton) kernel needs a power-of-two {name} "
+          f"{who}: the triton kernel needs a power-of-two {name} "
           f">= 16, got {dim}; use the reference (implementation='xla')"
         )
   else:
     c = pl.cdiv(c, 8) * 8
   tp = pl.cdiv(t, c) * c
   nbytes = tp * (2 * h + hv) * query.dtype.itemsize
-  if nbytes > MAX_HEAD_BYTES:
+  if lowering != "mosaic_gpu" and nbytes > MAX_HEAD_BYTES:
     raise NotImplementedError(
       f"{who}: one head's q, k, v ({nbytes} bytes padded) exceed the "
       f"single-block budget of {MAX_HEAD_BYTES} bytes; use the reference "
@@ -223,6 +250,20 @@ def _linear(query, key, value, feature_map, chunk_size, static):
     # pad after the map: padded keys must be exactly zero
     return jnp.pad(x, ((0, 0), (0, 0), (0, tp - t), (0, 0)))
 
+  if st["lowering"] == "mosaic_gpu":
+    # keys transposed to (B, K, F, Tp): the kernel's plain matmul operand
+    fkt = jnp.swapaxes(prep(key, True), 2, 3)
+    out = mga.linear_forward(
+      jnp.swapaxes(prep(query, True), 1, 2),
+      fkt,
+      jnp.swapaxes(prep(value, False), 1, 2),
+      chunk=c,
+      group=st["group"],
+      normalize=st["normalize"],
+      eps=st["eps"],
+      interpret=st["interpret"],
+    )
+    return out[:, :t].astype(query.dtype)
   out = _forward(prep(query, True), prep(key, True), prep(value, False), **st)
   return jnp.swapaxes(out[:, :, :t], 1, 2).astype(query.dtype)
 

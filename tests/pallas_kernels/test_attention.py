@@ -13,11 +13,16 @@ from pallas_kernels import _rows
 from pallas_kernels import attention as pa
 from tests import helpers
 from tests.attention import _common as attention_common
+from tests.pallas_kernels import _common as pallas_common
 
 # Pallas kernels run in the (slow) CPU interpreter here: CI runs them (-m slow).
+# The Mosaic GPU kernels (bf16, head dims of 64) have their own tests in
+# test_mosaic_gpu_attention.py; these cover Triton and Mosaic TPU.
 pytestmark = pytest.mark.slow
 
-TRITON, MOSAIC = True, pltpu.InterpretParams()
+TRITON = {"interpret": True, "backend": "triton"}
+MOSAIC = {"interpret": pltpu.InterpretParams()}
+_SKIP = pallas_common.TRITON_SKIP
 
 
 def _qkv(key, b, t, s, n, k, h, dtype):
@@ -41,7 +46,9 @@ def _mask(key, b, t, s):
 # head everywhere; several query and key blocks so the online softmax and
 # the causal early stop are exercised; a fully masked row in every mask.
 CASES = [
-  pytest.param(TRITON, "mask", jnp.float32, 50, (16, 16), id="triton-mask-f32"),
+  pytest.param(
+    TRITON, "mask", jnp.float32, 50, (16, 16), id="triton-mask-f32", marks=_SKIP
+  ),
   pytest.param(
     TRITON,
     "sink",
@@ -49,6 +56,7 @@ CASES = [
     50,
     (16, 32),
     id="triton-sink-mask-causal-bf16",
+    marks=_SKIP,
   ),
   pytest.param(
     MOSAIC,
@@ -86,13 +94,13 @@ def test_flash_matches_reference(interpret, kind, dtype, s, blocks, key):
   }[kind]
   if kind == "sink":
     kernel = lambda q, k, v, sk: pa.sink_attention_pallas(
-      q, k, v, sinks=sk, block_q=bq, block_k=bk, interpret=interpret, **kw
+      q, k, v, sinks=sk, block_q=bq, block_k=bk, **interpret, **kw
     )
     oracle = lambda q, k, v, sk: ref.sink_attention(q, k, v, sinks=sk, **kw)
     args = (q, k, v, sinks)
   else:
     kernel = lambda q, k, v: pa.dot_product_attention_pallas(
-      q, k, v, block_q=bq, block_k=bk, interpret=interpret, **kw
+      q, k, v, block_q=bq, block_k=bk, **interpret, **kw
     )
     oracle = lambda q, k, v: ref.dot_product_attention(q, k, v, **kw)
     args = (q, k, v)
@@ -117,7 +125,7 @@ def test_flash_matches_reference(interpret, kind, dtype, s, blocks, key):
 def test_unbatched_and_vmap(key):
   q, k, v = _qkv(key, 2, 20, 24, 2, 2, 16, jnp.float32)
   f = lambda q, k, v: pa.dot_product_attention_pallas(
-    q, k, v, is_causal=True, interpret=True
+    q, k, v, is_causal=True, **MOSAIC
   )
   want = ref.dot_product_attention(q, k, v, is_causal=True)
   helpers.assert_close(jax.vmap(f)(q, k, v), want, atol=2e-5)
@@ -125,14 +133,20 @@ def test_unbatched_and_vmap(key):
 
 
 def test_tiling_heuristic():
-  t = pa.attention_block_heuristic("gpu", 4096, 4096)
+  t = pa.attention_block_heuristic("triton", 4096, 4096)
   assert (t.block_q, t.block_k, t.q_len, t.kv_len) == (128, 128, 4096, 4096)
-  t = pa.attention_block_heuristic("gpu", 5, 70)
+  t = pa.attention_block_heuristic("triton", 5, 70)
   assert (t.block_q, t.block_k, t.q_len, t.kv_len) == (16, 128, 16, 128)
   t = pa.attention_block_heuristic("tpu", 20, 130)
   assert (t.block_q, t.block_k, t.q_len, t.kv_len) == (24, 128, 24, 256)
+  t = pa.attention_block_heuristic("mosaic_gpu", 4096, 4096)
+  assert (t.block_q, t.block_k) == (64, 128)
+  t = pa.attention_block_heuristic("mosaic_gpu", 64, 4096, head_dims=(256, 256))
+  assert (t.block_q, t.block_k) == (64, 64)  # 128-key slots would not fit
   with pytest.raises(ValueError, match="power-of-two block_q >= 16"):
-    pa.attention_block_heuristic("gpu", 64, 64, block_q=24)
+    pa.attention_block_heuristic("triton", 64, 64, block_q=24)
+  with pytest.raises(ValueError, match=r"block_k in \(64, 128\)"):
+    pa.attention_block_heuristic("mosaic_gpu", 64, 64, block_k=256)
   with pytest.raises(ValueError, match="multiple of 128"):
     pa.attention_block_heuristic("tpu", 64, 64, block_k=64)
   with pytest.raises(ValueError, match="block_q to be a multiple of 8"):
@@ -149,38 +163,48 @@ def test_errors(key):
   with pytest.raises(NotImplementedError, match="backend 'cpu'"):
     f(q, k, v)
   with pytest.raises(NotImplementedError, match="no additive bias"):
-    f(q, k, v, jnp.zeros((1, 2, 8, 8)), interpret=True)
-  q24, k24, v24 = _qkv(key, 1, 8, 8, 2, 1, 24, jnp.float32)
-  with pytest.raises(NotImplementedError, match="power-of-two head_dim"):
-    f(q24, k24, v24, interpret=True)
+    f(q, k, v, jnp.zeros((1, 2, 8, 8)), **MOSAIC)
   with pytest.raises(NotImplementedError, match="one dtype for q, k, v"):
-    f(q, k.astype(jnp.bfloat16), v, interpret=True)
+    f(q, k.astype(jnp.bfloat16), v, **MOSAIC)
   with pytest.raises(NotImplementedError, match="tpu kernel supports"):
-    f(q.astype(jnp.float16), k, v, interpret=MOSAIC)
+    f(q.astype(jnp.float16), k, v, **MOSAIC)
   big = jax.ShapeDtypeStruct((1, 70000, 1, 16), jnp.float32)
   with pytest.raises(NotImplementedError, match="single-block budget"):
-    jax.eval_shape(lambda k: f(q, k, k, interpret=True), big)
+    jax.eval_shape(lambda k: f(q, k, k, **MOSAIC), big)
   with pytest.raises(TypeError, match="mask must be boolean"):
-    f(q, k, v, mask=jnp.ones((1, 1, 8, 8)), interpret=True)
+    f(q, k, v, mask=jnp.ones((1, 1, 8, 8)), **MOSAIC)
   with pytest.raises(ValueError, match="mask must be broadcastable"):
-    f(q, k, v, mask=jnp.ones((1, 1, 8, 9), bool), interpret=True)
+    f(q, k, v, mask=jnp.ones((1, 1, 8, 9), bool), **MOSAIC)
   with pytest.raises(ValueError, match="incompatible shapes"):
-    f(q, k[..., :8], v, interpret=True)
+    f(q, k[..., :8], v, **MOSAIC)
   with pytest.raises(ValueError, match="must have rank 4"):
-    f(q[0, 0], k[0, 0], v[0, 0], interpret=True)
+    f(q[0, 0], k[0, 0], v[0, 0], **MOSAIC)
   with pytest.raises(TypeError, match="query must have a floating"):
-    f(q.astype(jnp.int32), k, v, interpret=True)
+    f(q.astype(jnp.int32), k, v, **MOSAIC)
   with pytest.raises(ValueError, match=r"sinks must have shape \(2,\)"):
-    pa.sink_attention_pallas(q, k, v, sinks=jnp.zeros((3,)), interpret=True)
+    pa.sink_attention_pallas(q, k, v, sinks=jnp.zeros((3,)), **MOSAIC)
+
+
+@_SKIP
+def test_triton_errors(key):
+  q, k, v = _qkv(key, 1, 8, 8, 2, 1, 24, jnp.float32)
+  with pytest.raises(NotImplementedError, match="power-of-two head_dim"):
+    pa.dot_product_attention_pallas(q, k, v, **TRITON)
 
 
 @pytest.mark.parametrize(
   "platform",
-  [pytest.param("cuda", id="to-triton"), pytest.param("tpu", id="to-mosaic")],
+  [
+    pytest.param("cuda", id="to-triton", marks=_SKIP),
+    pytest.param("tpu", id="to-mosaic"),
+  ],
 )
 def test_lowers_for_compiled_backends(monkeypatch, platform):
-  lowering = "gpu" if platform == "cuda" else "tpu"
-  monkeypatch.setattr(_rows, "lowering_for", lambda who, interpret: lowering)
+  # Mosaic GPU: test_mosaic_gpu_attention.py
+  lowering = "triton" if platform == "cuda" else "tpu"
+  monkeypatch.setattr(
+    _rows, "row_lowering", lambda who, interpret, backend: lowering
+  )
   mask = jnp.ones((1, 1, 256, 256), bool)
 
   def fwd_bwd(q, k, v, sk):
@@ -206,8 +230,10 @@ def test_lowers_for_compiled_backends(monkeypatch, platform):
 @pytest.mark.parametrize(
   "interpret,variant",
   [
-    pytest.param(TRITON, "mask-causal-train", id="triton-mask-causal-train"),
-    pytest.param(TRITON, "none-eval", id="triton-nomask-eval"),
+    pytest.param(
+      TRITON, "mask-causal-train", id="triton-mask-causal-train", marks=_SKIP
+    ),
+    pytest.param(TRITON, "none-eval", id="triton-nomask-eval", marks=_SKIP),
     pytest.param(MOSAIC, "causal-train-layer", id="mosaic-causal-train"),
   ],
 )
@@ -225,7 +251,7 @@ def test_affine_scaled_matches_reference(interpret, variant, key):
   )
   kernel = jax.jit(
     lambda q, k, v, a: pa.affine_scaled_attention_pallas(
-      q, k, v, alpha=a, alpha_ma=ma, interpret=interpret, **kw
+      q, k, v, alpha=a, alpha_ma=ma, **interpret, **kw
     )
   )
   oracle = lambda q, k, v, a: ref.affine_scaled_attention(
@@ -245,13 +271,13 @@ def test_affine_scaled_errors(key):
   f = pa.affine_scaled_attention_pallas
   a = jnp.ones((1, 8, 2))
   with pytest.raises(ValueError, match="query must be batched"):
-    f(q[0], k[0], v[0], alpha=a, alpha_ma=jnp.ones(()), interpret=True)
+    f(q[0], k[0], v[0], alpha=a, alpha_ma=jnp.ones(()), **MOSAIC)
   with pytest.raises(ValueError, match=r"alpha must have shape \(1, 8, 2\)"):
-    f(q, k, v, alpha=a[:, :4], alpha_ma=jnp.ones(()), interpret=True)
+    f(q, k, v, alpha=a[:, :4], alpha_ma=jnp.ones(()), **MOSAIC)
   with pytest.raises(ValueError, match="alpha_ma must have shape"):
-    f(q, k, v, alpha=a, alpha_ma=jnp.ones((3,)), interpret=True)
+    f(q, k, v, alpha=a, alpha_ma=jnp.ones((3,)), **MOSAIC)
   with pytest.raises(ValueError, match="rho must be in"):
-    f(q, k, v, alpha=a, alpha_ma=jnp.ones(()), rho=2.0, interpret=True)
+    f(q, k, v, alpha=a, alpha_ma=jnp.ones(()), rho=2.0, **MOSAIC)
   with pytest.raises(NotImplementedError, match="no additive bias"):
     f(
       q,
@@ -260,5 +286,5 @@ def test_affine_scaled_errors(key):
       jnp.zeros((1, 2, 8, 8)),
       alpha=a,
       alpha_ma=jnp.ones(()),
-      interpret=True,
+      **MOSAIC,
     )

@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.experimental.pallas import tpu as pltpu
 
 import pallas_kernels.norms as pk
 from jaxnorm import _dispatch, fused_norms, norms
@@ -201,7 +202,7 @@ def _record_attention_kernels(monkeypatch):
 
     def wrapped(*a, _kernel=kernel, _name=name, **kw):
       calls.append(_name)
-      return _kernel(*a, interpret=True, **kw)
+      return _kernel(*a, interpret=pltpu.InterpretParams(), **kw)
 
     monkeypatch.setattr(module, f"{name}_pallas", wrapped)
   return calls

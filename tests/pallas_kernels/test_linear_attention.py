@@ -13,9 +13,16 @@ from pallas_kernels import _rows
 from pallas_kernels import linear_attention as pla
 from tests import helpers
 from tests.attention import _common as attention_common
+from tests.pallas_kernels import _common as pallas_common
 
 # Pallas kernels run in the (slow) CPU interpreter here: CI runs them (-m slow).
+# The Mosaic GPU kernel (bf16, head dims of 64) has its own tests in
+# test_mosaic_gpu_attention.py; these cover Triton and Mosaic TPU.
 pytestmark = pytest.mark.slow
+
+TRITON = {"interpret": True, "backend": "triton"}
+MOSAIC = {"interpret": pltpu.InterpretParams()}
+_SKIP = pallas_common.TRITON_SKIP
 
 
 def _qkv(key, dtype, t=45):
@@ -30,13 +37,15 @@ def _qkv(key, dtype, t=45):
 @pytest.mark.parametrize(
   "interpret,feature_map,normalize,dtype",
   [
-    pytest.param(True, "elu_plus_one", True, jnp.float32, id="triton-elu"),
-    pytest.param(True, "identity", False, jnp.bfloat16, id="triton-id-bf16"),
     pytest.param(
-      pltpu.InterpretParams(), "relu", True, jnp.float32, id="mosaic-relu"
+      TRITON, "elu_plus_one", True, jnp.float32, id="triton-elu", marks=_SKIP
     ),
     pytest.param(
-      pltpu.InterpretParams(),
+      TRITON, "identity", False, jnp.bfloat16, id="triton-id-bf16", marks=_SKIP
+    ),
+    pytest.param(MOSAIC, "relu", True, jnp.float32, id="mosaic-relu"),
+    pytest.param(
+      MOSAIC,
       "elu_plus_one",
       True,
       jnp.bfloat16,
@@ -51,7 +60,7 @@ def test_matches_quadratic_reference(
   kw = dict(feature_map=feature_map, normalize=normalize, chunk_size=16)
   kernel = jax.jit(
     lambda q, k, v: pla.causal_linear_attention_pallas(
-      q, k, v, interpret=interpret, **kw
+      q, k, v, **interpret, **kw
     )
   )
   oracle = lambda q, k, v: ref.causal_linear_attention(
@@ -76,29 +85,40 @@ def test_errors(key):
   with pytest.raises(NotImplementedError, match="backend 'cpu'"):
     f(q, k, v)
   with pytest.raises(ValueError, match="feature_map must be one of"):
-    f(q, k, v, feature_map="softmax", interpret=True)
+    f(q, k, v, feature_map="softmax", **MOSAIC)
   with pytest.raises(ValueError, match="chunk_size must be a positive"):
-    f(q, k, v, chunk_size=0, interpret=True)
+    f(q, k, v, chunk_size=0, **MOSAIC)
   with pytest.raises(ValueError, match="N % K == 0"):
-    f(q, k[:, :4], v, interpret=True)
-  with pytest.raises(NotImplementedError, match="power-of-two head_dim"):
-    f(q[..., :12], k[..., :12], v, interpret=True)
+    f(q, k[:, :4], v, **MOSAIC)
   with pytest.raises(NotImplementedError, match="tpu kernel supports"):
-    f(q.astype(jnp.float16), k, v, interpret=pltpu.InterpretParams())
+    f(q.astype(jnp.float16), k, v, **MOSAIC)
   with pytest.raises(TypeError, match="value must have a floating"):
-    f(q, k, v.astype(jnp.int32), interpret=True)
+    f(q, k, v.astype(jnp.int32), **MOSAIC)
   big = jax.ShapeDtypeStruct((1, 100000, 1, 16), jnp.float32)
   with pytest.raises(NotImplementedError, match="single-block budget"):
-    jax.eval_shape(lambda x: f(x, x, x, interpret=True), big)
+    jax.eval_shape(lambda x: f(x, x, x, **MOSAIC), big)
+
+
+@_SKIP
+def test_triton_errors(key):
+  q, k, v = _qkv(key, jnp.float32, t=8)
+  with pytest.raises(NotImplementedError, match="power-of-two head_dim"):
+    pla.causal_linear_attention_pallas(q[..., :12], k[..., :12], v, **TRITON)
 
 
 @pytest.mark.parametrize(
   "platform",
-  [pytest.param("cuda", id="to-triton"), pytest.param("tpu", id="to-mosaic")],
+  [
+    pytest.param("cuda", id="to-triton", marks=_SKIP),
+    pytest.param("tpu", id="to-mosaic"),
+  ],
 )
 def test_lowers_for_compiled_backends(monkeypatch, platform):
-  lowering = "gpu" if platform == "cuda" else "tpu"
-  monkeypatch.setattr(_rows, "lowering_for", lambda who, interpret: lowering)
+  # Mosaic GPU: test_mosaic_gpu_attention.py
+  lowering = "triton" if platform == "cuda" else "tpu"
+  monkeypatch.setattr(
+    _rows, "row_lowering", lambda who, interpret, backend: lowering
+  )
   x = jax.ShapeDtypeStruct((2, 512, 4, 64), jnp.bfloat16)
   checks = [export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")]
   run = export.export(

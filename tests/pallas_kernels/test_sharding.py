@@ -161,14 +161,14 @@ def test_shard_rows_errors(mesh):
 # The attention kernels' own lowerings: Triton semantics in the generic
 # interpreter and Mosaic TPU in the TPU interpreter.
 ATTENTION_INTERPRETERS = [
-  pytest.param(True, id="triton"),
-  pytest.param(pltpu.InterpretParams(), id="mtpu"),
+  pytest.param(c.TRITON, id="triton", marks=c.TRITON_SKIP),
+  pytest.param({"interpret": pltpu.InterpretParams()}, id="mtpu"),
 ]
 
 
-@pytest.mark.parametrize("interpret", ATTENTION_INTERPRETERS)
+@pytest.mark.parametrize("lowering", ATTENTION_INTERPRETERS)
 @pytest.mark.parametrize("kind", ["sink", "linear"])
-def test_sharded_attention_matches_reference(mesh, interpret, kind, key):
+def test_sharded_attention_matches_reference(mesh, lowering, kind, key):
   from jaxnorm import attention as ref
   from pallas_kernels import attention as pa
   from pallas_kernels import linear_attention as pla
@@ -181,7 +181,7 @@ def test_sharded_attention_matches_reference(mesh, interpret, kind, key):
   sinks = jnp.array([0.1, -0.5, 1.0, 0.0])
   if kind == "sink":
     fn = psharding.shard_heads(
-      pa.sink_attention_pallas, mesh, is_causal=True, interpret=interpret
+      pa.sink_attention_pallas, mesh, is_causal=True, **lowering
     )
     kern = lambda q, k, v, s: fn(q, k, v, mask=mask, sinks=s)
     oracle = lambda q, k, v, s: ref.sink_attention(
@@ -193,7 +193,7 @@ def test_sharded_attention_matches_reference(mesh, interpret, kind, key):
       pla.causal_linear_attention_pallas,
       mesh,
       chunk_size=8,
-      interpret=interpret,
+      **lowering,
     )
     kern = lambda q, k, v: fn(q, k, v)
     oracle = lambda q, k, v: ref.causal_linear_attention(q, k, v)
