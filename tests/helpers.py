@@ -12,14 +12,20 @@ import jax.numpy as jnp
 import numpy as np
 
 
+def as_float64(a: Any) -> np.ndarray:
+  """``a`` in NumPy float64, or complex128 when it is complex."""
+  a = np.asarray(a)
+  return a.astype(np.complex128 if np.iscomplexobj(a) else np.float64)
+
+
 def assert_close(
   actual: Any, expected: Any, *, atol: float, rtol: float = 0.0
 ) -> None:
-  """Trees equal within tolerance, compared in float64 NumPy."""
+  """Trees equal within tolerance, compared in float64 (complex128) NumPy."""
   chex.assert_trees_all_equal_structs(actual, expected)
   for a, e in zip(jax.tree.leaves(actual), jax.tree.leaves(expected)):
     np.testing.assert_allclose(
-      np.asarray(a, np.float64), np.asarray(e, np.float64), atol=atol, rtol=rtol
+      as_float64(a), as_float64(e), atol=atol, rtol=rtol
     )
 
 
@@ -87,8 +93,33 @@ def assert_grads_numerical(
 
 
 def all_finite(tree: Any) -> bool:
-  """True when every leaf of ``tree`` is free of NaN and Inf."""
+  """True when every leaf of ``tree`` (real or complex) is free of NaN and
+  Inf; a complex leaf needs both parts finite."""
   return all(
-    bool(jnp.all(jnp.isfinite(jnp.asarray(leaf, jnp.float32))))
+    bool(np.all(np.isfinite(as_float64(leaf))))
     for leaf in jax.tree.leaves(tree)
   )
+
+
+def as_dtype_kind(x: jax.Array, dtype_kind: str) -> jax.Array:
+  """A real test input for a part of ``dtype_kind`` (its spec's field).
+
+  ``"real"``: ``x`` unchanged. ``"complex"``: ``x + i flip(x)`` (the
+  features reversed along the last axis; ``x + i x`` for a scalar),
+  complex64 (complex128 for
+  float64 ``x``): an all-zero example or token stays all zero, a NaN or a
+  changed token stays in its example and token, and both parts vary.
+  """
+  if dtype_kind == "real":
+    return x
+  real = jnp.float64 if x.dtype == jnp.float64 else jnp.float32
+  x = x.astype(real)
+  return jax.lax.complex(x, jnp.flip(x, -1) if x.ndim else x)
+
+
+def real_readout(y: jax.Array) -> jax.Array:
+  """A real array of ``y``'s shape for a linear loss: ``y`` if real, else
+  ``Re y + Im y`` (both parts reach the loss and its gradients)."""
+  if jnp.iscomplexobj(y):
+    return jnp.real(y) + jnp.imag(y)
+  return y

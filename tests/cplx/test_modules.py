@@ -14,6 +14,7 @@ from jaxnorm import cplx
 from jaxnorm.nn import cplx as ncplx
 from jaxnorm.nn import registry
 from jaxnorm.nn.attention import _base
+from jaxnorm.nn.norms import _common as norms_common
 from jaxnorm.optim import complex as copt
 from tests.cplx import _common as c
 
@@ -81,33 +82,73 @@ def test_batch_norm_module_train_eval():
 
 
 def test_registry_specs_are_consistent():
+  """The registry forms take complex inputs (norms: complex widths; the
+  complex cores: complex heads of a complex-``param_dtype``
+  `MultiHeadAttention`); ComplexFormer is a real core."""
+  x = _z((2, 5, 8))
   for name, spec in ncplx.NORM_SPECS.items():
     assert isinstance(spec, registry.NormSpec) and spec.paper
+    assert spec.module.dtype_kind == "complex"
     m = spec.module(8, rngs=nnx.Rngs(0), **spec.defaults(8, "tokens"))
-    x = jax.random.normal(jax.random.key(0), (2, 5, 8))
     y = m(x)
-    assert y.shape == x.shape and y.dtype == jnp.float32, name
+    assert y.shape == x.shape and y.dtype == jnp.complex64, name
     assert not hasattr(m, "implementation")
     for p in spec.decay:
       assert getattr(m, p) is not None
+  kinds = {
+    name: getattr(spec.core, "dtype_kind", "real")
+    for name, spec in ncplx.ATTENTION_SPECS.items()
+  }
+  assert kinds == {"born": "complex", "complexformer": "real", "pct": "complex"}
   for spec in ncplx.ATTENTION_SPECS.values():
     assert issubclass(spec.core, _base.AttentionCore) and spec.paper
 
 
-def _core_inputs(h=4):
+def test_norms_follow_the_norm_family_conventions():
+  """Each complex norm draws the family's two keys (swapping norms keeps
+  later layers' init); ComplexBatchNorm follows ``nnx.view``."""
+  for spec in ncplx.NORM_SPECS.values():
+    rngs = nnx.Rngs(0)
+    spec.module(4, rngs=rngs)
+    assert int(rngs.default.count[...]) == norms_common.NUM_KEYS
+  model = nnx.Sequential(ncplx.ComplexBatchNorm(3, rngs=nnx.Rngs(0)))
+  x = _z((8, 3)) + 1.0
+  bn = model.layers[0]
+  frozen = nnx.view(model, use_running_average=True)
+  before = np.asarray(bn.mean[...])
+  want, _ = cplx.complex_batch_norm(
+    x,
+    bn.scale[...],
+    bn.bias[...],
+    cplx.init_complex_batch_norm_state(3),
+    training=False,
+  )
+  c.close(frozen(x), want, atol=0)
+  np.testing.assert_array_equal(bn.mean[...], before)
+  model(x)  # Training mode: the running mean moves.
+  assert not np.array_equal(bn.mean[...], before)
+
+
+def _core_inputs(h=4, dtype=jnp.float32):
   keys = jax.random.split(jax.random.key(1), 3)
+  if dtype == jnp.complex64:
+    return [c.cnormal(k, (2, 6, 2, h)) for k in keys]
   return [jax.random.normal(k, (2, 6, 2, h)) for k in keys]
 
 
 def test_attention_cores_match_functions():
   dims = _base.HeadDims(8, 2, 2, 4)
   q, k, v = _core_inputs()
-  born = ncplx.BornAttention(dims, is_causal=True, rngs=nnx.Rngs(0))
+  born = ncplx.BornAttention(
+    dims, is_causal=True, real_pairs=True, rngs=nnx.Rngs(0)
+  )
   want = cplx.born_attention(
     cplx.to_complex(q), cplx.to_complex(k), cplx.to_complex(v), is_causal=True
   )
   c.close(born(None, q, k, v), cplx.to_real(want), atol=0)
-  pct = ncplx.PCTAttention(dims, is_causal=True, gate="tanh1", rngs=nnx.Rngs(0))
+  pct = ncplx.PCTAttention(
+    dims, is_causal=True, real_pairs=True, gate="tanh1", rngs=nnx.Rngs(0)
+  )
   want = cplx.pct_attention(
     cplx.to_complex(q),
     cplx.to_complex(k),
@@ -126,9 +167,28 @@ def test_attention_cores_match_functions():
   with pytest.raises(ValueError, match=r"BornAttention: Born attention has"):
     born(None, q, k, v, bias=jnp.zeros((1, 1, 6, 6)))
   with pytest.raises(ValueError, match=r"PCTAttention: the head dim must be"):
-    ncplx.PCTAttention(_base.HeadDims(6, 2, 2, 3), rngs=nnx.Rngs(0))
+    ncplx.PCTAttention(
+      _base.HeadDims(6, 2, 2, 3), real_pairs=True, rngs=nnx.Rngs(0)
+    )
   with pytest.raises(ValueError, match=r"unknown option\(s\) 'scale'"):
     ncplx.BornAttention(dims, scale=1.0, rngs=nnx.Rngs(0))
+
+
+def test_complex_cores_on_complex_heads():
+  """Complex-native cores (odd head dims allowed) equal the functions;
+  PCT's gate bias stays real under a complex ``param_dtype``."""
+  dims = _base.HeadDims(6, 2, 2, 3)
+  q, k, v = _core_inputs(3, jnp.complex64)
+  mask = jnp.tril(jnp.ones((6, 6), bool))[None, None]
+  born = ncplx.BornAttention(dims, rngs=nnx.Rngs(0))
+  want = cplx.born_attention(q, k, v, mask)
+  c.close(born(None, q, k, v, mask=mask), want, atol=0)
+  pct = ncplx.PCTAttention(
+    dims, is_causal=True, param_dtype=jnp.complex64, rngs=nnx.Rngs(0)
+  )
+  assert pct.gate_bias[...].dtype == jnp.float32
+  want = cplx.pct_attention(q, k, v, jnp.float32(-np.log(64.0)), is_causal=True)
+  c.close(pct(None, q, k, v), want, atol=1e-7)
 
 
 TINY = dict(vocab_size=17, width=8, depth=1, num_heads=2, max_len=8)

@@ -1,0 +1,82 @@
+"""Complex-valued nnx modules: layers, norms, attention cores and models.
+
+Every module declares its parameters (complex ones in ``param_dtype``
+complex64 unless stated) and calls one pure function of `jaxnorm.cplx`; the
+maths and references live there. One module per family:
+
+* `jaxnorm.nn.cplx.layers`: `ComplexDense`, `ComplexConv`, `ModReLU` and
+  the complex inits `complex_glorot`, `complex_he`.
+* `jaxnorm.nn.cplx.norms`: `ComplexBatchNorm`, `ComplexLayerNorm`,
+  `ComplexRMSNorm` (complex-native, or real pairs with
+  ``real_pairs=True``) and their registry entries `NORM_SPECS`.
+* `jaxnorm.nn.cplx.attention`: the cores `BornAttention`,
+  `ComplexFormerAttention`, `PCTAttention` for `MultiHeadAttention`, their
+  registry entries `ATTENTION_SPECS`, and `ComplexMultiHeadAttention`
+  (Born, PCT or complex-softmax mixing, or CNet's causal Fourier mixing).
+* `jaxnorm.nn.cplx.models`: `ComplexLM` (CNet / PCT style language model)
+  and `CVCNN` (the CV-CNN of the CNN vs CV-CNN study).
+
+Complex parameters need conjugated gradients: train them with
+`jaxnorm.optim.complex.complex_adam` (plain optax climbs the loss in every
+imaginary part).
+"""
+
+from jaxnorm.nn.cplx.attention import (
+  ATTENTION_SPECS,
+  MIXERS,
+  BornAttention,
+  ComplexFormerAttention,
+  ComplexMultiHeadAttention,
+  Mixer,
+  PCTAttention,
+  complex_softmax_attention,
+)
+from jaxnorm.nn.cplx.layers import (
+  ComplexConv,
+  ComplexDense,
+  ModReLU,
+  Names,
+  complex_glorot,
+  complex_he,
+)
+from jaxnorm.nn.cplx.models import (
+  CVCNN,
+  ComplexBlock,
+  ComplexLM,
+  ComplexLMConfig,
+  CVCNNConfig,
+  count_real_parameters,
+)
+from jaxnorm.nn.cplx.norms import (
+  NORM_SPECS,
+  ComplexBatchNorm,
+  ComplexLayerNorm,
+  ComplexRMSNorm,
+)
+
+__all__ = [
+  "ATTENTION_SPECS",
+  "CVCNN",
+  "MIXERS",
+  "NORM_SPECS",
+  "BornAttention",
+  "CVCNNConfig",
+  "ComplexBatchNorm",
+  "ComplexBlock",
+  "ComplexConv",
+  "ComplexDense",
+  "ComplexFormerAttention",
+  "ComplexLM",
+  "ComplexLMConfig",
+  "ComplexLayerNorm",
+  "ComplexMultiHeadAttention",
+  "ComplexRMSNorm",
+  "Mixer",
+  "ModReLU",
+  "Names",
+  "PCTAttention",
+  "complex_glorot",
+  "complex_he",
+  "complex_softmax_attention",
+  "count_real_parameters",
+]

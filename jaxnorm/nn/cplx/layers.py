@@ -1,0 +1,159 @@
+"""Complex layers: dense, convolution, modReLU and the complex inits.
+
+Each module declares its complex parameters (``param_dtype`` complex64
+unless stated) and calls one pure function of `jaxnorm.cplx`, where the
+maths and references live.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from jaxnorm import _checks, cplx
+from jaxnorm.nn import _param
+
+Names = tuple[str | None, ...] | None
+
+
+def complex_glorot(
+  key: jax.Array, shape, dtype=jnp.complex64, *, in_axis=0, out_axis=-1
+) -> jax.Array:
+  """Complex Glorot normal: ``E|w|^2 = 2/(fan_in + fan_out)`` (circular).
+
+  A circular complex normal is Trabelsi et al.'s Rayleigh-modulus,
+  uniform-phase initialization.
+  """
+  init = jax.nn.initializers.variance_scaling(
+    1.0, "fan_avg", "normal", in_axis=in_axis, out_axis=out_axis, dtype=dtype
+  )
+  return init(key, shape, dtype)
+
+
+def complex_he(
+  key: jax.Array, shape, dtype=jnp.complex64, *, in_axis=-2, out_axis=-1
+) -> jax.Array:
+  """Complex He normal: ``E|w|^2 = 2/fan_in`` (conv kernels, fan-in axes)."""
+  init = jax.nn.initializers.variance_scaling(
+    2.0, "fan_in", "normal", in_axis=in_axis, out_axis=out_axis, dtype=dtype
+  )
+  return init(key, shape, dtype)
+
+
+def _zeros(shape, dtype, names: Names) -> nnx.Param:
+  return _param.param(jnp.zeros(shape, dtype), names)
+
+
+# ---------------------------------------------------------------------------
+# Layers.
+
+
+class ComplexDense(nnx.Module):
+  """Complex dense layer; maths in `jaxnorm.cplx.complex_dense`.
+
+  Parameters: ``kernel (in, out)`` complex Glorot, ``bias (out,)`` zeros.
+  """
+
+  def __init__(
+    self,
+    in_features: int,
+    out_features: int,
+    *,
+    use_bias: bool = True,
+    param_dtype: Any = jnp.complex64,
+    axis_names: Names = ("embed", "mlp"),
+    rngs: nnx.Rngs,
+  ):
+    who = "ComplexDense"
+    _checks.check_positive_int(who, "in_features", in_features)
+    _checks.check_positive_int(who, "out_features", out_features)
+    self.kernel = _param.param(
+      complex_glorot(rngs.params(), (in_features, out_features), param_dtype),
+      axis_names,
+    )
+    self.bias = (
+      _zeros((out_features,), param_dtype, axis_names and axis_names[-1:])
+      if use_bias
+      else None
+    )
+
+  def __call__(self, x: jax.Array) -> jax.Array:
+    """``x @ kernel + bias`` for complex ``x (..., in)``."""
+    bias = None if self.bias is None else self.bias[...]
+    return cplx.complex_dense(x, self.kernel[...], bias)
+
+
+class ComplexConv(nnx.Module):
+  """Complex convolution; maths in `jaxnorm.cplx.complex_conv`.
+
+  Parameters: ``kernel (*window, in, out)`` complex He (fan-in),
+  ``bias (out,)`` zeros; output channels named ``channels`` (the real
+  CNN's logical axis, `jaxnorm.sharding.DEFAULT_RULES`).
+  """
+
+  def __init__(
+    self,
+    in_features: int,
+    out_features: int,
+    kernel_size: tuple[int, ...],
+    *,
+    strides: int | tuple[int, ...] = 1,
+    padding: str = "SAME",
+    use_bias: bool = True,
+    gauss_trick: bool = False,
+    param_dtype: Any = jnp.complex64,
+    rngs: nnx.Rngs,
+  ):
+    who = "ComplexConv"
+    _checks.check_positive_int(who, "in_features", in_features)
+    _checks.check_positive_int(who, "out_features", out_features)
+    shape = (*kernel_size, in_features, out_features)
+    fan_in = tuple(range(len(kernel_size) + 1))
+    self.kernel = _param.param(
+      complex_he(rngs.params(), shape, param_dtype, in_axis=fan_in),
+      (None,) * (len(kernel_size) + 1) + ("channels",),
+    )
+    self.bias = (
+      _zeros((out_features,), param_dtype, ("channels",)) if use_bias else None
+    )
+    self.strides, self.padding, self.gauss_trick = strides, padding, gauss_trick
+
+  def __call__(self, x: jax.Array) -> jax.Array:
+    """Complex ``(N, *spatial, in)`` -> ``(N, *out_spatial, out)``."""
+    bias = None if self.bias is None else self.bias[...]
+    return cplx.complex_conv(
+      x,
+      self.kernel[...],
+      bias,
+      strides=self.strides,
+      padding=self.padding,
+      gauss_trick=self.gauss_trick,
+    )
+
+
+class ModReLU(nnx.Module):
+  """modReLU with a learned real bias; maths in `jaxnorm.cplx.modrelu`.
+
+  Parameter: ``bias (d,)`` real, init 0 (PCT; ``power=2`` in its FFN).
+  """
+
+  def __init__(
+    self,
+    num_features: int,
+    *,
+    power: int = 1,
+    param_dtype: Any = jnp.float32,
+    rngs: nnx.Rngs,
+  ):
+    del rngs
+    _checks.check_positive_int("ModReLU", "num_features", num_features)
+    _checks.check_positive_int("ModReLU", "power", power)
+    self.power = power
+    self.bias = _zeros((num_features,), param_dtype, ("mlp",))
+
+  def __call__(self, z: jax.Array) -> jax.Array:
+    """``modrelu(z, bias, power=power)``."""
+    return cplx.modrelu(z, self.bias[...], power=self.power)

@@ -1,0 +1,297 @@
+"""Complex models: the complex decoder LM and the CV-CNN.
+
+`ComplexLM` (CNet / PCT style) and `CVCNN` (the CNN vs CV-CNN study) are
+built from the complex parts of this package; both return real logits.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from jaxnorm import _checks, cplx
+from jaxnorm.nn import _param
+from jaxnorm.nn.cplx.attention import MIXERS, ComplexMultiHeadAttention
+from jaxnorm.nn.cplx.layers import (
+  ComplexConv,
+  ComplexDense,
+  ModReLU,
+  complex_glorot,
+)
+from jaxnorm.nn.cplx.norms import (
+  ComplexBatchNorm,
+  ComplexLayerNorm,
+  ComplexRMSNorm,
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class ComplexLMConfig:
+  """A complex-valued decoder LM (CNet Born stack or PCT stack).
+
+  Attributes:
+    vocab_size: vocabulary.
+    width: complex width ``D`` (``2 D`` reals per token).
+    depth: blocks.
+    num_heads: heads of the mixer.
+    max_len: longest sequence.
+    mixer: ``born``, ``pct``, ``softmax`` or ``fourier`` (see
+      `ComplexMultiHeadAttention`).
+    gate: PCT gate name (`jaxnorm.cplx.PCT_GATES`).
+    norm: ``rms`` (`ComplexRMSNorm`, CNet's TokenNorm with a complex gain)
+      or ``layer`` (`ComplexLayerNorm`).
+    activation: FFN activation: ``split_gelu`` (CNet) or ``modrelu`` (PCT,
+      power 2).
+    ffn_ratio: FFN hidden width over ``D``.
+    readout: ``born`` (logits ``log|z|^2`` of a complex head: the softmax
+      of them is the Born rule) or ``real`` (a real dense layer on ``[Re |
+      Im]``, the PCT's readout).
+    embed_init: ``gauss`` (CNet's recipe ``emb_gauss``: Re, Im ~
+      U(-1, 1)/sqrt(D)), ``glorot`` or ``cnet`` (``CInput``'s biased init,
+      positive imaginary parts, which the authors report sits at a unigram
+      saddle with the Born loss).
+    cnet_gelu: CNet's block, which applies ``split_gelu`` to the stream
+      after each residual add (and the norm input after the first); off
+      gives a plain pre-norm block.
+  """
+
+  vocab_size: int = 256
+  width: int = 32
+  depth: int = 2
+  num_heads: int = 1
+  max_len: int = 64
+  mixer: str = "born"
+  gate: str = "sigmoid"
+  norm: str = "rms"
+  activation: str = "split_gelu"
+  ffn_ratio: int = 4
+  readout: str = "born"
+  embed_init: str = "gauss"
+  cnet_gelu: bool = True
+
+
+def _embed_init(kind: str, key, shape) -> jax.Array:
+  v, d = shape
+  kr, ki = jax.random.split(key)
+  if kind == "gauss":
+    u = jax.random.uniform(kr, (2, v, d), minval=-1.0, maxval=1.0)
+    return jax.lax.complex(u[0], u[1]) / math.sqrt(d)
+  if kind == "cnet":
+    re = jax.random.uniform(kr, (v, d), minval=-0.5, maxval=0.5)
+    im = jnp.sqrt(1.0 - re**2)
+    return jax.lax.complex(re, im) / math.sqrt(d)
+  return complex_glorot(key, shape, in_axis=1, out_axis=0)
+
+
+class ComplexBlock(nnx.Module):
+  """Pre-norm block: ``x + mix(norm x)``, ``x + FFN(norm x)``."""
+
+  def __init__(self, c: ComplexLMConfig, *, rngs: nnx.Rngs):
+    d = c.width
+
+    def norm():
+      if c.norm == "layer":
+        return ComplexLayerNorm(d, rngs=rngs)
+      return ComplexRMSNorm(d, rngs=rngs)
+
+    self.cnet_gelu = c.cnet_gelu
+    self.norm1, self.norm2 = norm(), norm()
+    self.attn = ComplexMultiHeadAttention(
+      d, c.num_heads, mixer=c.mixer, gate=c.gate, rngs=rngs
+    )
+    hidden = c.ffn_ratio * d
+    self.up = ComplexDense(d, hidden, rngs=rngs)
+    self.down = ComplexDense(hidden, d, rngs=rngs, axis_names=("mlp", "embed"))
+    self.act = (
+      ModReLU(hidden, power=2, rngs=rngs) if c.activation == "modrelu" else None
+    )
+
+  def __call__(self, x: jax.Array) -> jax.Array:
+    """One block on complex ``(B, T, D)``."""
+    gelu = cplx.split_gelu if self.cnet_gelu else (lambda z: z)
+    x = x + self.attn(gelu(self.norm1(x)))
+    x = gelu(x)
+    h = self.up(self.norm2(x))
+    h = cplx.split_gelu(h) if self.act is None else self.act(h)
+    return gelu(x + self.down(h))
+
+
+class ComplexLM(nnx.Module):
+  """Complex decoder LM: complex embedding, blocks, norm, readout.
+
+  ``__call__`` returns real logits ``(B, T, V)`` (for any softmax
+  cross-entropy: with ``readout="born"`` that softmax is the Born rule);
+  `amplitudes` returns the complex Born amplitudes for
+  `jaxnorm.cplx.born_cross_entropy` (CNet's loss, with its backward-only
+  ``target_floor``).
+  """
+
+  def __init__(
+    self, config: ComplexLMConfig, *, dtype: Any = jnp.float32, rngs: nnx.Rngs
+  ):
+    """Builds the model.
+
+    ``dtype`` is the dtype of the returned logits (the runner's argument;
+    the compute is complex64).
+    """
+    c = self.config = config
+    self.dtype = dtype
+    who = "ComplexLM"
+    _checks.check_choice(who, "mixer", c.mixer, MIXERS)
+    _checks.check_choice(who, "norm", c.norm, ("rms", "layer"))
+    _checks.check_choice(
+      who, "activation", c.activation, ("split_gelu", "modrelu")
+    )
+    _checks.check_choice(who, "readout", c.readout, ("born", "real"))
+    _checks.check_choice(
+      who, "embed_init", c.embed_init, ("gauss", "glorot", "cnet")
+    )
+    self.embed = _param.param(
+      _embed_init(c.embed_init, rngs.params(), (c.vocab_size, c.width)),
+      ("vocab", "embed"),
+    )
+    self.blocks = nnx.List([ComplexBlock(c, rngs=rngs) for _ in range(c.depth)])
+    self.final_norm = (
+      ComplexLayerNorm(c.width, rngs=rngs)
+      if c.norm == "layer"
+      else ComplexRMSNorm(c.width, rngs=rngs)
+    )
+    if c.readout == "born":
+      self.head = ComplexDense(
+        c.width,
+        c.vocab_size,
+        use_bias=False,
+        rngs=rngs,
+        axis_names=("embed", "vocab"),
+      )
+    else:
+      self.head = nnx.Linear(2 * c.width, c.vocab_size, rngs=rngs)
+
+  def features(self, tokens: jax.Array) -> jax.Array:
+    """Final normed complex hidden states ``(B, T, D)``."""
+    if tokens.ndim != 2 or tokens.shape[1] > self.config.max_len:
+      raise ValueError(
+        f"ComplexLM: tokens must have shape (batch, seq) with seq <= "
+        f"max_len={self.config.max_len}, got tokens.shape={tokens.shape}"
+      )
+    x = jnp.take(self.embed[...], tokens, axis=0)
+    for block in self.blocks:
+      x = block(x)
+    return self.final_norm(x)
+
+  def amplitudes(self, tokens: jax.Array) -> jax.Array:
+    """Complex Born amplitudes ``(B, T, V)`` (``readout="born"`` only)."""
+    if self.config.readout != "born":
+      raise ValueError(
+        "ComplexLM.amplitudes: needs readout='born', got "
+        f"readout={self.config.readout!r}"
+      )
+    return self.head(self.features(tokens))
+
+  def __call__(self, tokens: jax.Array, *, rngs: Any = None) -> jax.Array:
+    """Real logits ``(B, T, V)`` for int tokens."""
+    del rngs
+    if self.config.readout == "born":
+      z = self.amplitudes(tokens)
+      logits = jnp.log(cplx.modulus_squared(z) + 1e-15)
+    else:
+      logits = self.head(cplx.to_real(self.features(tokens)))
+    return logits.astype(self.dtype)
+
+
+@dataclasses.dataclass(frozen=True)
+class CVCNNConfig:
+  """The CV-CNN of the CNN vs CV-CNN study (complex conv, BN, CReLU).
+
+  Attributes:
+    num_classes: classes.
+    image_shape: ``(H, W, C)`` of the input.
+    widths: complex channels per stride-2 stage.
+    input: ``real`` (a real image becomes ``x + 0i``), ``pairs`` (channel
+      split halves ``[Re | Im]``, so ``C`` is even), or ``complex``.
+    activation: ``crelu`` (the study's) or ``cardioid``/``zrelu``.
+  """
+
+  num_classes: int = 10
+  image_shape: tuple[int, ...] = (28, 28, 1)
+  widths: tuple[int, ...] = (16, 32, 64)
+  input: str = "real"
+  activation: str = "crelu"
+
+
+class CVCNN(nnx.Module):
+  """Stride-2 complex conv stages -> mean pool -> ``|z|`` -> real dense.
+
+  Each stage: `ComplexConv` 3x3 stride 2, `ComplexBatchNorm`, activation
+  (CReLU). How the study formed complex inputs from MRI is unknown; the
+  ``input`` field says what this model does. Parameter counts in reals:
+  `count_real_parameters`.
+  """
+
+  def __init__(
+    self, config: CVCNNConfig, *, dtype: Any = jnp.float32, rngs: nnx.Rngs
+  ):
+    """Builds the model.
+
+    ``dtype`` is the dtype of the returned logits (the runner's argument;
+    the compute is complex64).
+    """
+    c = self.config = config
+    self.dtype = dtype
+    who = "CVCNN"
+    _checks.check_choice(who, "input", c.input, ("real", "pairs", "complex"))
+    _checks.check_choice(
+      who, "activation", c.activation, tuple(cplx.ACTIVATIONS)
+    )
+    ch = c.image_shape[-1]
+    if c.input == "pairs":
+      if ch % 2:
+        raise ValueError(
+          f"{who}: input='pairs' needs an even channel count, got "
+          f"image_shape={c.image_shape}"
+        )
+      ch //= 2
+    convs, norms = [], []
+    for w in c.widths:
+      convs.append(ComplexConv(ch, w, (3, 3), strides=2, rngs=rngs))
+      norms.append(ComplexBatchNorm(w, rngs=rngs))
+      ch = w
+    self.convs, self.norms = nnx.List(convs), nnx.List(norms)
+    self.head = nnx.Linear(ch, c.num_classes, rngs=rngs)
+
+  def __call__(
+    self,
+    x: jax.Array,
+    *,
+    use_running_average: bool | None = None,
+    rngs: Any = None,
+  ) -> jax.Array:
+    """Real logits ``(N, classes)`` for images ``(N, H, W, C)``."""
+    del rngs
+    c = self.config
+    if c.input == "real":
+      z = jax.lax.complex(
+        x.astype(jnp.float32), jnp.zeros(x.shape, jnp.float32)
+      )
+    elif c.input == "pairs":
+      z = cplx.to_complex(x)
+    else:
+      z = x
+    act = cplx.ACTIVATIONS[c.activation]
+    for conv, norm in zip(self.convs, self.norms):
+      z = act(norm(conv(z), use_running_average=use_running_average))
+    pooled = jnp.mean(z, axis=tuple(range(1, z.ndim - 1)))
+    return self.head(cplx.modulus(pooled)).astype(self.dtype)
+
+
+def count_real_parameters(model: nnx.Module) -> int:
+  """Trainable parameters in reals: a complex entry counts twice."""
+  return sum(
+    p.size * (2 if jnp.iscomplexobj(p) else 1)
+    for p in jax.tree.leaves(nnx.state(model, nnx.Param))
+  )

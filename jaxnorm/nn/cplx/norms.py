@@ -1,0 +1,283 @@
+"""Complex norms: whitening batch norm, layer norm and CNet's TokenNorm.
+
+Complex-native by default (complex ``(..., C)`` in and out); with
+``real_pairs=True`` a norm reads a real ``(..., 2C)`` input as split halves
+``[Re | Im]`` (`jaxnorm.cplx.to_complex`) and returns real ``(..., 2C)``.
+The maths lives in `jaxnorm.cplx`.
+"""
+
+from __future__ import annotations
+
+import types
+from collections.abc import Callable, Mapping
+from typing import Any, ClassVar
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from jaxnorm import _checks, cplx
+from jaxnorm.nn import registry
+from jaxnorm.nn.cplx.layers import Names
+
+
+def _pairs(who: str, num_features: int, real_pairs: bool) -> int:
+  """The complex width: ``num_features`` or half of it for real pairs."""
+  _checks.check_positive_int(who, "num_features", num_features)
+  if real_pairs:
+    if num_features % 2:
+      raise ValueError(
+        f"{who}: real_pairs=True reads split halves [Re | Im], so "
+        f"num_features must be even, got num_features={num_features}"
+      )
+    return num_features // 2
+  return num_features
+
+
+def _apply(module: nnx.Module, fn: Callable[[jax.Array], jax.Array], x):
+  """``fn`` on complex ``x``, or on ``to_complex(x)`` for real pairs."""
+  if not module.real_pairs:
+    return fn(x)
+  return cplx.to_real(fn(cplx.to_complex(x)))
+
+
+def _whitening_dtype_rows(param_dtype: Any, axis_names: Names):
+  """The complex dtype of the bias/mean and the names of ``(3, C)`` rows."""
+  cdt = jnp.complex128 if param_dtype == jnp.float64 else jnp.complex64
+  rows = (None,) + tuple(axis_names) if axis_names else None
+  return cdt, rows
+
+
+def _norm_common() -> types.ModuleType:
+  """`jaxnorm.nn.norms._common`, imported on use.
+
+  The norm family's conventions (two keys drawn per norm, mesh-agnostic
+  parameter names) live there; the norm registry imports this module, so a
+  top-level import would be a cycle.
+  """
+  from jaxnorm.nn.norms import _common
+
+  return _common
+
+
+def _init(who: str, num_features: int, real_pairs: bool, rngs) -> int:
+  """The complex width, checked; draws the norm family's two keys.
+
+  The init is constant, so the keys stay unused; drawing them keeps the
+  initialization of later layers independent of the norm chosen.
+  """
+  _norm_common().draw_keys(rngs)
+  return _pairs(who, num_features, real_pairs)
+
+
+def _whitening_scale(
+  c: int, use_scale: bool, param_dtype: Any, axis_names: Names
+) -> nnx.Param | None:
+  """Real ``scale (3, C)`` (γrr, γri, γii), init ``(1/√2, 0, 1/√2)``."""
+  if not use_scale:
+    return None
+  _, rows = _whitening_dtype_rows(param_dtype, axis_names)
+  return _norm_common().param(cplx.init_whitening_scale(c, param_dtype), rows)
+
+
+def _complex_bias(
+  c: int, use_bias: bool, param_dtype: Any, axis_names: Names
+) -> nnx.Param | None:
+  """Complex ``bias (C,)``, zeros."""
+  if not use_bias:
+    return None
+  cdt, _ = _whitening_dtype_rows(param_dtype, axis_names)
+  return _norm_common().param(jnp.zeros((c,), cdt), axis_names)
+
+
+class ComplexBatchNorm(nnx.Module):
+  """Complex batch norm; maths in `jaxnorm.cplx.complex_batch_norm`.
+
+  Parameters: ``scale (3, C)`` real, rows ``(γrr, γri, γii)`` init
+  ``(1/√2, 0, 1/√2)``; ``bias (C,)`` complex, zeros. Running statistics
+  (`nnx.BatchStat`): ``mean (C,)`` complex, ``cov (3, C)`` real. Follows
+  flax's train/eval protocol: ``use_running_average`` (``model.eval()``,
+  ``nnx.view`` through `set_view`, or a call argument). ``real_pairs``:
+  real ``(..., 2C)`` input and output (split halves).
+
+  This module does not subclass `jaxnorm.nn.norms`' ``RunningAverage``:
+  importing the norm package here would make an import cycle once the
+  norm registry lists this module.
+  """
+
+  dtype_kind: ClassVar[str] = "complex"
+
+  def __init__(
+    self,
+    num_features: int,
+    *,
+    momentum: float = 0.9,
+    eps: float = 1e-4,
+    use_scale: bool = True,
+    use_bias: bool = True,
+    real_pairs: bool = False,
+    use_running_average: bool = False,
+    axis_name: str | None = None,
+    param_dtype: Any = jnp.float32,
+    axis_names: Names = ("norm",),
+    rngs: nnx.Rngs,
+  ):
+    c = _init("ComplexBatchNorm", num_features, real_pairs, rngs)
+    self.real_pairs, self.momentum, self.eps = real_pairs, momentum, eps
+    self.use_running_average, self.axis_name = use_running_average, axis_name
+    cdt, rows = _whitening_dtype_rows(param_dtype, axis_names)
+    self.scale = _whitening_scale(c, use_scale, param_dtype, axis_names)
+    self.bias = _complex_bias(c, use_bias, param_dtype, axis_names)
+    state = cplx.init_complex_batch_norm_state(c, cdt)
+    param = _norm_common().param
+    self.mean = param(state.mean, axis_names, nnx.BatchStat)
+    self.cov = param(state.cov, rows, nnx.BatchStat)
+
+  def set_view(self, use_running_average: bool | None = None) -> None:
+    """Hook of ``nnx.view``: sets ``use_running_average`` when given.
+
+    Args:
+      use_running_average: True for inference (running statistics), False
+        for training (batch statistics, updated running statistics).
+    """
+    if use_running_average is not None:
+      self.use_running_average = use_running_average
+
+  def __call__(
+    self, x: jax.Array, *, use_running_average: bool | None = None
+  ) -> jax.Array:
+    """Normalizes complex ``x (..., C)`` (or real pairs ``(..., 2C)``)."""
+    if use_running_average is None:
+      use_running_average = self.use_running_average
+    training = not use_running_average
+    state = cplx.ComplexBatchNormState(self.mean[...], self.cov[...])
+    scale = None if self.scale is None else self.scale[...]
+    bias = None if self.bias is None else self.bias[...]
+    new = []
+
+    def fn(z):
+      y, s = cplx.complex_batch_norm(
+        z,
+        scale,
+        bias,
+        state,
+        training=training,
+        momentum=self.momentum,
+        eps=self.eps,
+        axis_name=self.axis_name,
+      )
+      new.append(s)
+      return y
+
+    y = _apply(self, fn, x)
+    if training:
+      self.mean[...], self.cov[...] = new[0]
+    return y
+
+
+class ComplexLayerNorm(nnx.Module):
+  """Complex layer norm; maths in `jaxnorm.cplx.complex_layer_norm`.
+
+  Parameters as `ComplexBatchNorm` (no running statistics).
+  """
+
+  dtype_kind: ClassVar[str] = "complex"
+
+  def __init__(
+    self,
+    num_features: int,
+    *,
+    eps: float = 1e-4,
+    use_scale: bool = True,
+    use_bias: bool = True,
+    real_pairs: bool = False,
+    param_dtype: Any = jnp.float32,
+    axis_names: Names = ("norm",),
+    rngs: nnx.Rngs,
+  ):
+    c = _init("ComplexLayerNorm", num_features, real_pairs, rngs)
+    self.real_pairs, self.eps = real_pairs, eps
+    self.scale = _whitening_scale(c, use_scale, param_dtype, axis_names)
+    self.bias = _complex_bias(c, use_bias, param_dtype, axis_names)
+
+  def __call__(self, x: jax.Array) -> jax.Array:
+    """Normalizes each token of ``x``."""
+    scale = None if self.scale is None else self.scale[...]
+    bias = None if self.bias is None else self.bias[...]
+    return _apply(
+      self,
+      lambda z: cplx.complex_layer_norm(z, scale, bias, eps=self.eps),
+      x,
+    )
+
+
+class ComplexRMSNorm(nnx.Module):
+  """CNet's TokenNorm; maths in `jaxnorm.cplx.complex_rms_norm`.
+
+  Parameter: ``scale (d,)`` complex, init 1 (``use_scale=False`` is CNet's
+  parameter-free TokenNorm).
+  """
+
+  dtype_kind: ClassVar[str] = "complex"
+
+  def __init__(
+    self,
+    num_features: int,
+    *,
+    eps: float = 1e-5,
+    use_scale: bool = True,
+    real_pairs: bool = False,
+    param_dtype: Any = jnp.complex64,
+    axis_names: Names = ("norm",),
+    rngs: nnx.Rngs,
+  ):
+    c = _init("ComplexRMSNorm", num_features, real_pairs, rngs)
+    self.real_pairs, self.eps = real_pairs, eps
+    self.scale = (
+      _norm_common().param(jnp.ones((c,), param_dtype), axis_names)
+      if use_scale
+      else None
+    )
+
+  def __call__(self, x: jax.Array) -> jax.Array:
+    """Normalizes each token of ``x``."""
+    scale = None if self.scale is None else self.scale[...]
+    return _apply(
+      self, lambda z: cplx.complex_rms_norm(z, scale, eps=self.eps), x
+    )
+
+
+_PER_TOKEN = frozenset({"tokens", "images", "graphs"})
+_NO_DECAY_WHITENING = types.MappingProxyType({"scale": False, "bias": False})
+
+NORM_SPECS: Mapping[str, registry.NormSpec] = types.MappingProxyType(
+  {
+    "complexbatchnorm": registry.NormSpec(
+      ComplexBatchNorm,
+      "Trabelsi et al., arXiv:1705.09792",
+      layouts=frozenset({"tokens", "images"}),
+      batch_stats=True,
+      decay=_NO_DECAY_WHITENING,
+    ),
+    "complexlayernorm": registry.NormSpec(
+      ComplexLayerNorm,
+      "Trabelsi et al., arXiv:1705.09792",
+      layouts=_PER_TOKEN,
+      decay=_NO_DECAY_WHITENING,
+    ),
+    "complexrmsnorm": registry.NormSpec(
+      ComplexRMSNorm,
+      "Crasmaru, CNet (crasmarum/CNet)",
+      layouts=_PER_TOKEN,
+    ),
+  }
+)
+"""Registry entries of the complex norms: merge into
+`jaxnorm.nn.norms.NORMS` (and its ``NormName``).
+
+The registry builds the complex-native form: ``num_features`` complex
+channels, complex input and output (the modules' ``dtype_kind`` class
+attribute is ``"complex"``); a real model passes ``real_pairs=True`` and
+``2 C`` real features. ``causal``: per-token statistics (layer, RMS) or
+running statistics in evaluation mode (batch norm, which takes batch
+statistics in training, hence ``batch_stats``)."""
