@@ -65,6 +65,8 @@ def graph_norms() -> tuple[str, ...]:
 
 def _norm_mode(spec) -> str | None:
   """How the model calls a norm: ``mask`` (with the node mask), ``plain``."""
+  if spec.dtype_kind != "real":  # The model is real-valued.
+    return None
   if spec.takes_mask:
     return "mask"
   if "graphs" in spec.layouts and not spec.batch_stats:

@@ -196,10 +196,19 @@ def _residual(
 # Which parts a model accepts, from the parts' specs.
 
 
+_COMPLEX_REFUSAL = (
+  "is complex-valued (complex inputs and outputs), and this model is real; "
+  "the complex models are jaxnorm.nn.cplx.ComplexLM and CVCNN (runner "
+  "--model clm, cvcnn)"
+)
+
+
 def _norm_refusal(
   spec: registry.NormSpec, layout: str, causal: bool, allow_batch_stats: bool
 ) -> str | None:
   """Why a model of ``layout`` (causal or not) refuses a norm, or None."""
+  if spec.dtype_kind != "real":
+    return _COMPLEX_REFUSAL
   if layout not in spec.layouts:
     return (
       f"does not normalize the {layout} layout (it supports "
@@ -234,7 +243,9 @@ def _valid_attentions(layout: str, causal: bool) -> tuple[str, ...]:
     sorted(
       name
       for name, spec in nn_attention.ATTENTIONS.items()
-      if layout in spec.layouts and (spec.causal or not causal)
+      if layout in spec.layouts
+      and (spec.causal or not causal)
+      and spec.dtype_kind == "real"
     )
   )
 
@@ -273,6 +284,11 @@ def check_parts(
         f"{', '.join(valid)}"
       )
     spec = nn_attention.ATTENTIONS[attention]
+    if spec.dtype_kind != "real":
+      raise ValueError(
+        f"{who}: attention {attention!r} {_COMPLEX_REFUSAL}; choose one of "
+        f"{', '.join(valid)}"
+      )
     if layout not in spec.layouts:
       raise ValueError(
         f"{who}: attention {attention!r} does not act on the {layout} "

@@ -23,6 +23,17 @@ Layout = Literal["tokens", "images", "graphs"]
 LAYOUTS: tuple[str, ...] = ("tokens", "images", "graphs")
 
 
+DtypeKind = Literal["real", "complex"]
+DTYPE_KINDS: tuple[str, ...] = ("real", "complex")
+
+
+def _resolve_dtype_kind(spec: Any, cls: type) -> None:
+  """Sets ``spec.dtype_kind=None`` from ``cls.dtype_kind`` (default real)."""
+  if spec.dtype_kind is None:
+    kind = getattr(cls, "dtype_kind", "real")
+    object.__setattr__(spec, "dtype_kind", kind)
+
+
 def no_defaults(*args: Any) -> dict[str, Any]:
   """Default keyword arguments of a part that needs none."""
   del args
@@ -56,6 +67,11 @@ class NormSpec:
     decay: parameter attribute name -> decayed, overriding the default rule
       of `decays` for this module's own parameters.
     kernel: a Pallas kernel exists (``implementation=``).
+    dtype_kind: ``"real"`` or ``"complex"``: the dtype of the inputs and
+      outputs of the form ``make_norm`` builds (complex: complex64 /
+      complex128, ``num_features`` complex channels). None (the default)
+      takes the module class's ``dtype_kind`` attribute (``"real"`` if it
+      has none), so the spec and the module cannot disagree.
   """
 
   module: type
@@ -68,6 +84,11 @@ class NormSpec:
   backward_state: bool = False
   decay: Mapping[str, bool] = dataclasses.field(default_factory=_no_decay)
   kernel: bool = False
+  dtype_kind: DtypeKind | None = None
+
+  def __post_init__(self) -> None:
+    """Resolves ``dtype_kind=None`` from the module class."""
+    _resolve_dtype_kind(self, self.module)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,6 +114,10 @@ class AttentionSpec:
       [CLS]); without them the core runs its token form for 1-D sequences.
       None (the default) takes the core class's ``needs_grid`` attribute
       (False if it has none), so the spec and the core cannot disagree.
+    dtype_kind: ``"real"`` or ``"complex"``: the dtype of the heads the
+      core takes (complex: `MultiHeadAttention` with a complex input and
+      ``param_dtype``); None takes the core class's ``dtype_kind``
+      attribute (``"real"`` if it has none), as ``needs_grid``.
   """
 
   core: type
@@ -104,12 +129,14 @@ class AttentionSpec:
   decay: Mapping[str, bool] = dataclasses.field(default_factory=_no_decay)
   kernel: bool = False
   needs_grid: bool | None = None
+  dtype_kind: DtypeKind | None = None
 
   def __post_init__(self) -> None:
-    """Resolves ``needs_grid=None`` from the core class."""
+    """Resolves ``needs_grid`` and ``dtype_kind`` (None) from the core."""
     if self.needs_grid is None:
       grid = bool(getattr(self.core, "needs_grid", False))
       object.__setattr__(self, "needs_grid", grid)
+    _resolve_dtype_kind(self, self.core)
 
 
 @dataclasses.dataclass(frozen=True)

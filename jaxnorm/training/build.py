@@ -12,6 +12,7 @@ parameters in
 from __future__ import annotations
 
 import dataclasses
+import types
 from typing import Any
 
 import jax
@@ -19,10 +20,53 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from jaxnorm import cplx
+from jaxnorm.nn import cplx as nn_cplx
 from jaxnorm.nn import graph as nn_graph
 from jaxnorm.nn import models
 from jaxnorm.training import config as config_lib
 from jaxnorm.training import optimizers
+
+COMPLEX_PARTS: types.MappingProxyType = types.MappingProxyType(
+  {
+    "clm": {
+      "norm": (
+        "norm",
+        {
+          "rmsnorm": "rms",
+          "complexrmsnorm": "rms",
+          "layernorm": "layer",
+          "complexlayernorm": "layer",
+        },
+      ),
+      "attention": ("mixer", {m: m for m in nn_cplx.MIXERS}),
+      "activation": (
+        "activation",
+        {
+          "gelu": "split_gelu",
+          "split_gelu": "split_gelu",
+          "modrelu": "modrelu",
+        },
+      ),
+    },
+    "cvcnn": {
+      "activation": (
+        "activation",
+        {
+          "gelu": "split_gelu",
+          "relu": "crelu",
+          **{a: a for a in cplx.ACTIVATIONS},
+        },
+      ),
+    },
+  }
+)
+"""The complex models' choices: runner field -> (config field, runner name
+-> value). A real name stands for its complex counterpart (GELU or ReLU on
+Re and Im; RMS or layer norm per token), so the runner's defaults build
+each model; `ComplexLM`'s attention names are its mixers. A field not
+listed is not a choice of the model (the CV-CNN's complex batch norm, the
+residual wiring): every name is accepted and ignored."""
 
 
 def registries(
@@ -40,6 +84,8 @@ def registries(
   names = models.registries(model, allow_batch_stats=allow_batch_stats)
   if model == "graph":
     names["norm"] = nn_graph.graph_norms()
+  for field, (_, values) in COMPLEX_PARTS.get(model, {}).items():
+    names[field] = tuple(sorted(values))
   return {**names, "optimizer": tuple(sorted(optimizers.OPTIMIZERS))}
 
 
@@ -115,6 +161,15 @@ def model_config(cfg: config_lib.TrainConfig, data: dict[str, Any]) -> Any:
     kind, extra = models.CNNConfig, _image_fields(data)
   elif cfg.model == "graph":
     kind, extra = _graph_fields(cfg, data)
+  elif cfg.model == "clm":
+    kind = nn_cplx.ComplexLMConfig
+    extra = {"vocab_size": data["vocab_size"], "max_len": data["max_len"]}
+  elif cfg.model == "cvcnn":
+    kind, extra = nn_cplx.CVCNNConfig, _image_fields(data)
+    # Stride-2 stages doubling up to ``width``.
+    extra["widths"] = tuple(
+      max(cfg.width >> (cfg.depth - 1 - i), 1) for i in range(cfg.depth)
+    )
   else:
     kind, extra = models.SNNConfig, _image_fields(data)
   accepted = {f.name for f in dataclasses.fields(kind)}
@@ -125,6 +180,9 @@ def model_config(cfg: config_lib.TrainConfig, data: dict[str, Any]) -> Any:
         f"{cfg.model!r} model ({kind.__name__} has no {field} field)"
       )
   values = {k: v for k, v in parts.items() if k in accepted}
+  for field, (name, choices) in COMPLEX_PARTS.get(cfg.model, {}).items():
+    values.pop(field, None)
+    extra[name] = choices[getattr(cfg, field)]
   return kind(**values, **extra)
 
 
@@ -134,6 +192,8 @@ _MODELS = {
   models.CNNConfig: models.CNN,
   models.SNNConfig: models.SNN,
   nn_graph.GraphTransformerConfig: nn_graph.GraphTransformer,
+  nn_cplx.ComplexLMConfig: nn_cplx.ComplexLM,
+  nn_cplx.CVCNNConfig: nn_cplx.CVCNN,
 }
 
 

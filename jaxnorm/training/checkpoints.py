@@ -141,6 +141,8 @@ def _fingerprint(state: Any) -> Any:
       x = jax.random.key_data(x)
     if x.dtype == jnp.bool_:
       x = x.astype(jnp.uint8)
+    if jnp.iscomplexobj(x):  # Complex parameters: both parts' bits.
+      x = jnp.stack([jnp.real(x), jnp.imag(x)])
     bits = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32, 8: jnp.uint32}
     w = jax.lax.bitcast_convert_type(x, bits[x.dtype.itemsize])
     return jnp.sum(w.astype(jnp.uint32), dtype=jnp.uint32)

@@ -32,7 +32,7 @@ import jax
 from jaxnorm.training import data as data_lib
 from jaxnorm.training import graph_data
 
-MODELS: tuple[str, ...] = ("lm", "vit", "cnn", "mlp", "graph")
+MODELS: tuple[str, ...] = ("lm", "vit", "cnn", "mlp", "graph", "clm", "cvcnn")
 MODEL_DATA: types.MappingProxyType = types.MappingProxyType(
   {
     "lm": data_lib.TEXT_CORPORA,
@@ -40,6 +40,8 @@ MODEL_DATA: types.MappingProxyType = types.MappingProxyType(
     "cnn": data_lib.IMAGE_DATASETS,
     "mlp": data_lib.IMAGE_DATASETS,
     "graph": graph_data.GRAPH_DATASETS,
+    "clm": data_lib.TEXT_CORPORA,
+    "cvcnn": data_lib.IMAGE_DATASETS,
   }
 )
 POSITIONAL: tuple[str, ...] = ("auto", "learned", "rope", "lap", "none")
@@ -51,7 +53,7 @@ MODEL_POSITIONAL: types.MappingProxyType = types.MappingProxyType(
 GRAPHS: tuple[str, ...] = ("sparse", "full")
 # Models with attention heads (width and the tensor mesh axis must suit
 # them).
-_HEADED = ("lm", "vit", "graph")
+_HEADED = ("lm", "vit", "graph", "clm")
 DTYPES: tuple[str, ...] = ("float32", "bfloat16")
 SCHEDULES: tuple[str, ...] = ("cosine", "wsd", "constant")
 NONFINITE: tuple[str, ...] = ("stop", "skip")
@@ -65,12 +67,14 @@ class TrainConfig:
 
   Attributes:
     model: ``lm`` (decoder LM), ``vit``, ``cnn`` (ResNet-style), ``mlp``
-      (self-normalizing MLP) or ``graph`` (Graph Transformer, node
-      classification).
-    data: ``shakespeare`` or ``kjv`` for ``lm``; ``fashion_mnist`` or
-      ``digits`` for the image models; ``pattern`` or ``cluster`` (SBM
-      graphs generated offline and cached in ``out_dir/data``) for
-      ``graph``.
+      (self-normalizing MLP), ``graph`` (Graph Transformer, node
+      classification), ``clm`` (complex LM, `jaxnorm.nn.cplx.ComplexLM`)
+      or ``cvcnn`` (complex CNN, `jaxnorm.nn.cplx.CVCNN`); see
+      `jaxnorm.training.build.COMPLEX_PARTS` for their part names.
+    data: ``shakespeare`` or ``kjv`` for ``lm`` and ``clm``;
+      ``fashion_mnist`` or ``digits`` for the image models and ``cvcnn``;
+      ``pattern`` or ``cluster`` (SBM graphs generated offline and cached
+      in ``out_dir/data``) for ``graph``.
     norm: a name of `jaxnorm.nn.NORMS`.
     attention: an attention variant name (LM and ViT).
     residual: a residual scheme name.

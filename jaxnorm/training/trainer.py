@@ -63,6 +63,7 @@ from jaxnorm import graph as graph_lib
 from jaxnorm import nn as jaxnorm_nn
 from jaxnorm import sharding
 from jaxnorm.nn import decay as nn_decay
+from jaxnorm.optim import complex as complex_opt
 from jaxnorm.training import build, graph_data, optimizers
 from jaxnorm.training import checkpoints as checkpoints_lib
 from jaxnorm.training import config as config_lib
@@ -139,7 +140,7 @@ def _graph_task(cfg: config_lib.TrainConfig) -> _Task:
 def _make_task(cfg: config_lib.TrainConfig) -> _Task:
   if cfg.model == "graph":
     return _graph_task(cfg)
-  if cfg.model == "lm":
+  if cfg.model in ("lm", "clm"):
     text = data_lib.load_text(cfg.data)
     return _Task(
       kind="lm",
@@ -398,6 +399,9 @@ def _run(
     model.eval()
     eval_graphdef = nnx.graphdef(model)
     tx = optimizers.from_config(cfg, mask=nn_decay.decay_mask(model))
+    if any(jnp.iscomplexobj(p) for p in jax.tree.leaves(params)):
+      # Complex parameters: descend along conj(grad) (optax never does).
+      tx = optax.chain(complex_opt.conjugate_complex(), tx)
     opt_state = jax.jit(tx.init)(params)
     counter = NamedSharding(mesh, P())
     state = {

@@ -17,8 +17,16 @@ D, N, K, H = 16, 4, 2, 4
 _RUN_OPTIONS = {"lina": {"max_len": 8}}
 
 
-def _x(key, t=6):
-  return jax.random.normal(key, (2, t, D))
+def _x(key, t=6, name="softmax"):
+  x = jax.random.normal(key, (2, t, D))
+  return helpers.as_dtype_kind(x, nn_attn.ATTENTIONS[name].dtype_kind)
+
+
+def _kind_kwargs(name):
+  """A complex core runs in a complex MultiHeadAttention."""
+  if nn_attn.ATTENTIONS[name].dtype_kind == "complex":
+    return {"param_dtype": jnp.complex64}
+  return {}
 
 
 def _proj(m, x):
@@ -77,17 +85,24 @@ def test_every_core_builds_runs_and_is_finite(key, name):
   ties = nn_attn.ATTENTIONS[name].core.ties_keys  # SOFT: K == N.
   kv = N if ties else K
   m = nn_attn.make_attention(
-    name, D, N, num_kv_heads=kv, rngs=nnx.Rngs(0), **_RUN_OPTIONS.get(name, {})
+    name,
+    D,
+    N,
+    num_kv_heads=kv,
+    rngs=nnx.Rngs(0),
+    **_RUN_OPTIONS.get(name, {}),
+    **_kind_kwargs(name),
   )
-  x = _x(key)
+  x = _x(key, name=name)
   call = nnx.jit(lambda m, x: m(x))
   y = call(m, x)
   assert y.shape == x.shape and helpers.all_finite(y)
-  yb = call(m, x.astype(jnp.bfloat16))
-  assert yb.dtype == jnp.bfloat16 and helpers.all_finite(yb)
+  if not jnp.iscomplexobj(x):  # No complex half precision.
+    yb = call(m, x.astype(jnp.bfloat16))
+    assert yb.dtype == jnp.bfloat16 and helpers.all_finite(yb)
   short = 2 if ties else 1  # SOFT's landmark windows are 2 tokens.
   assert helpers.all_finite(call(m, x[:, :short]))
-  g = nnx.jit(nnx.grad(lambda m: m(x).sum()))(m)
+  g = nnx.jit(nnx.grad(lambda m: helpers.real_readout(m(x)).sum()))(m)
   assert helpers.all_finite(g)
 
 
@@ -95,10 +110,12 @@ def test_every_core_builds_runs_and_is_finite(key, name):
 def test_spec_capabilities_match_the_core(key, name):
   """``causal`` and ``takes_mask`` of each spec are what the core does."""
   spec = nn_attn.ATTENTIONS[name]
-  kw = _RUN_OPTIONS.get(name, {})
+  kw = {**_RUN_OPTIONS.get(name, {}), **_kind_kwargs(name)}
   if spec.causal:
-    m = nn_attn.make_attention(name, D, N, is_causal=True, rngs=nnx.Rngs(0))
-    x = _x(key)
+    m = nn_attn.make_attention(
+      name, D, N, is_causal=True, rngs=nnx.Rngs(0), **_kind_kwargs(name)
+    )
+    x = _x(key, name=name)
     y = nnx.clone(m)(x)  # Each call from the same state.
     y2 = nnx.clone(m)(x.at[:, -1].add(1.0))
     helpers.assert_close(y2[:, :-1], y[:, :-1], atol=1e-6)
@@ -108,10 +125,10 @@ def test_spec_capabilities_match_the_core(key, name):
   m = nn_attn.make_attention(name, D, N, rngs=nnx.Rngs(0), **kw)
   mask = jnp.tril(jnp.ones((6, 6), bool))[None, None]
   if spec.takes_mask:
-    assert helpers.all_finite(m(_x(key), mask=mask))
+    assert helpers.all_finite(m(_x(key, name=name), mask=mask))
   else:
     with pytest.raises(ValueError, match=r"takes no mask or bias"):
-      m(_x(key), mask=mask)
+      m(_x(key, name=name), mask=mask)
 
 
 @pytest.mark.parametrize("name", nn_attn.ATTENTION_NAMES)

@@ -48,8 +48,15 @@ def _build(name, **kw):
     N,
     num_kv_heads=N if ties else K,
     rngs=nnx.Rngs(0),
-    **{**_RUN_OPTIONS.get(name, {}), **kw},
+    **{**_RUN_OPTIONS.get(name, {}), **_kind_kwargs(name), **kw},
   )
+
+
+def _kind_kwargs(name):
+  """A complex core runs in a complex MultiHeadAttention."""
+  if nn_attn.ATTENTIONS[name].dtype_kind == "complex":
+    return {"param_dtype": jnp.complex64}
+  return {}
 
 
 def test_softmax_cross_attention_matches_numpy(key):
@@ -67,7 +74,8 @@ def test_softmax_cross_attention_matches_numpy(key):
 def test_every_core_cross_attends_or_refuses(key, name):
   """Registry walk: cross inputs reach k/v, or a named refusal."""
   m = _build(name)
-  x = jax.random.normal(key, (2, 6, D))
+  kind = nn_attn.ATTENTIONS[name].dtype_kind
+  x = helpers.as_dtype_kind(jax.random.normal(key, (2, 6, D)), kind)
   refusal = m.core.cross_refusal()
   if refusal is not None:
     with pytest.raises(
@@ -78,8 +86,12 @@ def test_every_core_cross_attends_or_refuses(key, name):
       m(x, x)
     return
   m.eval()  # Affine-scaled: no state update between the calls.
-  xk = jax.random.normal(jax.random.key(1), (2, 8, D))
-  xv = jax.random.normal(jax.random.key(2), (2, 8, D))
+  xk = helpers.as_dtype_kind(
+    jax.random.normal(jax.random.key(1), (2, 8, D)), kind
+  )
+  xv = helpers.as_dtype_kind(
+    jax.random.normal(jax.random.key(2), (2, 8, D)), kind
+  )
 
   @nnx.jit
   def outputs(m, x, xk, xv):

@@ -23,7 +23,12 @@ LM = models.registries("lm")
 LM_OPT_IN = models.registries("lm", allow_batch_stats=True)
 BATCH_STATS_NORMS = tuple(n for n in LM_OPT_IN["norm"] if n not in LM["norm"])
 REFUSED_ATTENTIONS = tuple(
-  n for n in nn_attention.ATTENTIONS if n not in LM["attention"]
+  n
+  for n, spec in nn_attention.ATTENTIONS.items()
+  if n not in LM["attention"] and spec.dtype_kind == "real"
+)
+COMPLEX_ATTENTIONS = tuple(
+  n for n, s in nn_attention.ATTENTIONS.items() if s.dtype_kind == "complex"
 )
 REFUSED_NORMS = tuple(n for n in nn_norms.NORMS if n not in LM_OPT_IN["norm"])
 
@@ -95,11 +100,12 @@ def test_lm_refuses_attention_without_causal_form(attention):
 @pytest.mark.parametrize("norm", REFUSED_NORMS)
 def test_lm_refuses_non_causal_norm(norm):
   spec = nn_norms.NORMS[norm]
-  reason = (
-    "is not causal in the tokens layout"
-    if "tokens" in spec.layouts
-    else "does not normalize the tokens layout"
-  )
+  if spec.dtype_kind == "complex":
+    reason = "is complex-valued"
+  elif "tokens" in spec.layouts:
+    reason = "is not causal in the tokens layout"
+  else:
+    reason = "does not normalize the tokens layout"
   with pytest.raises(
     ValueError,
     match=rf"DecoderLM: norm '{norm}' {reason}.*; choose one of "
@@ -108,4 +114,16 @@ def test_lm_refuses_non_causal_norm(norm):
     models.DecoderLM(
       models.LMConfig(**TINY, norm=norm, allow_batch_stats=True),
       rngs=nnx.Rngs(0),
+    )
+
+
+@pytest.mark.parametrize("attention", COMPLEX_ATTENTIONS)
+def test_lm_refuses_complex_attention(attention):
+  with pytest.raises(
+    ValueError,
+    match=rf"DecoderLM: attention '{attention}' is complex-valued .*; "
+    rf"choose one of {', '.join(LM['attention'])}",
+  ):
+    models.DecoderLM(
+      models.LMConfig(**TINY, attention=attention), rngs=nnx.Rngs(0)
     )

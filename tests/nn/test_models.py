@@ -26,16 +26,18 @@ def test_registries_follow_the_specs():
   opt_in = models.registries("lm", allow_batch_stats=True)
   vit, cnn = models.registries("vit"), models.registries("cnn")
   for name, spec in norms.items():
-    tokens = "tokens" in spec.layouts
+    real = spec.dtype_kind == "real"  # The models are real-valued.
+    tokens = "tokens" in spec.layouts and real
     assert (name in lm["norm"]) == (
       tokens and spec.causal and not spec.batch_stats
     ), name
     assert (name in opt_in["norm"]) == (tokens and spec.causal), name
     assert (name in vit["norm"]) == tokens, name
-    assert (name in cnn["norm"]) == ("images" in spec.layouts), name
+    assert (name in cnn["norm"]) == ("images" in spec.layouts and real), name
   for name, spec in attentions.items():
-    assert (name in lm["attention"]) == spec.causal, name
-    assert name in vit["attention"]
+    real = spec.dtype_kind == "real"
+    assert (name in lm["attention"]) == (spec.causal and real), name
+    assert (name in vit["attention"]) == real, name
   # Known capabilities, as a check on the specs themselves.
   assert {"rmsnorm", "layernorm"} <= set(lm["norm"])
   assert "batchnorm" not in lm["norm"] and "batchnorm" in opt_in["norm"]

@@ -16,6 +16,7 @@ from jaxnorm import _checks, sharding
 from jaxnorm import attention as attn
 from jaxnorm.nn import _param, registry
 from jaxnorm.nn.attention import _base, cores
+from jaxnorm.nn.cplx import attention as cplx_attention
 
 AttentionName = Literal[
   "softmax",
@@ -29,6 +30,9 @@ AttentionName = Literal[
   "causal_linear",
   "mxfp4",
   "sinkhorn",
+  "born",
+  "complexformer",
+  "pct",
 ]
 
 
@@ -99,6 +103,7 @@ ATTENTIONS: Mapping[str, registry.AttentionSpec] = types.MappingProxyType(
     "sinkhorn": registry.AttentionSpec(
       cores.SinkhornAttention, "Freytes, arXiv:2601.11618"
     ),
+    **cplx_attention.ATTENTION_SPECS,
   }
 )
 """Attention name -> `registry.AttentionSpec` (core class and capabilities).

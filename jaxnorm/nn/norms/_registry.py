@@ -11,6 +11,7 @@ from flax import nnx
 
 from jaxnorm import _checks
 from jaxnorm.nn import registry
+from jaxnorm.nn.cplx import norms as cplx_norms
 from jaxnorm.nn.norms.backward import PowerNorm, UnifiedNorm
 from jaxnorm.nn.norms.batch import (
   BatchNorm,
@@ -55,6 +56,9 @@ NormName = Literal[
   "clsnorm",
   "timestepdecaynorm",
   "scalenorm",
+  "complexbatchnorm",
+  "complexlayernorm",
+  "complexrmsnorm",
 ]
 
 
@@ -225,6 +229,7 @@ NORMS: Mapping[str, registry.NormSpec] = types.MappingProxyType(
       defaults=_timestep_groups,
       layouts=_TOKENS,
     ),
+    **cplx_norms.NORM_SPECS,
   }
 )
 """Every registered norm: name -> `jaxnorm.nn.registry.NormSpec`.
