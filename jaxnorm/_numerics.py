@@ -355,3 +355,10 @@ def ema(old: jax.Array, new: jax.Array, momentum: float) -> jax.Array:
     old.shape
   )
   return blend.astype(old.dtype)
+
+
+def rms_factor(ms: jax.Array, eps: float, eps_mode: str) -> jax.Array:
+  """RMSNorm's ``1/sqrt(ms + eps)`` (inside) or ``1/(sqrt(ms) + eps)``."""
+  if eps_mode == "inside":
+    return jax.lax.rsqrt(ms + eps)
+  return 1.0 / (jnp.sqrt(ms) + eps)

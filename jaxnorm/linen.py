@@ -33,7 +33,6 @@ import jax.numpy as jnp
 
 from jaxnorm import _numerics, attention, norms
 from jaxnorm.nn.norms import _common
-from jaxnorm.norms import masked as _masked
 
 __all__ = [
   "CRMSNorm",
@@ -111,19 +110,15 @@ class LayerNorm(nn.Module):
     scale = _param(self, "scale", self.scale_init, d, self.use_scale)
     bias = _param(self, "bias", self.bias_init, d, self.use_bias)
     x = _promote(self, x, (scale, bias))
-    if mask is not None:
-      y = _masked.layer_norm(
-        x, scale, bias, mask, eps=self.eps, scale_offset=self.scale_offset
-      )
-    else:
-      y = norms.layer_norm(
-        x,
-        scale,
-        bias,
-        eps=self.eps,
-        scale_offset=self.scale_offset,
-        implementation=self.implementation,
-      )
+    y = norms.layer_norm(
+      x,
+      scale,
+      bias,
+      eps=self.eps,
+      scale_offset=self.scale_offset,
+      mask=mask,
+      implementation=self.implementation,
+    )
     return _common.cast(y, self)
 
 
@@ -151,24 +146,15 @@ class RMSNorm(nn.Module):
     d = jnp.shape(x)[-1]
     scale = _param(self, "scale", self.scale_init, d, self.use_scale)
     x = _promote(self, x, (scale,))
-    if mask is not None:
-      y = _masked.rms_norm(
-        x,
-        scale,
-        mask,
-        eps=self.eps,
-        eps_mode=self.eps_mode,
-        scale_offset=self.scale_offset,
-      )
-    else:
-      y = norms.rms_norm(
-        x,
-        scale,
-        eps=self.eps,
-        eps_mode=self.eps_mode,
-        scale_offset=self.scale_offset,
-        implementation=self.implementation,
-      )
+    y = norms.rms_norm(
+      x,
+      scale,
+      eps=self.eps,
+      eps_mode=self.eps_mode,
+      scale_offset=self.scale_offset,
+      mask=mask,
+      implementation=self.implementation,
+    )
     return _common.cast(y, self)
 
 
@@ -295,8 +281,5 @@ class GroupNorm(nn.Module):
       "eps": self.eps,
       "reduction_axes": self.reduction_axes,
     }
-    if mask is not None:
-      y = _masked.group_norm(x, scale, bias, mask, **kwargs)
-    else:
-      y = norms.group_norm(x, scale, bias, **kwargs)
+    y = norms.group_norm(x, scale, bias, mask=mask, **kwargs)
     return _common.cast(y, self)

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Bool, Float
 
 from jaxnorm import _checks, _numerics
-from jaxnorm.norms import layer
+from jaxnorm.norms import layer, masked
 
 
 class BatchNormState(NamedTuple):
@@ -193,6 +193,7 @@ def group_norm(
   group_size: int | None = None,
   eps: float = 1e-6,
   reduction_axes: layer.Axis | None = None,
+  mask: Bool[ArrayLike, "..."] | None = None,
 ) -> Float[Array, "n *spatial c"]:
   r"""Group normalization of a channels-last batch.
 
@@ -225,6 +226,8 @@ def group_norm(
     eps: added to the variance.
     reduction_axes: axes of the statistics, containing ``-1``; ``None``
       means every axis but 0.
+    mask: boolean, flax's ``mask=``: each group's statistics run over its
+      ``True`` elements only (`jaxnorm.norms.masked`).
 
   Returns:
     Array with the shape and dtype of ``x``.
@@ -247,6 +250,16 @@ def group_norm(
     who, "x.shape[-1]", x.shape[-1], num_groups, group_size
   )
   _numerics.check_channels(who, x, scale=scale, bias=bias)
+  if mask is not None:
+    return masked.group_norm(
+      x,
+      scale,
+      bias,
+      mask,
+      num_groups=groups,
+      eps=eps,
+      reduction_axes=reduction_axes,
+    )
   xf = x.astype(_numerics.compute_dtype(x))
   mean, var = _numerics.group_moments(xf, groups, axes)
   y = _numerics.affine((xf - mean) * jax.lax.rsqrt(var + eps), scale, bias)

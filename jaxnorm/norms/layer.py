@@ -15,9 +15,10 @@ from typing import Literal
 
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, ArrayLike, Float
+from jaxtyping import Array, ArrayLike, Bool, Float
 
 from jaxnorm import _checks, _dispatch, _numerics
+from jaxnorm.norms import masked
 
 Axis = int | Sequence[int]
 EpsMode = Literal["inside", "outside"]
@@ -32,6 +33,7 @@ def layer_norm(
   eps: float = 1e-6,
   axis: Axis = -1,
   scale_offset: float = 0.0,
+  mask: Bool[ArrayLike, "..."] | None = None,
   implementation: _dispatch.Implementation | None = None,
 ) -> Float[Array, "..."]:
   r"""Layer normalization over ``axis``.
@@ -56,6 +58,8 @@ def layer_norm(
     axis: axis or axes to normalize over.
     scale_offset: constant added to ``scale`` (1.0 gives the ``1 + scale``
       parameterization of Gemma-style models).
+    mask: boolean, flax's ``mask=``: the statistics run over the ``True``
+      elements only (`jaxnorm.norms.masked`); features on the last axis.
     implementation: ``"xla"`` (this reference), ``"pallas"`` (the
       `pallas_kernels.norms` kernel) or ``None`` (the kernel on GPU/TPU when
       it supports the case, else the reference).
@@ -78,6 +82,11 @@ def layer_norm(
   axes = _checks.normalize_axes(who, axis, x.ndim)
   _numerics.check_param(who, "scale", scale, x, axes)
   _numerics.check_param(who, "bias", bias, x, axes)
+  if mask is not None:
+    masked.check_masked_call(who, axes, x.ndim, implementation)
+    return masked.layer_norm(
+      x, scale, bias, mask, eps=eps, scale_offset=scale_offset
+    )
   out = _dispatch.kernel_or_none(
     who,
     implementation,
@@ -143,6 +152,7 @@ def rms_norm(
   axis: Axis = -1,
   eps_mode: EpsMode = "inside",
   scale_offset: float = 0.0,
+  mask: Bool[ArrayLike, "..."] | None = None,
   implementation: _dispatch.Implementation | None = None,
 ) -> Float[Array, "..."]:
   r"""Root-mean-square normalization over ``axis`` (no re-centering).
@@ -168,6 +178,8 @@ def rms_norm(
     axis: axis or axes to normalize over.
     eps_mode: ``"inside"`` or ``"outside"`` the square root.
     scale_offset: constant added to ``scale`` (1.0 for ``1 + scale``).
+    mask: boolean, flax's ``mask=``: the mean square runs over the ``True``
+      elements only (`jaxnorm.norms.masked`); features on the last axis.
     implementation: ``"xla"`` (this reference), ``"pallas"`` (the
       `pallas_kernels.norms` kernel) or ``None`` (the kernel on GPU/TPU when
       it supports the case, else the reference).
@@ -191,6 +203,11 @@ def rms_norm(
   x = jnp.asarray(x)
   axes = _checks.normalize_axes(who, axis, x.ndim)
   _numerics.check_param(who, "scale", scale, x, axes)
+  if mask is not None:
+    masked.check_masked_call(who, axes, x.ndim, implementation)
+    return masked.rms_norm(
+      x, scale, mask, eps=eps, eps_mode=eps_mode, scale_offset=scale_offset
+    )
   out = _dispatch.kernel_or_none(
     who,
     implementation,
@@ -204,12 +221,6 @@ def rms_norm(
   return _rms_norm(x, scale, float(eps), axes, eps_mode, float(scale_offset))
 
 
-def _rms_factor(ms: jax.Array, eps: float, eps_mode: str) -> jax.Array:
-  if eps_mode == "inside":
-    return jax.lax.rsqrt(ms + eps)
-  return 1.0 / (jnp.sqrt(ms) + eps)
-
-
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4, 5))
 def _rms_norm(x, scale, eps, axes, eps_mode, offset):
   return _rms_norm_fwd(x, scale, eps, axes, eps_mode, offset)[0]
@@ -219,7 +230,7 @@ def _rms_norm_fwd(x, scale, eps, axes, eps_mode, offset):
   cdt = _numerics.compute_dtype(x)
   xf = x.astype(cdt)
   ms = jnp.mean(jnp.square(xf), axis=axes, keepdims=True)
-  k = _rms_factor(ms, eps, eps_mode)
+  k = _numerics.rms_factor(ms, eps, eps_mode)
   y = _numerics.affine(xf * k, scale, None, axes, scale_offset=offset)
   return y.astype(x.dtype), (x, scale, ms, k)
 

@@ -30,7 +30,26 @@ import jax.numpy as jnp
 from jaxtyping import ArrayLike
 
 from jaxnorm import _numerics
-from jaxnorm.norms import layer as _layer
+
+
+def check_masked_call(
+  who: str, axes: tuple[int, ...], ndim: int, implementation: str | None
+) -> None:
+  """Refuses ``mask=`` off the last axis or with the Pallas kernel.
+
+  Raises:
+    ValueError: ``axes`` is not the last axis alone.
+    NotImplementedError: ``implementation="pallas"`` (no masked kernel).
+  """
+  if axes != (ndim - 1,):
+    raise ValueError(
+      f"{who}: mask= normalizes over the features on the last axis, got "
+      f"axis={axes} for x.ndim={ndim}"
+    )
+  if implementation == "pallas":
+    raise NotImplementedError(
+      f"{who}: the Pallas kernel has no mask=; use implementation='xla' or None"
+    )
 
 
 def check_mask(who: str, mask: ArrayLike, x: jax.Array) -> jax.Array:
@@ -115,7 +134,7 @@ def rms_norm(
   """`jaxnorm.norms.rms_norm` over the last axis with a masked mean square."""
   xf, mask = _inputs("RMSNorm", x, mask, scale=scale)
   _, ms = moments(xf, mask, (x.ndim - 1,), center=False)
-  y = xf * _layer._rms_factor(ms, eps, eps_mode)
+  y = xf * _numerics.rms_factor(ms, eps, eps_mode)
   y = _numerics.affine(y, scale, None, scale_offset=scale_offset)
   return y.astype(x.dtype)
 

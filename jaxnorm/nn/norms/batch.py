@@ -166,17 +166,6 @@ class GroupNorm(nnx.Module):
       The normalized ``x``.
     """
     x = promote(x, self)
-    if mask is not None:
-      y = _masked.group_norm(
-        x,
-        maybe(self.scale),
-        maybe(self.bias),
-        mask,
-        num_groups=self.num_groups,
-        eps=self.eps,
-        reduction_axes=self.reduction_axes,
-      )
-      return cast(y, self)
     y = norms.group_norm(
       x,
       maybe(self.scale),
@@ -184,6 +173,7 @@ class GroupNorm(nnx.Module):
       num_groups=self.num_groups,
       eps=self.eps,
       reduction_axes=self.reduction_axes,
+      mask=mask,
     )
     return cast(y, self)
 

@@ -21,7 +21,6 @@ from jaxnorm.nn.norms._common import (
   param,
   promote,
 )
-from jaxnorm.norms import masked as _masked
 
 
 def fused_add_norm(
@@ -96,28 +95,20 @@ class LayerNorm(nnx.Module):
       mask: boolean, as in flax: the statistics run over the ``True``
         elements only (``x.shape[:-1]`` masks positions, any other shape
         broadcasts against ``x``); see `jaxnorm.norms.masked`. The
-        masked form runs in XLA whatever ``implementation``.
+        masked form has no Pallas kernel (``implementation`` None or
+        ``"xla"``).
 
     Returns:
       The normalized ``x``.
     """
     x = promote(x, self)
-    if mask is not None:
-      y = _masked.layer_norm(
-        x,
-        maybe(self.scale),
-        maybe(self.bias),
-        mask,
-        eps=self.eps,
-        scale_offset=self.scale_offset,
-      )
-      return cast(y, self)
     y = norms.layer_norm(
       x,
       maybe(self.scale),
       maybe(self.bias),
       eps=self.eps,
       scale_offset=self.scale_offset,
+      mask=mask,
       implementation=self.implementation,
     )
     return cast(y, self)
@@ -184,22 +175,13 @@ class RMSNorm(nnx.Module):
       The normalized ``x``.
     """
     x = promote(x, self)
-    if mask is not None:
-      y = _masked.rms_norm(
-        x,
-        maybe(self.scale),
-        mask,
-        eps=self.eps,
-        eps_mode=self.eps_mode,
-        scale_offset=self.scale_offset,
-      )
-      return cast(y, self)
     y = norms.rms_norm(
       x,
       maybe(self.scale),
       eps=self.eps,
       eps_mode=self.eps_mode,
       scale_offset=self.scale_offset,
+      mask=mask,
       implementation=self.implementation,
     )
     return cast(y, self)
