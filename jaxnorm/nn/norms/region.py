@@ -51,11 +51,13 @@ class RegionNormB(nnx.Module):
       (masked_bias),
     )
     self.axis_name, self.dtype = axis_name, dtype
-    zeros = jnp.zeros((num_features,), param_dtype)
-    self.scale_fg = param(zeros, axis_names)
-    self.bias_fg = param(zeros, axis_names)
-    self.scale_bg = param(zeros, axis_names)
-    self.bias_bg = param(zeros, axis_names)
+
+    # A fresh array per parameter: a train step donates every buffer.
+    def zeros():
+      return param(jnp.zeros((num_features,), param_dtype), axis_names)
+
+    self.scale_fg, self.bias_fg = zeros(), zeros()
+    self.scale_bg, self.bias_bg = zeros(), zeros()
 
   def __call__(self, x: jax.Array, mask: jax.Array | None = None) -> jax.Array:
     """Normalizes NHWC ``x`` within the regions of ``mask``."""

@@ -199,13 +199,19 @@ class CLSNorm(nnx.Module):
     self.num_features, self.kind, self.eps = num_features, kind, eps
     self.num_cls_tokens, self.num_registers = num_cls_tokens, num_registers
     self.registers_with, self.role, self.dtype = registers_with, role, dtype
-    ones = jnp.ones((num_features,), param_dtype)
-    zeros = jnp.zeros((num_features,), param_dtype)
-    self.scale_cls = param(ones, axis_names)
-    self.scale_patch = param(ones, axis_names)
+
+    # A fresh array per parameter: a train step donates every buffer.
+    def ones():
+      return jnp.ones((num_features,), param_dtype)
+
+    def zeros():
+      return jnp.zeros((num_features,), param_dtype)
+
+    self.scale_cls = param(ones(), axis_names)
+    self.scale_patch = param(ones(), axis_names)
     use_bias = kind == "layer"
-    self.bias_cls = param(zeros, axis_names) if use_bias else None
-    self.bias_patch = param(zeros, axis_names) if use_bias else None
+    self.bias_cls = param(zeros(), axis_names) if use_bias else None
+    self.bias_patch = param(zeros(), axis_names) if use_bias else None
 
   @classmethod
   def from_shared(cls, norm: LayerNorm | RMSNorm, **kwargs: Any) -> CLSNorm:

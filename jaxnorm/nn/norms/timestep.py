@@ -53,9 +53,9 @@ class TimestepDecayNorm(nnx.Module):
     draw_keys(rngs)  # Constant initialization: drawn, unused.
     self.num_features, self.num_groups = num_features, num_groups
     self.beta1, self.beta2, self.eps, self.dtype = beta1, beta2, eps, dtype
-    zeros = jnp.zeros((num_features,), param_dtype)
-    self.scale = param(zeros, axis_names)
-    self.bias = param(zeros, axis_names)
+    # A fresh array per parameter: a train step donates every buffer.
+    self.scale = param(jnp.zeros((num_features,), param_dtype), axis_names)
+    self.bias = param(jnp.zeros((num_features,), param_dtype), axis_names)
 
   def __call__(
     self,

@@ -173,10 +173,10 @@ class ManifoldHyperConnection(nnx.Module):
     self.phi_pre = phi(n, 1) if dynamic else None
     self.phi_post = phi(n, 2) if dynamic else None
     self.phi_res = phi(res_out, 3) if dynamic and res_out else None
-    gate = jnp.full((), gate_init, param_dtype)
-    self.a_pre = _param.param(gate, ())
-    self.a_post = _param.param(gate, ())
-    self.a_res = _param.param(gate, ())
+    # One array per gate: a train step donates every parameter buffer.
+    self.a_pre = _param.param(jnp.full((), gate_init, param_dtype), ())
+    self.a_post = _param.param(jnp.full((), gate_init, param_dtype), ())
+    self.a_res = _param.param(jnp.full((), gate_init, param_dtype), ())
     self.norm = build_norm(norm, num_features, norm_kwargs, key)
 
   def maps(self, h: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
