@@ -253,13 +253,15 @@ def plot_runs(
   baseline: float | None,
   baseline_label: str = "baseline",
 ) -> None:
-  """One train curve (solid) and validation curve (dots) per run."""
-  import matplotlib
+  """One train curve (solid) and validation curve (dots) per run.
 
-  matplotlib.use("Agg")
-  from matplotlib import pyplot as plt
+  Draws on a bare `matplotlib.figure.Figure` (no pyplot, no backend
+  switch), so a notebook's inline plots keep working after a run.
+  """
+  from matplotlib.figure import Figure
 
-  fig, ax = plt.subplots(figsize=(7, 4.5), dpi=120)
+  fig = Figure(figsize=(7, 4.5), dpi=120)
+  ax = fig.subplots()
   for i, (name, path) in enumerate(runs):
     records = read_log(path)
     color = f"C{i % 10}"
@@ -285,4 +287,3 @@ def plot_runs(
   ax.legend(fontsize=8)
   fig.tight_layout()
   fig.savefig(out)
-  plt.close(fig)
