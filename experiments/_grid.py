@@ -15,6 +15,7 @@ error bars.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import pathlib
@@ -41,7 +42,25 @@ _FIELDS = (
 )
 
 
-def _run_dir(out: pathlib.Path, variant: str, seed: int) -> pathlib.Path:
+def parser(doc: str, name: str) -> argparse.ArgumentParser:
+  """`_report.parser` plus the claims scripts' ``--full`` and ``--runs``."""
+  p = _report.parser(doc)
+  p.add_argument("--full", action="store_true", help="GPU-sized runs")
+  p.add_argument(
+    "--runs",
+    default=f"runs/claims/{name}",
+    help="folder of the run directories and the JSON-lines tables",
+  )
+  return p
+
+
+def seeds(args: argparse.Namespace) -> tuple[int, ...]:
+  """One seed with ``--quick``, three otherwise."""
+  return (0,) if args.quick else (0, 1, 2)
+
+
+def run_dir(out: pathlib.Path, variant: str, seed: int) -> pathlib.Path:
+  """The run directory of one (variant, seed) of the grid tabled in ``out``."""
   return out / "runs" / variant / f"seed{seed}"
 
 
@@ -78,10 +97,10 @@ def run_grid(
     for seed in seeds:
       if (name, seed) in done:
         continue
-      run_dir = _run_dir(table.parent, name, seed)
+      out_dir = run_dir(table.parent, name, seed)
       summary = trainer.train(
         dataclasses.replace(
-          cfg, seed=seed, out_dir=str(run_dir), progress=False, resume=False
+          cfg, seed=seed, out_dir=str(out_dir), progress=False, resume=False
         )
       )
       line = {
@@ -159,7 +178,7 @@ def figure(
   by_variant: dict[str, list[list[tuple[int, float]]]] = {}
   for ln in lines:
     log = metrics.read_log(
-      _run_dir(table.parent, ln["variant"], ln["seed"]) / "metrics.jsonl"
+      run_dir(table.parent, ln["variant"], ln["seed"]) / "metrics.jsonl"
     )
     curve = [(r["step"], r["val_loss"]) for r in log if "val_loss" in r]
     by_variant.setdefault(ln["variant"], []).append(curve)
@@ -228,3 +247,20 @@ def verdict(
       return "reproduced", why
     return "not reproduced at this scale", why
   raise ValueError(f"verdict: claim must be 'lower' or 'equal', got {claim!r}")
+
+
+def verdict_table(
+  verdicts: Sequence[Mapping[str, Any]], columns: Sequence[str] = ()
+) -> list[str]:
+  """Markdown rows: claim, the extra ``columns``, bold verdict, evidence."""
+  head = ["claim", *columns, "verdict", "evidence"]
+  rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+  for v in verdicts:
+    cells = [
+      v["claim"],
+      *(str(v[c]) for c in columns),
+      f"**Verdict: {v['verdict']}**",
+      v["why"],
+    ]
+    rows.append("| " + " | ".join(cells) + " |")
+  return rows

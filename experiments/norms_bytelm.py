@@ -88,16 +88,10 @@ def base_config(quick: bool, full: bool) -> config_lib.TrainConfig:
 
 def main(argv: Sequence[str] | None = None) -> dict:
   """Runs the grids (skipping finished runs) and writes the report."""
-  p = _report.parser(__doc__)
-  p.add_argument("--full", action="store_true", help="GPU-sized runs")
-  p.add_argument(
-    "--runs",
-    default=f"runs/claims/{NAME}",
-    help="folder of the run directories and the JSON-lines tables",
-  )
+  p = _grid.parser(__doc__, NAME)
   args = p.parse_args(argv)
   base = base_config(args.quick, args.full)
-  seeds = (0,) if args.quick else (0, 1, 2)
+  seeds = _grid.seeds(args)
   shakespeare = (
     {k: SHAKESPEARE[k] for k in ("layernorm", "dyt")}
     if args.quick
@@ -158,13 +152,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
       lines += [f"## {corpus}", ""]
       lines += _grid.markdown_table(grid, "val loss", "layernorm")
       lines.append("")
-    lines += ["## Verdicts", "", "| claim | corpus | verdict | evidence |"]
-    lines.append("|---|---|---|---|")
-    for v in result["verdicts"]:
-      lines.append(
-        f"| {v['claim']} | {v['corpus']} | **Verdict: {v['verdict']}** "
-        f"| {v['why']} |"
-      )
+    lines += ["## Verdicts", ""]
+    lines += _grid.verdict_table(result["verdicts"], ("corpus",))
     return lines
 
   return _report.run(NAME, args, compute, figure, markdown)

@@ -9,12 +9,29 @@ import json
 import pytest
 
 from experiments import (
+  attention_claims,
   depthbench,
   grpo,
   llm_int8,
   looped_power,
   norms_bytelm,
   nuclear_norm,
+  optimizers_claims,
+  powernorm_claims,
+  snn_claims,
+  ttn_claims,
+  vision_claims,
+)
+
+# The claims scripts keep their run directories under --runs.
+CLAIMS = (
+  norms_bytelm,
+  optimizers_claims,
+  attention_claims,
+  snn_claims,
+  ttn_claims,
+  powernorm_claims,
+  vision_claims,
 )
 
 # Each experiment script end to end in --quick mode: CI runs them (-m slow).
@@ -38,12 +55,12 @@ def _check(out, name):
     (llm_int8, "llm_int8"),
     (nuclear_norm, "nuclear_norm"),
     (depthbench, "depthbench"),
-    (norms_bytelm, "norms_bytelm"),
+    *((m, m.NAME) for m in CLAIMS),
   ],
 )
 def test_quick(module, name, tmp_path):
   argv = ["--quick", "--out", str(tmp_path)]
-  if module is norms_bytelm:
+  if module in CLAIMS:
     argv += ["--runs", str(tmp_path / "runs")]
   result = module.main(argv)
   assert result
