@@ -57,7 +57,7 @@ from jaxnorm.attention import affine_scaled as affine_ref
 from jaxnorm.attention import sinks as sinks_ref
 from jaxnorm.attention import softmax as softmax_ref
 from pallas_kernels import _flash_blocked as blocked
-from pallas_kernels import _rows
+from pallas_kernels import _rows, sharding
 from pallas_kernels import mosaic_gpu_attention as mga
 
 # K/V of one head live in one block: 2 * S * H elements; beyond this many
@@ -447,6 +447,7 @@ def _attention(
   return out[0] if unbatched else out
 
 
+@sharding.on_mesh_heads
 def dot_product_attention_pallas(
   query: Float[Array, "B T N H"],
   key: Float[Array, "B S K H"],
@@ -513,6 +514,7 @@ def dot_product_attention_pallas(
   )
 
 
+@sharding.on_mesh_heads
 def sink_attention_pallas(
   query: Float[Array, "B T N H"],
   key: Float[Array, "B S K H"],
@@ -640,7 +642,9 @@ def affine_scaled_attention_pallas(
   Raises:
     TypeError: for non-floating inputs or a non-boolean mask.
     ValueError: for mismatched shapes, ``alpha``/``alpha_ma`` or ``rho``.
-    NotImplementedError: for a case the kernel does not cover.
+    NotImplementedError: for a case the kernel does not cover, and on a
+      device mesh (the running estimate is a mean over the whole batch, which
+      a per-device kernel would not see; dispatch then runs the reference).
 
   References:
     Bae et al., *Affine-Scaled Attention: Towards Flexible and Stable
@@ -651,6 +655,11 @@ def affine_scaled_attention_pallas(
   if query.ndim != 4:
     raise ValueError(
       f"{who}: query must be batched (B, T, N, H), got {query.shape=}"
+    )
+  if sharding.heads_plan(query, key) is not None:
+    raise NotImplementedError(
+      f"{who}: not on a device mesh (alpha_ma averages over the whole "
+      "batch); use implementation='xla'"
     )
   soft = _attention(
     who,

@@ -43,7 +43,7 @@ from jaxtyping import Array, Float
 
 from jaxnorm import _checks
 from jaxnorm.attention import linear as reference
-from pallas_kernels import _rows
+from pallas_kernels import _rows, sharding
 from pallas_kernels import mosaic_gpu_attention as mga
 
 # q, k, v of one head sit in one block (the kernel slices the chunks).
@@ -113,6 +113,7 @@ def _forward(fq, fk, v, *, chunk, group, normalize, eps, lowering, interpret):
   )(fq, fk, v)
 
 
+@sharding.on_mesh_heads
 def causal_linear_attention_pallas(
   query: Float[Array, "B T N H"],
   key: Float[Array, "B T K H"],

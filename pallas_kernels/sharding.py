@@ -17,17 +17,23 @@ Example::
   y = jax.jit(norm)(x, scale)           # x: (batch, seq, d)
 
 The row kernels of `pallas_kernels.norms` also call `shard_rows` themselves
-under `jax.set_mesh` (or on an explicitly sharded input), so
-``implementation=None`` dispatch runs them per device on a mesh.
+under `jax.set_mesh` (or on an explicitly sharded input), and the attention
+kernels go through `shard_heads` the same way (`on_mesh_heads`), so
+``implementation=None`` dispatch runs every kernel per device on a mesh.
 """
 
 from __future__ import annotations
 
+import functools
+import math
 from collections.abc import Callable
 from typing import Any
 
 import jax
-from jax.sharding import Mesh, PartitionSpec
+import jax.numpy as jnp
+from jax.sharding import AxisType, Mesh, PartitionSpec
+
+Axes = str | tuple[str, ...] | None
 
 
 def shard_rows(
@@ -113,8 +119,8 @@ def shard_heads(
   kernel: Callable[..., Any],
   mesh: Mesh,
   *,
-  batch_axis: str | None = "data",
-  head_axis: str | None = "tensor",
+  batch_axis: Axes = "data",
+  head_axis: Axes = "tensor",
   **kernel_kwargs: Any,
 ) -> Callable[..., Any]:
   """Wraps an attention kernel to run per device: batch and heads split.
@@ -131,8 +137,8 @@ def shard_heads(
   Args:
     kernel: `pallas_kernels.attention` / `linear_attention` function.
     mesh: the device mesh.
-    batch_axis: mesh axis for the batch, or ``None``.
-    head_axis: mesh axis for the heads, or ``None``.
+    batch_axis: mesh axis (or tuple of axes) for the batch, or ``None``.
+    head_axis: mesh axis (or tuple of axes) for the heads, or ``None``.
     **kernel_kwargs: static keyword arguments (``is_causal``, ``interpret``).
 
   Returns:
@@ -143,15 +149,16 @@ def shard_heads(
       the ``head_axis`` size.
   """
   who = "shard_heads"
-  for a in (batch_axis, head_axis):
-    if a is not None and a not in mesh.axis_names:
+  sizes = dict(zip(mesh.axis_names, mesh.axis_sizes, strict=True))
+  for a in (*_names(batch_axis), *_names(head_axis)):
+    if a not in sizes:
       raise ValueError(
         f"{who}: axis {a!r} is not in mesh.axis_names={mesh.axis_names}"
       )
   qkv = PartitionSpec(batch_axis, None, head_axis, None)
 
   def run(query, key, value, *, mask=None, sinks=None):
-    heads = 1 if head_axis is None else mesh.shape[head_axis]
+    heads = math.prod(sizes[a] for a in _names(head_axis))
     if key.shape[2] % heads:
       raise ValueError(
         f"{who}: the {key.shape[2]} key heads must be divisible by the "
@@ -182,5 +189,74 @@ def shard_heads(
       out_specs=qkv,
       check_vma=False,
     )(query, key, value, arrays["mask"], arrays["sinks"])
+
+  return run
+
+
+def _names(axes: Axes) -> tuple[str, ...]:
+  if axes is None:
+    return ()
+  return (axes,) if isinstance(axes, str) else tuple(axes)
+
+
+def heads_plan(query: Any, key: Any) -> tuple[Any, Axes, Axes] | None:
+  """``(mesh, batch_axes, head_axes)`` to run attention per device, or None.
+
+  The mesh is the context one (`jax.set_mesh`), else that of a sharded
+  ``query``. ``None`` without a mesh of more than one device, inside a
+  `shard_map` (manual axes) and for an unbatched ``query``. Each mesh axis
+  goes to the batch while the batch size stays divisible, else to the key
+  heads while they stay divisible (whole GQA groups per device), else it
+  replicates the work (every device of that axis computes the same block).
+  """
+  if jnp.ndim(query) != 4:
+    return None
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh.empty:
+    mesh = getattr(jax.typeof(query).sharding, "mesh", mesh)
+  if mesh.empty or mesh.size == 1:
+    return None
+  if any(t == AxisType.Manual for t in mesh.axis_types):
+    return None
+  batch, heads, nb, nh = [], [], 1, 1
+  for name, size in zip(mesh.axis_names, mesh.axis_sizes, strict=True):
+    if size == 1:
+      continue
+    if query.shape[0] % (nb * size) == 0:
+      batch.append(name)
+      nb *= size
+    elif key.shape[2] % (nh * size) == 0:
+      heads.append(name)
+      nh *= size
+  return mesh, tuple(batch) or None, tuple(heads) or None
+
+
+def on_mesh_heads(kernel: Callable[..., Any]) -> Callable[..., Any]:
+  """Runs an attention kernel per device on the context mesh (`heads_plan`).
+
+  The kernel's calling convention: ``(query, key, value, bias=None,
+  mask=None, *, sinks=..., **static)``; off a mesh it is called as is.
+
+  Raises:
+    NotImplementedError: an additive ``bias`` on a mesh (the kernels have
+      none).
+  """
+
+  @functools.wraps(kernel)
+  def run(query, key, value, *args, **kwargs):
+    plan = heads_plan(query, key)
+    if plan is None:
+      return kernel(query, key, value, *args, **kwargs)
+    bias, mask = (*args, None, None)[:2]
+    bias, mask = kwargs.pop("bias", bias), kwargs.pop("mask", mask)
+    if bias is not None:
+      raise NotImplementedError(
+        f"{kernel.__name__}: no additive bias; use implementation='xla'"
+      )
+    sinks = kwargs.pop("sinks", None)
+    mesh, batch, heads = plan
+    return shard_heads(
+      kernel, mesh, batch_axis=batch, head_axis=heads, **kwargs
+    )(query, key, value, mask=mask, sinks=sinks)
 
   return run

@@ -217,3 +217,61 @@ def test_shard_heads_errors(mesh):
   x = jnp.ones((2, 8, 3, 16))
   with pytest.raises(ValueError, match="3 key heads must be divisible"):
     fn(x, x, x)
+
+
+def test_heads_plan_splits_batch_then_heads():
+  mesh = jsharding.make_mesh((2, 2, 2), ("data", "fsdp", "tensor"))
+  q, k = jnp.zeros((4, 8, 4, 16)), jnp.zeros((4, 8, 2, 16))
+  with jax.set_mesh(mesh):
+    # The batch of 4 takes data and fsdp, the 2 key heads take tensor.
+    assert psharding.heads_plan(q, k)[1:] == (("data", "fsdp"), ("tensor",))
+    # An odd batch stays whole: data takes the 2 key heads, and fsdp and
+    # tensor, dividing neither, replicate the work.
+    assert psharding.heads_plan(q[:3], k[:3])[1:] == (None, ("data",))
+    assert psharding.heads_plan(q[0], k[0]) is None  # unbatched
+  assert psharding.heads_plan(q, k) is None  # no mesh
+
+
+@pytest.mark.parametrize("kind", ["sink", "linear"])
+def test_kernels_run_per_device_on_the_context_mesh(kind, key):
+  # implementation=None dispatch calls the kernels as is; on a mesh they
+  # split themselves over it (a Pallas call cannot be partitioned by XLA).
+  from jaxnorm import attention as ref
+  from pallas_kernels import attention as pa
+  from pallas_kernels import linear_attention as pla
+
+  mesh = jsharding.make_mesh((2, 2, 2), ("data", "fsdp", "tensor"))
+  ks = jax.random.split(key, 4)
+  q = jax.random.normal(ks[0], (2, 24, 4, 16))
+  k = jax.random.normal(ks[1], (2, 24, 2, 16))
+  v = jax.random.normal(ks[2], (2, 24, 2, 16))
+  lowering = {"interpret": pltpu.InterpretParams()}
+  if kind == "sink":
+    mask = jax.random.bernoulli(ks[3], 0.8, (2, 1, 24, 24))
+    sinks = jnp.array([0.1, -0.5, 1.0, 0.0])
+    kern = lambda q, k, v: pa.sink_attention_pallas(
+      q, k, v, None, mask, sinks=sinks, is_causal=True, **lowering
+    )
+    want = ref.sink_attention(q, k, v, mask=mask, sinks=sinks, is_causal=True)
+  else:
+    kern = lambda q, k, v: pla.causal_linear_attention_pallas(
+      q, k, v, chunk_size=8, **lowering
+    )
+    want = ref.causal_linear_attention(q, k, v)
+  with jax.set_mesh(mesh):
+    out = jax.jit(kern)(q, k, v)
+  helpers.assert_close(out, want, atol=2e-5, rtol=1e-5)
+
+
+def test_affine_scaled_kernel_refuses_a_mesh():
+  from pallas_kernels import attention as pa
+
+  mesh = jsharding.make_mesh((2, 2, 2), ("data", "fsdp", "tensor"))
+  q = jnp.ones((2, 8, 2, 16))
+  with (
+    jax.set_mesh(mesh),
+    pytest.raises(NotImplementedError, match=r"not on a device mesh"),
+  ):
+    pa.affine_scaled_attention_pallas(
+      q, q, q, alpha=jnp.ones((2, 8, 2)), alpha_ma=jnp.ones(()), interpret=True
+    )
