@@ -312,7 +312,9 @@ def test_load_lm_checks_the_tree():
 
 
 def test_norm_free_decoder_needs_prenorm():
-  with pytest.raises(ValueError, match="needs residual='prenorm'"):
+  with pytest.raises(
+    ValueError, match=r"norm='none' \(no norm\) needs a scheme that runs"
+  ):
     models.DecoderLM(
       _config(norm="none", residual="postnorm"), rngs=nnx.Rngs(0)
     )

@@ -91,7 +91,10 @@ def grid(shapes, mosaic_gpu_cases):
 
 
 # Per-dtype base tolerances, scaled by sqrt(reduced length) (STYLE.md 9.3).
-_BASE = {"float32": 1e-6, "bfloat16": 1e-3}
+# float32 base 2e-6: at XLA:CPU's lowest LLVM level (tests/conftest.py) the
+# kernel and the reference round multiply-adds differently, which moves a
+# gradient over 96 features by up to ~1.2e-5 (measured).
+_BASE = {"float32": 2e-6, "bfloat16": 1e-3}
 _RTOL = {"float32": 1e-5, "bfloat16": 2e-2}
 
 
