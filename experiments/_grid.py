@@ -19,6 +19,7 @@ import argparse
 import dataclasses
 import json
 import pathlib
+import types
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -57,6 +58,58 @@ def parser(doc: str, name: str) -> argparse.ArgumentParser:
 def seeds(args: argparse.Namespace) -> tuple[int, ...]:
   """One seed with ``--quick``, three otherwise."""
   return (0,) if args.quick else (0, 1, 2)
+
+
+# The claims scripts' byte LM at toy size (--quick) and GPU size (--full).
+QUICK_LM = types.MappingProxyType(
+  dict(
+    width=16,
+    depth=1,
+    num_heads=2,
+    seq_len=16,
+    batch_size=4,
+    steps=4,
+    eval_every=2,
+    eval_batches=1,
+    warmup_steps=1,
+  )
+)
+FULL_LM = types.MappingProxyType(
+  dict(
+    width=256,
+    depth=8,
+    num_heads=8,
+    seq_len=256,
+    batch_size=32,
+    eval_batches=16,
+    warmup_steps=200,
+  )
+)
+
+
+def byte_lm_config(
+  args: argparse.Namespace,
+  default: Mapping[str, Any],
+  *,
+  full_steps: int = 5000,
+  full_eval_every: int = 250,
+  **fields: Any,
+) -> config_lib.TrainConfig:
+  """The byte LM of a claims script: `QUICK_LM`, ``default`` or `FULL_LM`.
+
+  ``default`` holds the size and step fields of the default run; ``fields``
+  are set in every mode. Logs at every evaluation; no periodic
+  checkpoints (the final one is written).
+  """
+  if args.quick:
+    run = dict(QUICK_LM)
+  elif args.full:
+    run = {**FULL_LM, "steps": full_steps, "eval_every": full_eval_every}
+  else:
+    run = dict(default)
+  return config_lib.TrainConfig(
+    **run, log_every=run["eval_every"], checkpoint_every=10**9, **fields
+  )
 
 
 def run_dir(out: pathlib.Path, variant: str, seed: int) -> pathlib.Path:

@@ -25,6 +25,7 @@ difference (`experiments._grid.verdict`).
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import pathlib
 from collections.abc import Sequence
@@ -72,22 +73,21 @@ CLAIMS = (
 )
 
 
-def base_config(quick: bool, full: bool) -> config_lib.TrainConfig:
+def base_config(args: argparse.Namespace) -> config_lib.TrainConfig:
   """The shared run: width 64, depth 4, 64-byte windows (quick: toy)."""
-  if quick:
-    size = dict(width=16, depth=1, num_heads=2, seq_len=16, batch_size=4)
-    steps = dict(steps=4, eval_every=2, eval_batches=1, warmup_steps=1)
-  elif full:
-    size = dict(width=256, depth=8, num_heads=8, seq_len=256, batch_size=32)
-    steps = dict(steps=5000, eval_every=250, eval_batches=16, warmup_steps=200)
-  else:
-    size = dict(width=64, depth=4, num_heads=4, seq_len=64, batch_size=16)
-    steps = dict(steps=300, eval_every=50, eval_batches=8, warmup_steps=30)
-  return config_lib.TrainConfig(
-    **size,
-    **steps,
-    log_every=steps["eval_every"],
-    checkpoint_every=10**9,
+  return _grid.byte_lm_config(
+    args,
+    dict(
+      width=64,
+      depth=4,
+      num_heads=4,
+      seq_len=64,
+      batch_size=16,
+      steps=300,
+      eval_every=50,
+      eval_batches=8,
+      warmup_steps=30,
+    ),
     learning_rate=3e-3,
   )
 
@@ -96,7 +96,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
   """Runs the grids (skipping finished runs) and writes the report."""
   p = _grid.parser(__doc__, NAME)
   args = p.parse_args(argv)
-  base = base_config(args.quick, args.full)
+  base = base_config(args)
   seeds = _grid.seeds(args)
   shakespeare = (
     {k: SHAKESPEARE[k] for k in ("layernorm", "dyt")}

@@ -39,6 +39,7 @@ Verdicts compare means with the standard error of their difference
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import math
 import pathlib
@@ -78,22 +79,23 @@ CNN_LR: Mapping[str, float] = {
 MATCH_TOLERANCE = 0.02
 
 
-def base_config(quick: bool, full: bool) -> config_lib.TrainConfig:
+def base_config(args: argparse.Namespace) -> config_lib.TrainConfig:
   """The byte LM: width 64, depth 2, 64-byte windows (quick: toy)."""
-  if quick:
-    size = dict(width=16, depth=1, num_heads=2, seq_len=16, batch_size=4)
-    steps = dict(steps=4, eval_every=2, eval_batches=1, warmup_steps=1)
-  elif full:
-    size = dict(width=256, depth=8, num_heads=8, seq_len=256, batch_size=32)
-    steps = dict(steps=4000, eval_every=100, eval_batches=16, warmup_steps=200)
-  else:
-    size = dict(width=64, depth=2, num_heads=4, seq_len=64, batch_size=16)
-    steps = dict(steps=200, eval_every=20, eval_batches=4, warmup_steps=20)
-  return config_lib.TrainConfig(
-    **size,
-    **steps,
-    log_every=steps["eval_every"],
-    checkpoint_every=10**9,
+  return _grid.byte_lm_config(
+    args,
+    dict(
+      width=64,
+      depth=2,
+      num_heads=4,
+      seq_len=64,
+      batch_size=16,
+      steps=200,
+      eval_every=20,
+      eval_batches=4,
+      warmup_steps=20,
+    ),
+    full_steps=4000,
+    full_eval_every=100,
     keep_checkpoints=1,
   )
 
@@ -278,7 +280,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
   """Runs the grids (skipping finished runs) and writes the report."""
   p = _grid.parser(__doc__, NAME)
   args = p.parse_args(argv)
-  base = base_config(args.quick, args.full)
+  base = base_config(args)
   cnn = cnn_config(args.quick, args.full)
   seeds = _grid.seeds(args)
   optimizers = QUICK_OPTIMIZERS if args.quick else tuple(LR_GRID)
