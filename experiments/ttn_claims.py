@@ -71,16 +71,6 @@ CLAIMS = (
 )
 
 
-class _FromBatchNorm:
-  """`quant.swap_dense`'s replacement protocol, building UnMix-TNS layers."""
-
-  @staticmethod
-  def from_dense(bn: nn_norms.BatchNorm, *, rngs: nnx.Rngs) -> nnx.Module:
-    return nn_norms.UnMixTNS.from_batch_norm(
-      bn, rngs=rngs, num_components=NUM_COMPONENTS
-    )
-
-
 def base_config(quick: bool, full: bool) -> config_lib.TrainConfig:
   """The training run: CNN width 32, depth 2, batch 64 (quick: toy)."""
   if quick:
@@ -147,11 +137,13 @@ def adapted(model: nnx.Module, method: str, seed: int) -> nnx.Module:
   elif method == "tbn":
     m.train()  # Batch statistics; the copy's running ones are discarded.
   else:
-    quant.swap_dense(
+    rngs = nnx.Rngs(seed)
+    quant.swap_modules(
       m,
-      dense_type=nn_norms.BatchNorm,
-      cls=_FromBatchNorm,
-      rngs=nnx.Rngs(seed),
+      nn_norms.BatchNorm,
+      lambda bn: nn_norms.UnMixTNS.from_batch_norm(
+        bn, rngs=rngs, num_components=NUM_COMPONENTS
+      ),
     )
   return m
 

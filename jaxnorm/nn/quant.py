@@ -10,6 +10,7 @@ built model in place. The maths is in `jaxnorm.quant`.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Literal
 
 import jax
@@ -156,16 +157,39 @@ def swap_dense(
   Returns:
     The number of layers replaced.
   """
+  return swap_modules(
+    model, dense_type, lambda dense: cls.from_dense(dense, **options)
+  )
+
+
+def swap_modules(
+  model: nnx.Module,
+  module_type: type,
+  make: Callable[[nnx.Module], nnx.Module],
+) -> int:
+  """Replaces every ``module_type`` submodule of ``model`` by ``make(it)``.
+
+  In place; ``module_type`` is matched exactly (subclasses are left alone)
+  and the model itself is never replaced.
+
+  Args:
+    model: the module to edit.
+    module_type: the exact class to replace.
+    make: builds the replacement from the module it replaces.
+
+  Returns:
+    The number of modules replaced.
+  """
   found = [
     (path, m)
     for path, m in nnx.iter_modules(model)
-    if type(m) is dense_type and path
+    if type(m) is module_type and path
   ]
-  for path, dense in found:
+  for path, old in found:
     parent = model
     for key in path[:-1]:
       parent = parent[key] if isinstance(key, int) else getattr(parent, key)
-    new = cls.from_dense(dense, **options)
+    new = make(old)
     if isinstance(path[-1], int):
       parent[path[-1]] = new
     else:
