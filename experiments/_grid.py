@@ -20,7 +20,7 @@ import dataclasses
 import json
 import pathlib
 import types
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -122,6 +122,8 @@ def run_grid(
   base: config_lib.TrainConfig,
   variants: Mapping[str, Mapping[str, Any]],
   seeds: Sequence[int],
+  *,
+  model: Callable[[str, int], Any] | None = None,
 ) -> list[dict[str, Any]]:
   """Trains every (variant, seed) not yet in ``table``; returns all lines.
 
@@ -130,6 +132,9 @@ def run_grid(
     base: the shared config (its ``seed`` and ``out_dir`` are replaced).
     variants: name -> `TrainConfig` field changes.
     seeds: the seeds every variant runs with.
+    model: ``(variant, seed) -> nnx.Module`` for a model built outside the
+      runner's registries (trained as ``trainer.train(cfg, model=...)``);
+      ``None`` lets the runner build each variant's config.
 
   Raises:
     ValueError: a variant's config is invalid (names the variant and the
@@ -154,7 +159,8 @@ def run_grid(
       summary = trainer.train(
         dataclasses.replace(
           cfg, seed=seed, out_dir=str(out_dir), progress=False, resume=False
-        )
+        ),
+        model=None if model is None else model(name, seed),
       )
       line = {
         "variant": name,

@@ -12,8 +12,13 @@ Claims checked (each against its reference, same runner, data and seeds):
 * LayerNorm Scaling ("The Curse of Depth", arXiv:2502.05795): scaling block
   ``l``'s norms by ``1/sqrt(l)`` lowers the loss of Pre-RMSNorm.
 * L1 layer norm (sub-8-bit training paper): matches LayerNorm.
-* CRMSNorm is reported beside LayerNorm (the same function class; no
-  training claim).
+* CRMSNorm (Jiang et al., "Pre-RMSNorm and Pre-CRMSNorm Transformers",
+  arXiv:2305.14858): the same function class as Pre-LN, so its loss
+  matches LayerNorm's (`experiments.convert_prenorm` checks the exact
+  conversion; this grid checks training from scratch).
+* The norm-free stack (``norm="none"``: ``x + f(x)`` with no norm at all),
+  the baseline the DyT paper starts from: removing every norm raises the
+  loss.
 
 Setting: the runner's decoder LM on byte-level Shakespeare, and the
 LN / RMSNorm / DyT / SeeDNorm subset on the KJV Bible as a second corpus;
@@ -53,6 +58,9 @@ SHAKESPEARE = {
     "norm_kwargs": (("reparam", True),),
   },
   "rmsnorm-lns": {"norm": "rmsnorm", "residual": "lns"},
+  # The norm-free stack: Pre-LN's x + f(x) with no norm anywhere (no final
+  # norm either), the baseline DyT's paper starts from.
+  "norm-free": {"norm": "none"},
 }
 KJV = ("layernorm", "rmsnorm", "dyt", "seednorm")
 
@@ -70,6 +78,8 @@ CLAIMS = (
   ),
   ("rmsnorm-lns", "rmsnorm", "lower", 0.0, "LNS beats Pre-RMSNorm"),
   ("l1layernorm", "layernorm", "equal", 0.01, "L1 norm matches LayerNorm"),
+  ("crmsnorm", "layernorm", "equal", 0.01, "CRMSNorm matches LayerNorm"),
+  ("layernorm", "norm-free", "lower", 0.0, "removing every norm hurts"),
 )
 
 

@@ -58,14 +58,15 @@ from jaxnorm.training import data as data_lib
 NAME = "optimizers_claims"
 
 # Per optimizer: the learning rates tried on the byte LM (a factor ~3
-# apart, centred on the papers' recipes scaled to this model).
+# apart, centred on the papers' recipes scaled to this model), extended
+# until the best one is inside the grid (a best at an edge is not a best).
 LR_GRID: Mapping[str, tuple[float, ...]] = {
-  "adamw": (1e-3, 3e-3, 1e-2),
-  "adamp": (1e-3, 3e-3, 1e-2),
-  "conda": (1e-3, 3e-3, 1e-2),
-  "sgdp": (3e-2, 1e-1, 3e-1),
+  "adamw": (1e-3, 3e-3, 1e-2, 3e-2),
+  "adamp": (1e-3, 3e-3, 1e-2, 3e-2),
+  "conda": (1e-3, 3e-3, 1e-2, 3e-2),
+  "sgdp": (1e-2, 3e-2, 1e-1, 3e-1),
   "rmnp": (3e-3, 1e-2, 3e-2),
-  "muon": (3e-3, 1e-2, 3e-2),
+  "muon": (3e-3, 1e-2, 3e-2, 1e-1),
 }
 QUICK_OPTIMIZERS = ("adamw", "rmnp", "muon")
 # The CNN comparison: optimizer -> learning rate (pairs share one).
@@ -457,8 +458,19 @@ def main(argv: Sequence[str] | None = None) -> dict:
       "| optimizer @ lr | val loss | diverged runs |",
       "|---|---|---|",
     ]
-    for name, cell in result["lr_grid"].items():
-      mark = " (best)" if name in result["best_lr"].values() else ""
+    order = list(LR_GRID)
+
+    def grid_order(item: tuple[str, Any]) -> tuple[int, float]:
+      opt, lr = item[0].split("@")
+      return (order.index(opt) if opt in order else len(order), float(lr))
+
+    for name, cell in sorted(result["lr_grid"].items(), key=grid_order):
+      mark = ""
+      if name in result["best_lr"].values():
+        opt, lr = name.split("@")
+        grid = LR_GRID.get(opt, ())
+        edge = float(lr) in (grid[0], grid[-1]) if len(grid) > 1 else False
+        mark = " (best, at the grid's edge)" if edge else " (best)"
       lines.append(f"| {name}{mark} | {_grid.fmt(cell)} | {cell['diverged']} |")
     lines += ["", "## Each optimizer at its best learning rate", ""]
     lines += [

@@ -10,6 +10,7 @@ import pytest
 
 from experiments import (
   attention_claims,
+  cnn_attention_claims,
   depthbench,
   grpo,
   llm_int8,
@@ -26,6 +27,7 @@ from experiments import (
 # The claims scripts keep their run directories under --runs.
 CLAIMS = (
   norms_bytelm,
+  cnn_attention_claims,
   optimizers_claims,
   attention_claims,
   snn_claims,

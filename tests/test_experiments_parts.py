@@ -1,0 +1,61 @@
+"""The experiment scripts' own model builders (not the whole pipelines)."""
+
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+
+from experiments import cnn_attention_claims as cac
+from jaxnorm.nn import models
+
+# Builds real models: CI runs these with the experiments (-m slow).
+pytestmark = pytest.mark.slow
+
+
+def _params(module) -> int:
+  return sum(x.size for x in jax.tree.leaves(nnx.state(module, nnx.Param)))
+
+
+@pytest.fixture(scope="module")
+def cnn_config():
+  return models.CNNConfig(width=32, depth=2, image_shape=(8, 8, 1))
+
+
+# Extra parameters at width 32: ELA-T/B are two 1-D depthwise convolutions
+# and a GroupNorm each side; PSA-p/s are its 1x1 convolutions and LayerNorm.
+@pytest.mark.parametrize(
+  "variant,extra",
+  [("ela-t", 448), ("ela-b", 576), ("psa-p", 4160), ("psa-s", 3608)],
+)
+def test_gated_cnn_keeps_the_baseline_weights(cnn_config, variant, extra):
+  base = cac.build_cnn(cac.BASELINE, cnn_config, 0)
+  gated = cac.build_cnn(variant, cnn_config, 0)
+  for i in range(cnn_config.depth):
+    np.testing.assert_array_equal(
+      gated.net.blocks[i].branch.conv2.kernel[...],
+      base.net.blocks[i].conv2.kernel[...],
+    )
+  assert _params(gated) - _params(base) == extra
+  x = jax.random.normal(jax.random.key(1), (2, 8, 8, 1))
+  assert gated(x).shape == (2, 10)
+
+
+def test_build_cnn_rejects_an_unknown_variant(cnn_config):
+  with pytest.raises(ValueError, match="build_cnn: variant must be one of"):
+    cac.build_cnn("se", cnn_config, 0)
+
+
+def test_per_parameter_pairs_by_seed():
+  lines = [
+    {"variant": "baseline", "seed": 0, "params": 1000, "val_error": 20.0},
+    {"variant": "baseline", "seed": 1, "params": 1000, "val_error": 22.0},
+    {"variant": "ela-t", "seed": 0, "params": 1500, "val_error": 19.0},
+    {"variant": "ela-t", "seed": 1, "params": 1500, "val_error": 23.0},
+    {"variant": "ela-t", "seed": 2, "params": 1500, "val_error": 0.0},
+  ]
+  pairs = cac.per_parameter(lines)
+  assert [(p["seed"], p["error_change"]) for p in pairs] == [
+    (0, -1.0),
+    (1, 1.0),
+  ]
+  assert [p["error_per_kparam"] for p in pairs] == [-2.0, 2.0]
