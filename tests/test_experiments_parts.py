@@ -6,6 +6,7 @@ import pytest
 from flax import nnx
 
 from experiments import cnn_attention_claims as cac
+from experiments import regionnorm_claims as rc
 from jaxnorm.nn import models
 
 # Builds real models: CI runs these with the experiments (-m slow).
@@ -59,3 +60,26 @@ def test_per_parameter_pairs_by_seed():
     (1, 1.0),
   ]
   assert [p["error_per_kparam"] for p in pairs] == [-2.0, 2.0]
+
+
+def test_inpaintnet_rejects_an_unknown_variant():
+  with pytest.raises(ValueError, match="InpaintNet: variant must be one of"):
+    rc.InpaintNet("layernorm", width=4, blocks=0, rngs=nnx.Rngs(0))
+
+
+def test_hole_masks_are_one_rectangle_in_the_range():
+  m = rc.hole_masks(np.random.default_rng(0), 500, 28)[..., 0]
+  fraction = m.mean((1, 2))
+  assert fraction.min() > 0.08 and fraction.max() < 0.43
+  for mi in m:  # One filled rectangle: its bounding box is all hole.
+    r, c = np.nonzero(mi)
+    assert (np.ptp(r) + 1) * (np.ptp(c) + 1) == mi.sum()
+
+
+def test_scores_against_a_known_error():
+  x = np.random.default_rng(1).random((3, 8, 8, 1))
+  m = rc.hole_masks(np.random.default_rng(2), 3, 8)
+  s = rc.scores(x + 0.1 * m, x, m)  # Error 0.1 in the holes only.
+  np.testing.assert_allclose(s["l1_hole"], 0.1, rtol=1e-6)
+  np.testing.assert_allclose(s["psnr_hole"], 20.0, rtol=1e-6)
+  np.testing.assert_allclose(s["l1_image"], 0.1 * m.mean(), rtol=1e-6)

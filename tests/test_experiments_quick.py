@@ -19,6 +19,7 @@ from experiments import (
   nuclear_norm,
   optimizers_claims,
   powernorm_claims,
+  regionnorm_claims,
   snn_claims,
   ttn_claims,
   vision_claims,
@@ -33,6 +34,7 @@ CLAIMS = (
   snn_claims,
   ttn_claims,
   powernorm_claims,
+  regionnorm_claims,
   vision_claims,
 )
 
