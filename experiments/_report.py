@@ -42,6 +42,21 @@ def mean_spread(values: Any) -> tuple[float, float]:
   return float(v.mean()), float(v.std(ddof=1)) if v.size > 1 else 0.0
 
 
+def median_ms(fn: Callable[[Any], Any], x: Any, reps: int) -> float:
+  """Median wall time of ``fn(x)`` over ``reps`` calls, in milliseconds.
+
+  One untimed call first (compilation); each timed call waits for the
+  result. For benchmark tables only, never for a test.
+  """
+  jax.block_until_ready(fn(x))
+  times = []
+  for _ in range(reps):
+    t0 = time.perf_counter()
+    jax.block_until_ready(fn(x))
+    times.append(time.perf_counter() - t0)
+  return 1e3 * float(np.median(times))
+
+
 def command_line(name: str, args: argparse.Namespace) -> str:
   """The Markdown line naming the command, its duration and the host."""
   quick = " --quick" if args.quick else ""

@@ -27,7 +27,6 @@ layer (`UnifiedNorm.fold`), the fold checked against the unfolded output.
 from __future__ import annotations
 
 import pathlib
-import time
 from collections.abc import Sequence
 
 import jax
@@ -90,17 +89,6 @@ def variants(base: config_lib.TrainConfig) -> dict[str, dict]:
   }
 
 
-def _median_ms(fn, x, reps: int) -> float:
-  """Median wall time of ``fn(x)`` over ``reps`` calls, in milliseconds."""
-  fn(x).block_until_ready()
-  times = []
-  for _ in range(reps):
-    t0 = time.perf_counter()
-    fn(x).block_until_ready()
-    times.append(time.perf_counter() - t0)
-  return 1e3 * float(np.median(times))
-
-
 def folding(
   shape: tuple[int, int, int], repeats: int, reps: int, seed: int = 0
 ) -> dict:
@@ -146,7 +134,7 @@ def folding(
   times = {name: [] for name in calls}
   for _ in range(repeats):
     for name, fn in calls.items():
-      times[name].append(_median_ms(fn, x, reps))
+      times[name].append(_report.median_ms(fn, x, reps))
   return {"shape": list(shape), "max_abs_error": error, "ms": times}
 
 

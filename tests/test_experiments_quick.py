@@ -23,6 +23,7 @@ from experiments import (
   snn_claims,
   ttn_claims,
   vision_claims,
+  vit_attention_claims,
 )
 
 # The claims scripts keep their run directories under --runs.
@@ -36,6 +37,7 @@ CLAIMS = (
   powernorm_claims,
   regionnorm_claims,
   vision_claims,
+  vit_attention_claims,
 )
 
 # Each experiment script end to end in --quick mode: CI runs them (-m slow).
