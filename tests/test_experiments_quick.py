@@ -20,6 +20,7 @@ from experiments import (
   optimizers_claims,
   powernorm_claims,
   regionnorm_claims,
+  residual_depth,
   snn_claims,
   ttn_claims,
   vision_claims,
@@ -36,6 +37,7 @@ CLAIMS = (
   ttn_claims,
   powernorm_claims,
   regionnorm_claims,
+  residual_depth,
   vision_claims,
   vit_attention_claims,
 )

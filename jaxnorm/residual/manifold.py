@@ -18,6 +18,8 @@ from jaxtyping import Array, ArrayLike, Float
 
 from jaxnorm import _checks, _numerics
 from jaxnorm.residual._common import (
+  IndexLike,
+  check_layer_index,
   check_scalar,
   check_streams,
   leading,
@@ -422,11 +424,17 @@ def mhc_maps(
   return h_pre, h_post, h_res
 
 
+def _logit(p: float) -> float:
+  return math.log(p / (1.0 - p))
+
+
 def mhc_static_init(
   num_streams: int,
   *,
   residual: ResidualMap = "sinkhorn",
   res_diag: float = 0.99,
+  layer_index: IndexLike | None = None,
+  pre_focus: float = 0.9,
   dtype: jnp.dtype = jnp.float32,
 ) -> tuple[jax.Array, jax.Array, jax.Array | None]:
   r"""Initial biases ``(b_pre, b_post, b_res)`` for `mhc_maps`.
@@ -435,8 +443,12 @@ def mhc_static_init(
   are jaxnorm's choice, the paper's own "disabled mapping" values (Table 1)
   as a neutral start:
 
-  * :math:`H^{pre} = 1/n` (``b_pre = logit(1/n)``): the branch reads the
-    mean of the streams;
+  * :math:`H^{pre} = 1/n` (``b_pre = logit(1/n)``) without a
+    ``layer_index``: the branch reads the mean of the streams. With one
+    (what the models pass), sublayer ``k`` reads stream ``k mod n`` with
+    weight ``pre_focus`` and each other stream with ``(1 - pre_focus) /
+    (n - 1)``, after HC's one-hot read ``e_{k mod n}`` (sigmoid cannot
+    reach one-hot; 0.9 keeps its slope at 0.09);
   * :math:`H^{post} = 1` (``b_post = 0``);
   * :math:`H^{res}` with diagonal ``res_diag`` and the rest spread evenly:
     diagonal logit :math:`\log(\mathrm{res\_diag}\,(n - 1) /
@@ -446,12 +458,21 @@ def mhc_static_init(
 
   With identical streams (`expand_streams`) and ``phi = 0``, any such
   network equals ``n`` copies of the Pre-Norm residual network, because the
-  rows of :math:`H^{res}` sum to 1 and :math:`\sum_i H^{pre}_i = 1`.
+  rows of :math:`H^{res}` sum to 1 and :math:`\sum_i H^{pre}_i = 1`. With
+  the uniform read it stays so through training: every stream gets the same
+  gradient, so the streams never separate and the mixing is never used
+  (measured by `experiments.residual_depth`: stream spread 0). The focused
+  read keeps the same function at init, but the backward pass reaches
+  each stream with a different weight, so the streams separate as HC's do.
 
   Args:
     num_streams: ``n`` (4 for quaternions).
     residual: as in `mhc_maps`.
     res_diag: diagonal of the initial Sinkhorn matrix, in ``[1/n, 1)``.
+    layer_index: 0-based sublayer index ``k`` (a Python integer or a traced
+      integer scalar), or ``None`` for the uniform read.
+    pre_focus: initial :math:`H^{pre}` on stream ``k mod n``, in ``[1/n,
+      1)``; used only with ``layer_index``.
     dtype: dtype of the returned arrays.
 
   Returns:
@@ -464,9 +485,21 @@ def mhc_static_init(
   who = "mhc_static_init"
   _checks.check_positive_int(who, "num_streams", num_streams)
   _checks.check_choice(who, "residual", residual, RESIDUAL_MAPS)
+  check_layer_index(who, layer_index)
   n = num_streams
-  pre = math.log((1.0 / n) / (1.0 - 1.0 / n)) if n > 1 else 30.0
-  b_pre = jnp.full((n,), pre, dtype)
+  if n == 1:
+    b_pre = jnp.full((1,), 30.0, dtype)
+  elif layer_index is None:
+    b_pre = jnp.full((n,), _logit(1.0 / n), dtype)
+  else:
+    if not 1.0 / n <= pre_focus < 1.0:
+      raise ValueError(
+        f"{who}: pre_focus must lie in [1/n, 1) = [{1.0 / n}, 1), got "
+        f"{pre_focus=}"
+      )
+    read = jax.nn.one_hot(jnp.asarray(layer_index) % n, n, dtype=dtype)
+    rest = _logit((1.0 - pre_focus) / (n - 1))
+    b_pre = rest + (_logit(pre_focus) - rest) * read
   b_post = jnp.zeros((n,), dtype)
   if residual == "identity":
     return b_pre, b_post, None

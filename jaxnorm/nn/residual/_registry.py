@@ -86,7 +86,11 @@ def _step(
   if name == "hc":
     return HyperConnection(d, layer_index=sublayer, rngs=rngs, **kwargs)
   return ManifoldHyperConnection(
-    d, residual_map=_STREAM_MAPS[name], rngs=rngs, **kwargs
+    d,
+    residual_map=_STREAM_MAPS[name],
+    layer_index=sublayer,
+    rngs=rngs,
+    **kwargs,
   )
 
 

@@ -110,7 +110,10 @@ class ManifoldHyperConnection(nnx.Module):
   Unverified: the paper does not give the init of ``phi`` and ``b``;
   ``phi`` starts at 0 (``phi_init_std`` draws normal values instead) and the
   biases as documented in `mhc_static_init`, so a fresh network equals
-  ``n`` copies of the Pre-Norm network. The branch keeps its own pre-norm
+  ``n`` copies of the Pre-Norm network. ``layer_index`` (the models pass the
+  sublayer index ``k``) focuses the initial read on stream ``k mod n``
+  (``pre_focus``), as HC's; without it the read is uniform and the streams
+  never separate. The branch keeps its own pre-norm
   ``norm``. Maths in `jaxnorm.residual.mhc_maps`.
   """
 
@@ -124,6 +127,8 @@ class ManifoldHyperConnection(nnx.Module):
     gate_init: float = 0.01,
     phi_init_std: float = 0.0,
     res_diag: float = 0.99,
+    layer_index: residual.IndexLike | None = None,
+    pre_focus: float = 0.9,
     num_iters: int = 20,
     temperature: float = 1.0,
     log_domain: bool = True,
@@ -153,7 +158,12 @@ class ManifoldHyperConnection(nnx.Module):
     self.num_iters, self.temperature = num_iters, temperature
     self.log_domain, self.eps = log_domain, eps
     b_pre, b_post, b_res = residual.mhc_static_init(
-      n, residual=residual_map, res_diag=res_diag, dtype=param_dtype
+      n,
+      residual=residual_map,
+      res_diag=res_diag,
+      layer_index=layer_index,
+      pre_focus=pre_focus,
+      dtype=param_dtype,
     )
     self.b_pre = _param.param(b_pre, ("streams",))
     self.b_post = _param.param(b_post, ("streams",))
