@@ -134,7 +134,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
   runs = pathlib.Path(args.runs)
   tables = {
     "shakespeare": runs / "shakespeare.jsonl",
-    "kjv": runs / "kjv.jsonl",
+    # Its own folder: a table's run directories live beside it.
+    "kjv": runs / "kjv" / "kjv.jsonl",
   }
 
   def compute() -> dict:
