@@ -425,6 +425,7 @@ def mhc_maps(
 
 
 def _logit(p: float) -> float:
+  """The sigmoid's inverse: the bias whose sigmoid is ``p`` in (0, 1)."""
   return math.log(p / (1.0 - p))
 
 
