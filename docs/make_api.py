@@ -37,6 +37,7 @@ FAMILIES: tuple[tuple[str, str], ...] = (
   ("Modules (flax.nnx)", "jaxnorm.nn"),
   ("Modules (flax.linen)", "jaxnorm.linen"),
   ("Sharding", "jaxnorm.sharding"),
+  ("Compiling for chips without them", "jaxnorm.aot"),
 )
 
 # The nearest flax / optax / jax name, where the maths is the same or a

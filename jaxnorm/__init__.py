@@ -7,12 +7,14 @@ normalization, `jaxnorm.quant` LLM.int8, `jaxnorm.looped`, `jaxnorm.analysis`),
 optax optimizers
 (`jaxnorm.optim`), nnx modules and
 model conversions (`jaxnorm.nn`, `jaxnorm.nn.convert`), sharding helpers
-(`jaxnorm.sharding`) and the experiment engine (`jaxnorm.training`, imported
+(`jaxnorm.sharding`), deviceless GPU/TPU targets (`jaxnorm.aot`) and the
+experiment engine (`jaxnorm.training`, imported
 on demand).
 """
 
 from jaxnorm import (
   activations,
+  aot,
   analysis,
   attention,
   depth_metrics,
@@ -32,6 +34,7 @@ __version__ = "0.1.0"
 
 __all__ = [
   "activations",
+  "aot",
   "analysis",
   "attention",
   "depth_metrics",

@@ -2,8 +2,13 @@
 
 ``"xla"`` is the reference; ``"pallas"`` is the kernel, and any
 `NotImplementedError` it raises (naming the unsupported case) reaches the
-caller; ``None`` picks the kernel on GPU/TPU when it supports the case and
-the reference otherwise (always on CPU).
+caller; ``None`` picks the kernel when the program is compiled for a GPU or
+a TPU and the kernel supports the case, and the reference otherwise (always
+for a CPU). The target is the devices the program is compiled for, not the
+machine's default backend (`jaxnorm._target.current`: the current mesh,
+else the arguments' shardings, else the default backend), so a program
+compiled for a deviceless H100 or TPU mesh gets the kernels it would get on
+the chip.
 
 Kernels are found through one table, `KERNEL_FAMILIES`: each family names
 the `pallas_kernels` module that holds its kernels and the kernels it
@@ -17,16 +22,13 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import typing
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
-import jax
-
-from jaxnorm import _checks
+from jaxnorm import _checks, _target
 
 Implementation = Literal["xla", "pallas"]
 IMPLEMENTATIONS: tuple[Any, ...] = (None, "xla", "pallas")
-_ACCELERATORS = ("gpu", "cuda", "rocm", "tpu")
 
 Family = Literal["norms", "attention", "linear_attention"]
 NormKernel = Literal[
@@ -91,11 +93,6 @@ def check_implementation(who: str, implementation: Any) -> None:
   _checks.check_choice(who, "implementation", implementation, IMPLEMENTATIONS)
 
 
-def _backend() -> str:
-  """The default backend's platform name (a seam for dispatch tests)."""
-  return jax.default_backend()
-
-
 def _kernel(name: KernelName) -> Callable[..., Any]:
   """Imports the family module of kernel ``name`` and returns the kernel."""
   module = KERNEL_FAMILIES[family_of(name)].module
@@ -107,6 +104,7 @@ def kernel_or_none(
   implementation: Implementation | None,
   kernel: KernelName,
   call_kernel: Callable[[Callable[..., Any]], Any],
+  arrays: Sequence[Any] = (),
 ) -> Any:
   """The kernel's result, or ``None`` when the reference should run.
 
@@ -115,10 +113,13 @@ def kernel_or_none(
     implementation: ``"xla"``, ``"pallas"`` or ``None``.
     kernel: a kernel of `KERNEL_FAMILIES`.
     call_kernel: calls the given kernel function with the user's arguments.
+    arrays: the array arguments, whose shardings name the target when no
+      mesh is set (`jaxnorm._target.current`).
 
   Returns:
-    The kernel output, or ``None`` for ``"xla"``, for ``None`` on CPU and for
-    ``None`` on a case the kernel does not support.
+    The kernel output, or ``None`` for ``"xla"``, for ``None`` when the
+    target is not a GPU or TPU, and for ``None`` on a case the kernel does
+    not support.
 
   Raises:
     ValueError: for an unknown ``implementation``.
@@ -129,7 +130,7 @@ def kernel_or_none(
   check_implementation(who, implementation)
   if implementation == "xla":
     return None
-  if implementation is None and _backend() not in _ACCELERATORS:
+  if implementation is None and not _target.current(*arrays).accelerator:
     return None
   fn = _kernel(kernel)
   if implementation == "pallas":
@@ -149,6 +150,7 @@ def dispatch(
   kernel: KernelName,
   call_kernel: Callable[[Callable[..., Any]], Any],
   call_reference: Callable[[], Any],
+  arrays: Sequence[Any] = (),
 ) -> Any:
   """Runs the kernel named ``kernel`` or, per `kernel_or_none`, the reference.
 
@@ -158,6 +160,7 @@ def dispatch(
     kernel: a kernel of `KERNEL_FAMILIES`.
     call_kernel: calls the given kernel function with the user's arguments.
     call_reference: calls the reference.
+    arrays: the array arguments (see `kernel_or_none`).
 
   Returns:
     Whatever the chosen callable returns.
@@ -166,5 +169,5 @@ def dispatch(
     ValueError: for an unknown ``implementation``.
     NotImplementedError: for ``"pallas"`` on a case the kernel lacks.
   """
-  out = kernel_or_none(who, implementation, kernel, call_kernel)
+  out = kernel_or_none(who, implementation, kernel, call_kernel, arrays)
   return call_reference() if out is None else out

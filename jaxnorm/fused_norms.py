@@ -103,6 +103,7 @@ def add_rms_norm(
       scale_offset=scale_offset,
     ),
     reference,
+    arrays=(x,),
   )
 
 
@@ -162,4 +163,5 @@ def add_layer_norm(
       x, residual, scale, bias, eps=eps, axis=axis, scale_offset=scale_offset
     ),
     reference,
+    arrays=(x,),
   )

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from typing import TYPE_CHECKING, Any
 
 import jax
@@ -212,6 +213,53 @@ def _dkv_kernel(
   dv_ref[...] = dv.astype(dv_ref.dtype)
 
 
+def _tiles(st, key_major: bool) -> int:
+  """``(block_q, block_k)`` score tiles one (batch, head) program computes.
+
+  Query-major (forward, ``dq``): each query block runs to `_kv_stop`;
+  key-major (``dk``/``dv``): each key block runs from its diagonal.
+  """
+  t = st.tiling
+  nq, nk = t.q_len // t.block_q, t.kv_len // t.block_k
+  skip = skip_above_diagonal(st)
+  if key_major:
+    return sum(
+      nq - (j * t.block_k // t.block_q if skip else 0) for j in range(nk)
+    )
+  if not skip:
+    return nq * nk
+  return sum(
+    min(nk, ((i + 1) * t.block_q + t.block_k - 1) // t.block_k)
+    for i in range(nq)
+  )
+
+
+def _cost(st, heads, per_tile, args, out_shape, key_major=False):
+  """The `pl.CostEstimate` of one flash kernel.
+
+  Args:
+    st: the `Static`.
+    heads: batch times query heads (the grid's first two dimensions).
+    per_tile: ``(flops, transcendentals)`` of one score tile.
+    args: the kernel's operands.
+    out_shape: its output shapes.
+    key_major: whether the kernel loops over queries per key block.
+
+  Returns:
+    flops and transcendentals: ``per_tile`` times `_tiles` times ``heads``;
+    bytes: each operand read once and each output written once.
+  """
+  tiles = heads * _tiles(st, key_major)
+  leaves = jax.tree.leaves((args, out_shape))
+  return pl.CostEstimate(
+    flops=tiles * per_tile[0],
+    transcendentals=tiles * per_tile[1],
+    bytes_accessed=sum(
+      math.prod(a.shape) * jnp.dtype(a.dtype).itemsize for a in leaves
+    ),
+  )
+
+
 def _mask_spec(st, rows, cols, row_blocked):
   def index(b, n, x):
     bb = b if st.mask_b else 0
@@ -258,19 +306,25 @@ def _forward(q, k, v, sink, mask, st):
       (pl.squeezed, pl.squeezed, t.block_q, w), lambda b, n, i: (b, n, i, 0)
     )
 
+  out_shape = [
+    jax.ShapeDtypeStruct((b, n, t.q_len, hv), q.dtype),
+    jax.ShapeDtypeStruct((b, n, t.q_len, 1), jnp.float32),
+    jax.ShapeDtypeStruct((b, n, t.q_len, 1), jnp.float32),
+  ]
+  # Per score tile: q k^T and p v, 4 flops per logit (scale, max, subtract,
+  # sum), an exp per logit and a rescaling exp per query.
+  tile = t.block_q * t.block_k
+  per_tile = (2 * tile * (h + hv) + 4 * tile, tile + t.block_q)
   return pl.pallas_call(
     functools.partial(_fwd_kernel, st),
-    out_shape=[
-      jax.ShapeDtypeStruct((b, n, t.q_len, hv), q.dtype),
-      jax.ShapeDtypeStruct((b, n, t.q_len, 1), jnp.float32),
-      jax.ShapeDtypeStruct((b, n, t.q_len, 1), jnp.float32),
-    ],
+    out_shape=out_shape,
     grid=(b, n, t.q_len // t.block_q),
     in_specs=in_specs,
     out_specs=[row(hv), row(1), row(1)],
     compiler_params=_compiler_params(st, 3),
     interpret=st.interpret,
     name="jaxnorm_flash_attention_fwd",
+    cost_estimate=_cost(st, b * n, per_tile, args, out_shape),
   )(*args)
 
 
@@ -311,10 +365,16 @@ def _backward(q, k, v, mask, o, m, norm, do, st):
       (pl.squeezed, pl.squeezed, t.block_k, w), lambda b, n, j: (b, n, j, 0)
     )
 
-  margs = [mask] if st.has_mask else []
+  args = [q, k, v, do, m, linv, delta, *([mask] if st.has_mask else [])]
+  # Per score tile, both kernels: an exp per logit and 5 flops per logit
+  # (scale, subtract m, times 1/l, subtract delta, times p). Matmuls: dq
+  # recomputes q k^T and do v^T and adds ds k; dk/dv recompute the same two
+  # and add p^T do and ds^T q.
+  tile = t.block_q * t.block_k
+  dq_shape = jax.ShapeDtypeStruct(q.shape, q.dtype)
   dq = pl.pallas_call(
     functools.partial(_dq_kernel, st),
-    out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
+    out_shape=dq_shape,
     grid=(b, n, t.q_len // t.block_q),
     in_specs=[qblk(h), kall(h), kall(hv), qblk(hv), qblk(1), qblk(1), qblk(1)]
     + ([_mask_spec(st, t.block_q, t.kv_len, True)] if st.has_mask else []),
@@ -322,13 +382,17 @@ def _backward(q, k, v, mask, o, m, norm, do, st):
     compiler_params=_compiler_params(st, 3),
     interpret=st.interpret,
     name="jaxnorm_flash_attention_dq",
-  )(q, k, v, do, m, linv, delta, *margs)
+    cost_estimate=_cost(
+      st, b * n, (2 * tile * (2 * h + hv) + 5 * tile, tile), args, dq_shape
+    ),
+  )(*args)
+  dkv_shape = [
+    jax.ShapeDtypeStruct((b, n, t.kv_len, h), k.dtype),
+    jax.ShapeDtypeStruct((b, n, t.kv_len, hv), v.dtype),
+  ]
   dk, dv = pl.pallas_call(
     functools.partial(_dkv_kernel, st),
-    out_shape=[
-      jax.ShapeDtypeStruct((b, n, t.kv_len, h), k.dtype),
-      jax.ShapeDtypeStruct((b, n, t.kv_len, hv), v.dtype),
-    ],
+    out_shape=dkv_shape,
     grid=(b, n, t.kv_len // t.block_k),
     in_specs=[qall(h), kblk(h), kblk(hv), qall(hv), qall(1), qall(1), qall(1)]
     + ([_mask_spec(st, t.q_len, t.block_k, False)] if st.has_mask else []),
@@ -336,7 +400,15 @@ def _backward(q, k, v, mask, o, m, norm, do, st):
     compiler_params=_compiler_params(st, 3),
     interpret=st.interpret,
     name="jaxnorm_flash_attention_dkv",
-  )(q, k, v, do, m, linv, delta, *margs)
+    cost_estimate=_cost(
+      st,
+      b * n,
+      (4 * tile * (h + hv) + 5 * tile, tile),
+      args,
+      dkv_shape,
+      key_major=True,
+    ),
+  )(*args)
   if g > 1:  # sum the query heads of each GQA group (f32, then cast)
     kh = n // g
     dk = jnp.sum(

@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import AxisType, PartitionSpec
 
-from jaxnorm import _checks
+from jaxnorm import _checks, _target
 from pallas_kernels import _rows, mosaic_gpu_rows, sharding
 
 Axis = int | tuple[int, ...]
@@ -46,16 +46,18 @@ def _prepare(
   block_rows: int | None,
   interpret: Any,
   backend: str | None,
+  gpu_block_elems: int = _rows.MOSAIC_GPU_BLOCK_ELEMS,
 ) -> tuple[jax.Array, tuple[int, ...], _rows.RowTiling, Any]:
   """Validates the kernel-specific facts and builds the tiling.
 
   Returns ``(x, axes, tiling, interpret)`` with ``interpret`` the value to
-  pass to Pallas (`_rows.interpreter`).
+  pass to Pallas (`_rows.interpreter`); ``gpu_block_elems`` is the kernel's
+  largest Mosaic GPU block (`_rows.norm_block_heuristic`).
   """
   _checks.check_floating(who, "x", x)
   x = jnp.asarray(x)
   axes = _checks.normalize_axes(who, axis, x.ndim)
-  lowering = _rows.row_lowering(who, interpret, backend)
+  lowering = _rows.row_lowering(who, interpret, backend, x)
   _rows.trailing_axes(who, axes, x.ndim)
   _rows.check_dtype(who, x.dtype, lowering)
   if x.size == 0:
@@ -64,7 +66,14 @@ def _prepare(
     )
   rows, feats = _rows.flatten_rows(x, len(axes))
   tiling = _rows.norm_block_heuristic(
-    who, lowering, rows, feats, x.dtype, block_rows
+    who,
+    lowering,
+    rows,
+    feats,
+    x.dtype,
+    block_rows,
+    _target.current(x).chip,
+    gpu_block_elems=gpu_block_elems,
   )
   return x, axes, tiling, _rows.interpreter(lowering, interpret)
 

@@ -48,7 +48,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from jaxnorm import _checks
+from jaxnorm import _checks, _target
 
 try:  # Triton is deprecated in newer JAX and may be gone from the install.
   from jax.experimental.pallas import triton as pltr
@@ -65,10 +65,10 @@ _BACKEND_LOWERING["mosaic_tpu"] = "tpu"
 # Widest normalized row a one-block-per-row kernel handles (see
 # `norm_block_heuristic`); wider rows need a column-split kernel.
 MAX_FEATURES = 16384
-# The Mosaic GPU kernel keeps a block in registers: at most 128 float32 per
+# The Mosaic GPU kernel keeps a block in registers: at most 64 float32 per
 # thread per tile in the smallest block (see `norm_block_heuristic`).
-MOSAIC_GPU_MAX_FEATURES = 8192
-_MOSAIC_GPU_BLOCK_ELEMS = 128 * 128
+MOSAIC_GPU_MAX_FEATURES = 4096
+MOSAIC_GPU_BLOCK_ELEMS = 128 * 64
 _GPU_DTYPES = ("float32", "bfloat16", "float16")
 _TPU_DTYPES = ("float32", "bfloat16")
 _GPU_LOWERINGS = ("gpu", "triton", "mosaic_gpu")
@@ -93,21 +93,17 @@ def gpu_interpret_params() -> Any:
   return cls
 
 
-def _mosaic_gpu_device_ok() -> bool:
-  """Mosaic GPU targets NVIDIA GPUs of compute capability 9.0 and newer.
+def row_lowering(
+  who: str, interpret: Any, backend: str | None, *arrays: Any
+) -> RowLowering:
+  """Picks a kernel's lowering from ``backend``, ``interpret`` and the target.
 
-  ROCm devices report an architecture name (``"gfx942"``), not a CUDA
-  compute capability, and so never qualify.
-  """
-  cc = str(getattr(jax.devices()[0], "compute_capability", ""))
-  parts = cc.split(".")
-  if len(parts) < 2 or not all(v.isdigit() for v in parts[:2]):
-    return False
-  return (int(parts[0]), int(parts[1])) >= (9, 0)
-
-
-def row_lowering(who: str, interpret: Any, backend: str | None) -> RowLowering:
-  """Picks a row kernel's lowering from ``backend`` and ``interpret``.
+  Compiled kernels follow the devices the program is compiled for
+  (`jaxnorm._target.current`: the current mesh, else the shardings of
+  ``arrays``, else the default backend), so a program compiled for a
+  deviceless H100 or TPU mesh on a CPU host lowers as on the chip. Mosaic GPU
+  needs an NVIDIA GPU of compute capability >= 9.0 (ROCm devices report
+  none); older NVIDIA GPUs get Triton while the installed JAX has it.
 
   Args:
     who: caller name for error messages.
@@ -115,7 +111,9 @@ def row_lowering(who: str, interpret: Any, backend: str | None) -> RowLowering:
       interpreter), or an interpreter's parameter object, which implies its
       backend.
     backend: ``"mosaic_gpu"``, ``"triton"``, ``"mosaic_tpu"`` or ``None``
-      (the device default; Mosaic GPU under ``interpret=True``).
+      (the target's default; Mosaic GPU under ``interpret=True``).
+    *arrays: the kernel's array arguments (their shardings may name the
+      target).
 
   Returns:
     ``"mosaic_gpu"``, ``"triton"`` or ``"tpu"``.
@@ -123,9 +121,9 @@ def row_lowering(who: str, interpret: Any, backend: str | None) -> RowLowering:
   Raises:
     ValueError: for an unknown ``backend`` or one that contradicts the
       interpreter object.
-    NotImplementedError: for a backend the device or the installed JAX lacks
-      (CPU without ``interpret``, Triton after its removal, a GPU backend on
-      a TPU and vice versa).
+    NotImplementedError: for a backend the target or the installed JAX
+      lacks (CPU without ``interpret``, Triton after its removal, a GPU
+      backend on a TPU and vice versa).
   """
   _checks.check_choice(who, "backend", backend, (None, *BACKENDS))
   implied = None
@@ -147,18 +145,23 @@ def row_lowering(who: str, interpret: Any, backend: str | None) -> RowLowering:
     )
   if interpret:
     return _BACKEND_LOWERING[backend or "mosaic_gpu"]
-  platform = jax.default_backend()
-  if platform in ("gpu", "cuda", "rocm"):
+  target = _target.current(*arrays)
+  platform = target.platform
+  if platform == "gpu":
     if backend is None:
-      if _mosaic_gpu_device_ok():
+      if (target.compute_capability or (0, 0)) >= (9, 0):
         return "mosaic_gpu"
-      if triton_available():
+      # Pallas-Triton reads a deviceless GPU from the mesh context only.
+      seen = target.source != "arguments" or jax.default_backend() == "gpu"
+      if triton_available() and seen:
         return "triton"
       raise NotImplementedError(
         f"{who}: no Pallas GPU lowering for device "
-        f"{jax.devices()[0].device_kind!r}: Mosaic GPU needs an NVIDIA GPU of "
-        "compute capability >= 9.0 and this jax has no Triton lowering; use "
-        "the reference (implementation='xla')"
+        f"{target.device_kind!r}: Mosaic GPU needs an NVIDIA GPU of "
+        "compute capability >= 9.0, and Triton needs the installed jax to "
+        "have it and the GPU to be named by the current mesh (jax.set_mesh), "
+        "not only by the arguments' shardings; use the reference "
+        "(implementation='xla')"
       )
     if backend != "mosaic_tpu":
       return _BACKEND_LOWERING[backend]
@@ -167,7 +170,9 @@ def row_lowering(who: str, interpret: Any, backend: str | None) -> RowLowering:
   raise NotImplementedError(
     f"{who}: no compiled Pallas lowering for backend {platform!r}"
     + ("" if backend is None else f" with backend={backend!r}")
-    + "; pass interpret=True (the Mosaic GPU kernel, or the backend= "
+    + f" (the target: {target.describe()}); compile under jax.set_mesh of "
+    "a GPU or TPU mesh (jaxnorm.aot.topology for one without devices), pass "
+    "interpret=True (the Mosaic GPU kernel, or the backend= "
     "kernel) or interpret=pltpu.InterpretParams() (TPU semantics) to run the "
     "kernel in the interpreter, or use the reference (implementation='xla')"
   )
@@ -341,8 +346,29 @@ class RowTiling:
 # Heuristic constants (see `norm_block_heuristic`).
 _GPU_TILE_ELEMS = 4096
 _GPU_MAX_ROWS = 64
-_TPU_TILE_BYTES = 1 << 20
 _TPU_MAX_ROWS = 512
+# Mosaic's default scoped-VMEM limit where the chip is unknown (the
+# interpreters, chips missing from `jaxnorm.aot.CHIPS`): v5e's and v5p's,
+# the smallest of the supported TPUs.
+_DEFAULT_SCOPED_VMEM = 16 << 20
+# A TPU tile (one float32 block) takes this fraction of the scoped limit.
+_TPU_TILES_PER_SCOPE = 16
+
+
+def tpu_scoped_vmem(chip: Any) -> int:
+  """The default scoped VMEM of a `jaxnorm.aot.Chip` (or of an unknown one)."""
+  return getattr(chip, "scoped_vmem_bytes", 0) or _DEFAULT_SCOPED_VMEM
+
+
+def tpu_vmem_bytes(block_rows: int, features: int, dtype: Any) -> int:
+  """VMEM a row kernel's block takes, worst case over the norm kernels.
+
+  The fused add + norm backward streams four ``(block_rows, features)``
+  arrays (h, dy, dh in; d out), each double-buffered by the Pallas pipeline
+  (8 blocks in the input dtype), and keeps about four float32 temporaries.
+  """
+  elems = block_rows * features
+  return 8 * elems * jnp.dtype(dtype).itemsize + 4 * elems * 4
 
 
 def norm_block_heuristic(
@@ -352,6 +378,9 @@ def norm_block_heuristic(
   features: int,
   dtype: Any,
   block_rows: int | None = None,
+  chip: Any = None,
+  *,
+  gpu_block_elems: int = MOSAIC_GPU_BLOCK_ELEMS,
 ) -> RowTiling:
   """Chooses the tile of a row-blocked norm kernel; the one place for sizes.
 
@@ -365,12 +394,18 @@ def norm_block_heuristic(
     `NotImplementedError` (a column-split kernel would be needed).
   * Mosaic GPU: one warpgroup (128 threads) per block, the whole block in
     registers, so the smallest legal block (`_mosaic_gpu_min_rows` rows)
-    may hold at most ``_MOSAIC_GPU_BLOCK_ELEMS = 128 * 128`` elements, 128
-    float32 per thread per tile (a backward keeps about 3 tiles live; more
-    would spill). Widths must be multiples of 32 (`mosaic_gpu_split`); that
-    admits every multiple of 512 up to ``MOSAIC_GPU_MAX_FEATURES = 8192``
-    (2 rows x 8192) and narrower widths whose split needs more rows (96:
-    16 rows x 96), and rejects e.g. 8160 (16 rows x 8160).
+    may hold at most ``MOSAIC_GPU_BLOCK_ELEMS = 128 * 64`` elements, 64
+    float32 per thread per tile: a backward keeps about 3 tiles live, and
+    ptxas (sm_90a, jax 0.12.0.1) gives the RMSNorm backward 216 registers
+    and no spill at 2 rows x 4096, but 255 registers and 796 bytes spilled
+    at 2 x 8192 (128 per thread). Widths must be multiples of 32
+    (`mosaic_gpu_split`); that admits every multiple of 512 up to
+    ``MOSAIC_GPU_MAX_FEATURES = 4096`` (2 rows x 4096) and narrower widths
+    whose split needs more rows (96: 16 rows x 96), and rejects e.g. 4064
+    (16 rows x 4064); wider rows run the reference under
+    ``implementation=None``. Kernels whose backward keeps more live values
+    pass a smaller ``gpu_block_elems`` (DyT, SeeDNorm: see
+    `pallas_kernels.dyt_seed`).
     ``block_rows`` is the power of two nearest below ``_GPU_TILE_ELEMS =
     4096 / features`` (32 float32 per thread per tile, as for Triton),
     raised to the split's row unit (`_mosaic_gpu_min_rows`) and lowered to
@@ -385,16 +420,20 @@ def norm_block_heuristic(
     enough to amortize the parameter loads) and to ``next_pow2(rows)``.
     ``num_warps = block elements / 1024`` clipped to ``[4, 16]`` so wide rows
     get more threads rather than more registers per thread.
-  * TPU ``_TPU_TILE_BYTES = 1 MiB`` per float32 tile: the backward streams up
-    to four arrays (fused add: h, dy, dh in; d out), double-buffered by the
-    Pallas pipeline (8 tiles at most 1 MiB each in the input dtype) plus a
-    few float32 temporaries, about 12 MiB in all, under the 16 MiB default
-    scoped VMEM of v5e (32 MiB on v6e). ``block_rows`` is rounded down to
+  * TPU: one float32 tile takes 1/16 of the chip's default scoped VMEM
+    (``chip``: 1 MiB on v5e and v5p, 2 MiB on v6e; 1 MiB when the chip is
+    unknown). The backward streams up to four arrays (fused add: h, dy, dh
+    in; d out), double-buffered by the Pallas pipeline (8 tiles in the input
+    dtype) plus a few float32 temporaries (`tpu_vmem_bytes`), at most 12/16
+    of the scoped limit. ``block_rows`` is rounded down to
     the sublane tile (8 rows for 32-bit, 16 for 16-bit dtypes) and capped
     at ``_TPU_MAX_ROWS = 512`` (larger tiles no longer improve the
     HBM-bound throughput, and a longer grid keeps both v7 TensorCores busy
     under "parallel" semantics). With ``rows <= block_rows`` the single
-    block is the whole array, which any row count satisfies.
+    block is the whole array, which any row count satisfies. A
+    ``block_rows`` override whose `tpu_vmem_bytes` exceed the chip's scoped
+    limit is refused before Mosaic sees it; so is a Mosaic GPU override
+    whose block exceeds ``MOSAIC_GPU_BLOCK_ELEMS`` (it would spill).
 
   Args:
     who: caller name for error messages.
@@ -403,13 +442,17 @@ def norm_block_heuristic(
     features: row width.
     dtype: input dtype (TPU sublane tile).
     block_rows: user override, validated by `RowTiling`.
+    chip: the target's `jaxnorm.aot.Chip` (on-chip limits), or ``None``.
+    gpu_block_elems: the largest Mosaic GPU block of this kernel (kernels
+      whose backward keeps more tiles or statistics live pass less).
 
   Returns:
     The `RowTiling`.
 
   Raises:
-    NotImplementedError: for ``features > MAX_FEATURES``, and for Mosaic GPU
-      widths not a multiple of 32 or whose smallest block is too large.
+    NotImplementedError: for ``features > MAX_FEATURES``, for Mosaic GPU
+      widths not a multiple of 32 or whose smallest block is too large, and
+      for a ``block_rows`` override that does not fit the chip.
     ValueError: for an invalid ``block_rows`` override.
   """
   if features > MAX_FEATURES:
@@ -422,20 +465,30 @@ def norm_block_heuristic(
   if lowering == "mosaic_gpu":
     if (
       features % 32
-      or _mosaic_gpu_min_rows(features) * features > _MOSAIC_GPU_BLOCK_ELEMS
+      or _mosaic_gpu_min_rows(features) * features > gpu_block_elems
     ):
       raise NotImplementedError(
         f"{who}: the mosaic_gpu kernel needs features to be a multiple of 32 "
-        f"whose smallest block holds at most {_MOSAIC_GPU_BLOCK_ELEMS} "
-        f"elements (every multiple of 512 up to {MOSAIC_GPU_MAX_FEATURES}), "
+        f"whose smallest block holds at most {gpu_block_elems} elements "
+        f"(every multiple of 512 up to {gpu_block_elems // 2} for this "
+        "kernel), "
         f"got features={features}; use the reference "
         "(implementation='xla') or backend='triton'"
       )
     if block_rows is None:
       unit = _mosaic_gpu_min_rows(features)
-      fit = _GPU_TILE_ELEMS // features  # 0 for rows wider than a tile
+      # 0 for rows wider than a tile
+      fit = min(_GPU_TILE_ELEMS, gpu_block_elems) // features
       target = 1 << max(0, fit.bit_length() - 1)  # power of two <= fit
       block_rows = max(unit, min(target, rows // unit * unit))
+    elif block_rows * features > gpu_block_elems:
+      raise NotImplementedError(
+        f"{who}: block_rows={block_rows} x features={features} puts "
+        f"{block_rows * features // 128} float32 per thread per tile in the "
+        f"registers of one warpgroup, over the "
+        f"{gpu_block_elems // 128} that fit without spilling; pass "
+        f"block_rows <= {max(1, gpu_block_elems // features)}"
+      )
     return RowTiling("mosaic_gpu", rows, features, block_rows, features, sub)
   if lowering == "triton":
     cols = pl.next_power_of_2(features)
@@ -445,9 +498,22 @@ def norm_block_heuristic(
       )
     warps = min(16, max(4, block_rows * cols // 1024))
     return RowTiling("triton", rows, features, block_rows, cols, sub, warps)
+  scoped = tpu_scoped_vmem(chip)
   if block_rows is None:
-    fit = _TPU_TILE_BYTES // (4 * features) // sub * sub
+    tile = scoped // _TPU_TILES_PER_SCOPE
+    fit = tile // (4 * features) // sub * sub
     block_rows = min(max(sub, fit), _TPU_MAX_ROWS)
+  else:
+    need = tpu_vmem_bytes(min(block_rows, rows), features, dtype)
+    if need > scoped:
+      name = getattr(chip, "name", "an unknown TPU")
+      raise NotImplementedError(
+        f"{who}: block_rows={block_rows} x features={features} in "
+        f"{jnp.dtype(dtype).name} needs about {need / 2**20:.1f} MiB of VMEM "
+        f"(8 double-buffered blocks and 4 float32 temporaries), over the "
+        f"{scoped / 2**20:.0f} MiB default scoped limit of {name}; pass a "
+        "smaller block_rows or None"
+      )
   if block_rows >= rows:
     block_rows = rows
   return RowTiling("tpu", rows, features, block_rows, features, sub)
@@ -515,6 +581,7 @@ def row_call(
   *,
   interpret: Any,
   name: str,
+  cost_estimate: pl.CostEstimate | None = None,
 ) -> tuple[list[jax.Array], list[jax.Array]]:
   """Runs ``body`` over row blocks of ``(rows, features)`` arrays.
 
@@ -531,6 +598,9 @@ def row_call(
       summed over all rows (parameter gradients).
     interpret: forwarded to `pl.pallas_call` (see `interpreter`).
     name: kernel name.
+    cost_estimate: what XLA is told the kernel costs (TPU cost analysis
+      counts a kernel's flops from it alone); ``None``:
+      `pallas_kernels.mosaic_gpu_rows.body_cost` of ``body`` on one block.
 
   Returns:
     ``(outputs, sums)``: the row outputs and, for each partial, its float32
@@ -590,6 +660,21 @@ def row_call(
     compiler_params = pltpu.CompilerParams()
   else:
     compiler_params = pltpu.CompilerParams(dimension_semantics=("parallel",))
+  if cost_estimate is None:
+    from pallas_kernels import mosaic_gpu_rows  # imports this module
+
+    def traced(xs, ps):
+      col_ids = jax.lax.broadcasted_iota(jnp.int32, (1, bc), 1)
+      colmask = col_ids < feats if gpu and bc != feats else None
+      return body(xs, ps, RowOps(feats, bc, colmask))
+
+    jaxpr = jax.make_jaxpr(traced)(
+      [jax.ShapeDtypeStruct((br, bc), jnp.float32)] * n_in,
+      [jax.ShapeDtypeStruct((1, bc), jnp.float32)] * n_p,
+    )
+    cost_estimate = mosaic_gpu_rows.body_cost(
+      jaxpr, grid[0], br * bc, num_partials, [*row_inputs, *params], out_shape
+    )
   results = pl.pallas_call(
     kernel,
     out_shape=out_shape,
@@ -599,6 +684,7 @@ def row_call(
     compiler_params=compiler_params,
     interpret=interpret,
     name=name,
+    cost_estimate=cost_estimate,
   )(*row_inputs, *[p.reshape(1, feats) for p in params])
   outs = list(results[:n_out])
   sums = [jnp.sum(r[:, 0, :feats], axis=0) for r in results[n_out:]]

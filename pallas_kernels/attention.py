@@ -52,7 +52,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jaxtyping import Array, Bool, Float
 
-from jaxnorm import _checks
+from jaxnorm import _checks, _target
 from jaxnorm.attention import affine_scaled as affine_ref
 from jaxnorm.attention import sinks as sinks_ref
 from jaxnorm.attention import softmax as softmax_ref
@@ -61,8 +61,18 @@ from pallas_kernels import _rows, sharding
 from pallas_kernels import mosaic_gpu_attention as mga
 
 # K/V of one head live in one block: 2 * S * H elements; beyond this many
-# bytes (per head, input dtype) the kernel would need a key grid axis.
+# bytes (per head, input dtype) the kernel would need a key grid axis. On
+# TPU the block is double-buffered in VMEM, so the budget is a quarter of
+# the chip's default scoped VMEM (`kv_budget`: 4 MiB on v5e/v5p, 8 MiB on
+# v6e); on Triton it is this constant.
 MAX_KV_BYTES = 4 << 20
+
+
+def kv_budget(lowering: str, chip: Any) -> int:
+  """Bytes one head's keys and values may take in the single-block kernels."""
+  if lowering == "tpu":
+    return _rows.tpu_scoped_vmem(chip) // 4
+  return MAX_KV_BYTES
 
 
 @dataclasses.dataclass(frozen=True)
@@ -146,7 +156,11 @@ def attention_block_heuristic(
   memory: ``2 * 128 * (H + Hv)`` 16-bit elements, 128 KiB at head dim 128;
   with the q, p and o tiles that must stay under
   `mosaic_gpu_attention.SMEM_BUDGET` (200 of the 227 KiB of an H100/H200
-  block), else keys stream in blocks of 64 (head dims 256).
+  block), else keys stream in blocks of 64 (head dims 256). The backward
+  kernels tile themselves within these padded lengths
+  (`mosaic_gpu_attention.flash_backward_blocks`): ``dk``/``dv`` carry two
+  accumulators, so they take 64 x 64 tiles, and ``dq`` keeps 128 keys only
+  up to head dim 64 (the register arithmetic is there).
 
   Args:
     lowering: ``"mosaic_gpu"``, ``"triton"`` or ``"tpu"``.
@@ -229,8 +243,8 @@ def _mosaic_flash_bwd(st, res, do):
   t = st.tiling
   size = q.dtype.itemsize
   h, hv = q.shape[-1], v.shape[-1]
-  fits = mga.flash_bwd_smem_bytes(t.block_q, t.block_k, h, hv, size)
-  if fits > mga.SMEM_BUDGET:
+  blocks = mga.flash_backward_blocks(t.block_k, h)
+  if mga.flash_bwd_smem_bytes(blocks, h, hv, size) > mga.SMEM_BUDGET:
     return _reference_bwd(st, q, k, v, sink, mask, do)
   delta = jnp.sum(
     do.astype(jnp.float32) * out.astype(jnp.float32), axis=-1
@@ -246,6 +260,7 @@ def _mosaic_flash_bwd(st, res, do):
     delta,
     _pad_seq(do, t.q_len),
     _mosaic_config(st),
+    blocks,
     st.interpret,
   )
   b, s, n = k.shape[0], st.kv_len, q.shape[2]
@@ -322,7 +337,7 @@ def _attention(
   for name, a in (("query", query), ("key", key), ("value", value)):
     _checks.check_floating(who, name, a)
   query, key, value = map(jnp.asarray, (query, key, value))
-  lowering = _rows.row_lowering(who, interpret, backend)
+  lowering = _rows.row_lowering(who, interpret, backend, query)
   interpret = _rows.interpreter(lowering, interpret)
   if bias is not None:
     raise NotImplementedError(
@@ -376,11 +391,12 @@ def _attention(
       f"{h}, {hv}",
     )
   kv_bytes = tiling.kv_len * (h + hv) * query.dtype.itemsize
-  if lowering != "mosaic_gpu" and kv_bytes > MAX_KV_BYTES:
+  budget = kv_budget(lowering, _target.current(query).chip)
+  if lowering != "mosaic_gpu" and kv_bytes > budget:
     raise NotImplementedError(
       f"{who}: one head's keys and values ({kv_bytes} bytes after padding) "
-      f"exceed the single-block budget of {MAX_KV_BYTES} bytes; use the "
-      "reference (implementation='xla')"
+      f"exceed the single-block budget of {budget} bytes on this chip; use "
+      "the reference (implementation='xla')"
     )
   mask_b = mask_n = False
   mask_arr = None

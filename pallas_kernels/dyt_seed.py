@@ -2,6 +2,17 @@
 
 Same contract, tiling, lowerings and mesh handling as the RMSNorm and
 LayerNorm kernels of `pallas_kernels.norms`, which re-exports these.
+
+Their backward kernels keep more values live than RMSNorm's (DyT: the tanh
+and the three parameter-gradient contributions; SeeDNorm: per-head dynamic
+scales and four contributions), so their Mosaic GPU blocks are smaller
+(`DYT_GPU_BLOCK_ELEMS`, `SEED_GPU_BLOCK_ELEMS`): at RMSNorm's 64 float32 per
+thread per tile ptxas (sm_90a, jax 0.12.0.1) spilled 52 bytes from the DyT
+backward at 2 x 4096 float32, and 128-200 bytes from SeeDNorm's at 4 x 1152
+(36 per thread) and 2 x 4096, while DyT at 4 x 1152 and SeeDNorm at
+4 x 1024 (32 per thread) compiled without. Wider rows run the reference
+under ``implementation=None``; the compile set
+(`tests/pallas_kernels/test_aot_compile.py`) checks every width it tries.
 """
 
 from __future__ import annotations
@@ -26,6 +37,11 @@ from pallas_kernels._norm_rows import (
   _row_call,
   _Static,
 )
+
+# Largest Mosaic GPU blocks (elements; one warpgroup of 128 threads).
+DYT_GPU_BLOCK_ELEMS = 128 * 48
+SEED_GPU_BLOCK_ELEMS = 128 * 32
+
 
 # ---------------------------------------------------------------------------
 # DyT.
@@ -163,7 +179,7 @@ def dyt_pallas(
       f"got alpha.shape={jnp.shape(alpha)}"
     )
   x, axes, tiling, interpret = _prepare(
-    who, x, axis, block_rows, interpret, backend
+    who, x, axis, block_rows, interpret, backend, DYT_GPU_BLOCK_ELEMS
   )
   _check_param(who, "scale", scale, x, axes)
   _check_param(who, "bias", bias, x, axes)
@@ -337,7 +353,7 @@ def seed_norm_pallas(
       f"num_heads={num_heads}; use the reference (implementation='xla')"
     )
   x, axes, tiling, interpret = _prepare(
-    who, x, axis, block_rows, interpret, backend
+    who, x, axis, block_rows, interpret, backend, SEED_GPU_BLOCK_ELEMS
   )
   params = {"scale": scale, "dyn_scale": dyn_scale, "dyn_proj": dyn_proj}
   for name, p in params.items():

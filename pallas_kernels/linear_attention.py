@@ -110,6 +110,20 @@ def _forward(fq, fk, v, *, chunk, group, normalize, eps, lowering, interpret):
     compiler_params=params,
     interpret=interpret,
     name="jaxnorm_causal_linear_attention_fwd",
+    # Per chunk: the matmuls q k^T, w v, q S and k^T v, and the sums into
+    # num, S, z; normalizing adds the row sums of w and q z, and a division.
+    cost_estimate=pl.CostEstimate(
+      flops=(b * n * (tp // chunk))
+      * (
+        2 * chunk * (chunk * (f + e) + 2 * f * e)
+        + chunk * (e + f)
+        + f * (e + 1)
+        + (chunk * (chunk + 2 * f + e + 2) if normalize else 0)
+      ),
+      transcendentals=0,
+      bytes_accessed=sum(a.size * a.dtype.itemsize for a in (fq, fk, v))
+      + b * n * tp * e * v.dtype.itemsize,
+    ),
   )(fq, fk, v)
 
 
@@ -174,7 +188,7 @@ def causal_linear_attention_pallas(
   for name, a in (("query", query), ("key", key), ("value", value)):
     _checks.check_floating(who, name, a)
   query, key, value = map(jnp.asarray, (query, key, value))
-  lowering = _rows.row_lowering(who, interpret, backend)
+  lowering = _rows.row_lowering(who, interpret, backend, query)
   interpret = _rows.interpreter(lowering, interpret)
   if (
     query.ndim != 4
@@ -198,8 +212,19 @@ def causal_linear_attention_pallas(
   if lowering == "mosaic_gpu":
     mga.check_supported(who, query.dtype, {"head_dim": h, "value head_dim": hv})
     mga.check_interpreter(who, interpret)
+    if h > mga.LINEAR_MAX_HEAD_DIM:
+      raise NotImplementedError(
+        f"{who}: the mosaic_gpu kernel keeps an (head_dim, 64) float32 state "
+        f"in registers and supports head_dim up to "
+        f"{mga.LINEAR_MAX_HEAD_DIM} (ptxas spills at 256), got head_dim={h}; "
+        "use the reference (implementation='xla')"
+      )
     size = query.dtype.itemsize
+    # Chunks of 128 where their tiles fit shared memory and, with the
+    # (F, 64) state and normalizer, the registers: a (128, 128) score tile
+    # is 128 float32 per thread, which spills beside F = 128 (ptxas).
     wide = mga.linear_smem_bytes(128, h, hv, size) <= mga.SMEM_BUDGET
+    wide = wide and h <= mga.HEAD_DIM_UNIT
     c = 128 if c > 64 and wide else 64
     mga.check_smem(
       who,

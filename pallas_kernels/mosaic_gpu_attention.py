@@ -24,10 +24,13 @@ float32 accumulators in registers (the ``WGMMA`` layout). The probabilities
 (or masked chunk scores) are stored to shared memory in the input dtype and
 feed the second matmul from there: the Mosaic GPU interpreter takes
 shared-memory operands only, and one body serves both (a register operand,
-as in FlashAttention-3, would save that round trip on hardware). Running
-sums add fresh products in registers for the same reason (the interpreter
-does not run accumulation in place through `pl.run_state`). Outputs leave
-through shared memory by a TMA store.
+as in FlashAttention-3, would save that round trip on hardware). Compiled,
+running sums accumulate in place (the wgmma adds into the carried
+accumulator through `pl.run_state`, so one accumulator, not two, is live
+across the matmul); the interpreter does not run accumulator writes, so
+there they add a fresh product (`_accumulate`). The backward kernels run on
+tiles of their own, sized to the register file (`flash_backward_blocks`).
+Outputs leave through shared memory by a TMA store.
 
 Constraints of this lowering, raised as `NotImplementedError` (dispatch then
 falls back to XLA): operands in bfloat16 or float16 (wgmma; float32 inputs
@@ -53,6 +56,7 @@ References:
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 import jax
@@ -72,6 +76,11 @@ HEAD_DIM_UNIT = 64
 MAX_HEAD_DIM = 256
 # Legal block sizes (wgmma M is 64 per warpgroup; N and K multiples of 64).
 BLOCKS = (64, 128)
+# Value columns one linear-attention block owns (`linear_forward`).
+VALUE_BLOCK = 64
+# Widest query/key head dim of `linear_forward`: at 256 its (256, 64)
+# float32 state is 128 registers per thread and ptxas spills (16 bytes).
+LINEAR_MAX_HEAD_DIM = 128
 _SWIZZLE_BYTES = 128
 _NEG = attention_core.large_negative()
 # Shared memory a block may use: an H100/H200 block gets up to 227 KiB;
@@ -87,13 +96,11 @@ def flash_smem_bytes(block_q: int, block_k: int, h: int, hv: int, size: int):
 def linear_smem_bytes(chunk: int, f: int, e: int, size: int) -> int:
   """Shared memory of `linear_forward`.
 
-  Two q/k/v slots, the masked scores, the state and normalizer operands, the
-  selector and the output tile.
+  Two q/k/v slots, the masked scores, the state operand and the output tile
+  (values in blocks of `VALUE_BLOCK` columns).
   """
-  sel = HEAD_DIM_UNIT
-  return size * (
-    2 * chunk * (2 * f + e) + chunk * chunk + f * (e + sel) + chunk * (sel + e)
-  )
+  e = min(e, VALUE_BLOCK)
+  return size * (2 * chunk * (2 * f + e) + chunk * chunk + f * e + chunk * e)
 
 
 def check_smem(who: str, nbytes: int, blocks: str) -> None:
@@ -183,7 +190,27 @@ def _matmul(shape: tuple[int, int], a: Any, b: Any) -> jax.Array:
   return pl.run_scoped(run, plgpu.ACC(shape, jnp.float32))
 
 
-def _call(kernel, out_type, args, grid, names, scratch, interpret, name):
+def _accumulate(acc: jax.Array, a: Any, b: Any, interpret: Any) -> jax.Array:
+  """``acc + a @ b`` for a running float32 accumulator.
+
+  Compiled, the wgmma accumulates into ``acc``'s registers in place
+  (`pl.run_state` on ``plgpu.ACC.init``): a fresh product would hold a
+  second accumulator of ``acc``'s size live across the matmul, which is
+  what made ptxas spill the ``dk``/``dv`` kernel (head dim 128: dk, dv and
+  the product, 192 registers of tiles). The Mosaic GPU interpreter does not
+  run accumulator writes, so there the product is fresh and added; the
+  two agree up to float32 rounding of the sum.
+  """
+  if interpret:
+    return acc + _matmul(acc.shape, a, b)
+
+  def run(acc_ref):
+    plgpu.wgmma(acc_ref, a, b)
+
+  return pl.run_state(run)(plgpu.ACC.init(acc))
+
+
+def _call(kernel, out_type, args, grid, names, scratch, interpret, name, cost):
   kernel.__name__ = name
   return plgpu.kernel(
     kernel,
@@ -192,8 +219,44 @@ def _call(kernel, out_type, args, grid, names, scratch, interpret, name):
     grid_names=names,
     scratch_types=scratch,
     compiler_params=plgpu.CompilerParams(),
+    cost_estimate=cost,
     interpret=interpret or None,
   )(*args)
+
+
+def _cost(
+  flops: int, transcendentals: int, args: list[Any], out_type: Any
+) -> pl.CostEstimate:
+  """A kernel's `pl.CostEstimate`, so that XLA's cost analysis counts it.
+
+  ``bytes_accessed`` reads each input once and writes each output once
+  (re-reads of the streamed tiles hit L2 and are not counted).
+  """
+  leaves = jax.tree.leaves((args, out_type))
+  nbytes = sum(math.prod(x.shape) * jnp.dtype(x.dtype).itemsize for x in leaves)
+  return pl.CostEstimate(
+    flops=int(flops),
+    transcendentals=int(transcendentals),
+    bytes_accessed=int(nbytes),
+  )
+
+
+def _visited(cfg: FlashConfig, num_q: int, num_k: int, by_key: bool) -> int:
+  """Logits one (batch, head) computes: ``block_q block_k`` per loop trip.
+
+  Without the causal skip every block visits every tile; with it, query
+  block ``i`` stops at key block ``ceil((i + 1) block_q / block_k)`` and
+  key block ``j`` (``by_key``: the ``dk``/``dv`` kernel) starts at query
+  block ``floor(j block_k / block_q)``, as the kernels' loop bounds.
+  """
+  bq, bk = cfg.block_q, cfg.block_k
+  if not cfg.stop_at_diagonal:
+    trips = num_q * num_k
+  elif by_key:
+    trips = sum(max(0, num_q - j * bk // bq) for j in range(num_k))
+  else:
+    trips = sum(min(num_k, -(-(i + 1) * bq // bk)) for i in range(num_q))
+  return trips * bq * bk
 
 
 def _scores(cfg, s, mask_ref, bi, ni, q0, k0):
@@ -342,8 +405,8 @@ def flash_forward(
       p_smem[...] = p.astype(dtype)
       plgpu.commit_smem()
       plgpu.barrier_wait(v_bar.at[slot])
-      pv = _matmul(acc.shape, p_smem, v_smem.at[slot])
-      acc = acc * _rows_of(corr, acc.shape) + pv
+      acc = acc * _rows_of(corr, acc.shape)
+      acc = _accumulate(acc, p_smem, v_smem.at[slot], interpret)
 
       @pl.when(j + 2 < stop)
       def _():
@@ -387,27 +450,87 @@ def flash_forward(
     plgpu.Barrier(num_barriers=2),
   ]
   stats = jax.ShapeDtypeStruct((b, n, tp), jnp.float32)
+  out_type = (jax.ShapeDtypeStruct((b, tp, n, hv), dtype), stats, stats)
+  # Per logit: q k^T and p v (2 (H + Hv) flops) and the exponential of p;
+  # per row and step (every bk logits) the running-max correction's.
+  logits = b * n * _visited(cfg, tp // bq, num_k, by_key=False)
   return _call(
     kernel,
-    (jax.ShapeDtypeStruct((b, tp, n, hv), dtype), stats, stats),
+    out_type,
     args,
     (b, n, tp // bq),
     ("batch", "heads", "q"),
     scratch,
     interpret,
     "jaxnorm_flash_attention_fwd_mgpu",
+    _cost(logits * 2 * (h + hv), logits + logits // bk, args, out_type),
   )
 
 
-def flash_bwd_smem_bytes(block_q: int, block_k: int, h: int, hv: int, size):
+def _tile_regs(rows: int, cols: int) -> int:
+  """Registers per thread of a float32 ``(rows, cols)`` tile in a warpgroup."""
+  return rows * cols // 128
+
+
+# Registers per thread the float32 tiles of the dq kernel may hold at once
+# (`flash_backward_blocks`): of the 255 a thread can address, the rest hold
+# addresses, loop state, row statistics, the mask's per-element temporaries
+# and wgmma descriptors. Measured with ptxas (sm_90a, causal): 160 compiles
+# without spills, 192 spills 40 bytes.
+TILE_REGS = 160
+
+BackwardBlocks = tuple[tuple[int, int], tuple[int, int]]
+
+
+def flash_backward_blocks(block_k: int, h: int) -> BackwardBlocks:
+  r"""Tiles of the two `flash_backward` kernels, of their own.
+
+  Returns ``((block_q, block_k) of dq, (block_q, block_k) of dk/dv)``. The
+  query blocks are 64 and the key blocks 64 or the forward's ``block_k``,
+  so they divide the forward's padded lengths (the padding, the statistics
+  and the mask serve both passes unchanged).
+
+  Register arithmetic (`_tile_regs`: a float32 ``(r, c)`` tile over one
+  warpgroup takes ``r c / 128`` registers per thread). Running sums are
+  updated in place by the wgmma (`_accumulate`), so the peak of each kernel
+  is across its ``dO V^T`` matmul:
+
+  - ``dq`` holds its accumulator ``(bq, H)`` with ``p`` and ``dp``
+    ``(bq, bk)``: ``bq (H + 2 bk) / 128``. It keeps the forward's
+    ``bk = 128`` while that stays within `TILE_REGS` (160): up to
+    ``H = 64``; at ``H = 128`` it would be 192 (40 bytes spilled), so
+    ``bk = 64`` (128).
+  - ``dk``/``dv`` hold both accumulators over the whole query sweep,
+    ``bk (H + Hv) / 128``, with ``p`` and ``dp`` (``2 bq bk / 128``). The
+    forward's ``(64, 128)`` needs 384 at ``H = 128`` (ptxas: 2,232 bytes
+    spilled, wgmma serialized) and 256 at ``H = 64`` (440 bytes spilled),
+    so this kernel takes the smallest tiles, ``(64, 64)``: 192 and 128
+    (both compile without spills). At ``H = Hv = 256`` it would need 320,
+    and its shared memory exceeds `SMEM_BUDGET` (`flash_bwd_smem_bytes`):
+    the caller then runs the reference's VJP.
+
+  Args:
+    block_k: the forward's key block.
+    h: query/key head dim.
+
+  Returns:
+    The ``dq`` and ``dk``/``dv`` blocks.
+  """
+  bq = BLOCKS[0]
+  wide = _tile_regs(bq, h) + 2 * _tile_regs(bq, block_k) <= TILE_REGS
+  return (bq, block_k if wide else bq), (bq, bq)
+
+
+def flash_bwd_smem_bytes(blocks: BackwardBlocks, h: int, hv: int, size: int):
   """Shared memory of the larger of the two `flash_backward` kernels.
 
   ``dq``: the q and do tiles, two k/v slots, the ds tile. ``dk``/``dv``: the
   k and v tiles (reused for dk and dv), two q/do slots, the p and ds tiles.
   """
+  (dq_q, dq_k), (kv_q, kv_k) = blocks
   width = h + hv
-  dq = block_q * width + 2 * block_k * width + block_q * block_k
-  dkv = block_k * width + 2 * block_q * width + 2 * block_q * block_k
+  dq = dq_q * width + 2 * dq_k * width + dq_q * dq_k
+  dkv = kv_k * width + 2 * kv_q * width + 2 * kv_q * kv_k
   return size * max(dq, dkv)
 
 
@@ -421,6 +544,7 @@ def flash_backward(
   delta: jax.Array,
   do: jax.Array,
   cfg: FlashConfig,
+  blocks: BackwardBlocks,
   interpret: Any,
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
   r"""Flash attention backward on Mosaic GPU (FlashAttention-2 recompute).
@@ -431,12 +555,18 @@ def flash_backward(
   .. math:: dS = P \circ (dO\, V^T - D),\quad dQ = c\, dS\, K,\quad
      dK = c\, dS^T Q,\quad dV = P^T dO
 
-  (:math:`c` the scale; masked logits are constants, so :math:`dS = 0`
-  there). One kernel per query block accumulates ``dq`` over the key
-  blocks, one per key block and query head accumulates ``dk``/``dv`` over
-  the query blocks (their GQA group sum is left to the caller). The
-  transposed products take the probability tile from shared memory as a
-  transposed operand.
+  (:math:`c` the scale). Masked logits are constants, so :math:`dS = 0`
+  there; :math:`P` is already exactly 0 at them (``exp`` of the large
+  negative minus a real row max underflows) except on a row with no
+  allowed key, whose max is that constant and whose :math:`P` is uniform.
+  So :math:`dS` is zeroed per row where :math:`m` equals the constant
+  rather than per element, and the ``(block_q, block_k)`` mask need not
+  stay live in registers across the :math:`dO\, V^T` matmul. One kernel
+  per query block accumulates ``dq`` over the key blocks, one per key
+  block and query head accumulates ``dk``/``dv`` over the query blocks
+  (their GQA group sum is left to the caller), each on its own tiles
+  (`flash_backward_blocks`). The transposed products take the probability
+  tile from shared memory as a transposed operand.
 
   Args:
     q: ``(B, Tp, N, H)``, padded as for `flash_forward` (``do`` alike).
@@ -447,7 +577,10 @@ def flash_backward(
     linv: inverse normalizers ``1 / l``, ``(B, N, Tp)``.
     delta: ``rowsum(do * out)`` in float32, ``(B, N, Tp)``.
     do: output cotangent ``(B, Tp, N, Hv)``.
-    cfg: the forward's `FlashConfig`.
+    cfg: the forward's `FlashConfig` (its blocks are replaced by
+      ``blocks``).
+    blocks: the ``dq`` and ``dk``/``dv`` tiles, dividing ``Tp`` and ``Sp``
+      (`flash_backward_blocks`).
     interpret: ``False`` or an ``InterpretGPUParams``.
 
   Returns:
@@ -456,24 +589,31 @@ def flash_backward(
   """
   b, tp, n, h = q.shape
   sp, hv = k.shape[1], v.shape[-1]
-  bq, bk, dtype = cfg.block_q, cfg.block_k, q.dtype
-  num_q, num_k = tp // bq, sp // bk
-  shape = (bq, bk)
+  dtype = q.dtype
+  (dq_q, dq_k), (kv_q, kv_k) = blocks
+  dq_cfg = dataclasses.replace(cfg, block_q=dq_q, block_k=dq_k)
+  kv_cfg = dataclasses.replace(cfg, block_q=kv_q, block_k=kv_k)
 
-  def probs(s, stats, bi, ni, q0, k0, mask_ref):
-    """P and the mask of one tile from its raw scores."""
+  def probs(c, s, stats, bi, ni, q0, k0, mask_ref):
+    """P of one tile from its raw scores (0 at padded keys)."""
     m_i, linv_i = stats
-    s, allowed, valid = _scores(cfg, s * cfg.scale, mask_ref, bi, ni, q0, k0)
-    p = jnp.exp(s - _rows_of(m_i, shape)) * _rows_of(linv_i, shape)
+    s, _, valid = _scores(c, s * c.scale, mask_ref, bi, ni, q0, k0)
+    p = jnp.exp(s - _rows_of(m_i, s.shape)) * _rows_of(linv_i, s.shape)
     if valid is not None:
       p = jnp.where(valid, p, 0.0)
-    return p, allowed
+    return p
 
-  def dscores(p, dp, delta_i, allowed):
-    ds = p * (dp - _rows_of(delta_i, shape))
-    return ds if allowed is None else jnp.where(allowed, ds, 0.0)
+  def dscores(p, dp, stats, delta_i):
+    """The tile's dS; 0 on rows without an allowed key (a user mask)."""
+    ds = p * (dp - _rows_of(delta_i, p.shape))
+    if not cfg.has_mask:
+      return ds
+    keep = (stats[0] > _NEG).astype(jnp.float32)
+    return ds * _rows_of(keep, p.shape)
 
   def dq_kernel(q_ref, k_ref, v_ref, do_ref, m_ref, l_ref, d_ref, *refs):
+    bq, bk = dq_q, dq_k
+    num_k = sp // bk
     refs = list(refs)
     mask_ref = refs.pop(0) if cfg.has_mask else None
     dq_ref, q_smem, do_smem, k_smem, v_smem, ds_smem = refs[:6]
@@ -512,13 +652,13 @@ def flash_backward(
     def step(j, dq):
       slot = jax.lax.rem(j, 2)
       plgpu.barrier_wait(k_bar.at[slot])
-      s = _matmul(shape, q_smem, k_smem.at[slot].T)
-      p, allowed = probs(s, stats, bi, ni, q0, j * bk, mask_ref)
+      s = _matmul((bq, bk), q_smem, k_smem.at[slot].T)
+      p = probs(dq_cfg, s, stats, bi, ni, q0, j * bk, mask_ref)
       plgpu.barrier_wait(v_bar.at[slot])
-      dp = _matmul(shape, do_smem, v_smem.at[slot].T)
-      ds_smem[...] = dscores(p, dp, delta_i, allowed).astype(dtype)
+      dp = _matmul((bq, bk), do_smem, v_smem.at[slot].T)
+      ds_smem[...] = dscores(p, dp, stats, delta_i).astype(dtype)
       plgpu.commit_smem()
-      dq = dq + _matmul((bq, h), ds_smem, k_smem.at[slot])
+      dq = _accumulate(dq, ds_smem, k_smem.at[slot], interpret)
 
       @pl.when(j + 2 < stop)
       def _():
@@ -533,6 +673,8 @@ def flash_backward(
     plgpu.wait_smem_to_gmem(0)
 
   def dkv_kernel(q_ref, k_ref, v_ref, do_ref, m_ref, l_ref, d_ref, *refs):
+    bq, bk = kv_q, kv_k
+    num_q = tp // bq
     refs = list(refs)
     mask_ref = refs.pop(0) if cfg.has_mask else None
     dk_ref, dv_ref, k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem = refs[:8]
@@ -573,15 +715,15 @@ def flash_backward(
       )
       delta_i = _row_vector(d_ref.at[bi, ni, rows])
       plgpu.barrier_wait(q_bar.at[slot])
-      s = _matmul(shape, q_smem.at[slot], k_smem.T)
-      p, allowed = probs(s, stats, bi, ni, q0, k0, mask_ref)
+      s = _matmul((bq, bk), q_smem.at[slot], k_smem.T)
+      p = probs(kv_cfg, s, stats, bi, ni, q0, k0, mask_ref)
       p_smem[...] = p.astype(dtype)
       plgpu.barrier_wait(do_bar.at[slot])
-      dp = _matmul(shape, do_smem.at[slot], v_smem.T)
-      ds_smem[...] = dscores(p, dp, delta_i, allowed).astype(dtype)
+      dp = _matmul((bq, bk), do_smem.at[slot], v_smem.T)
+      ds_smem[...] = dscores(p, dp, stats, delta_i).astype(dtype)
       plgpu.commit_smem()
-      dv = dv + _matmul((bk, hv), p_smem.T, do_smem.at[slot])
-      dk = dk + _matmul((bk, h), ds_smem.T, q_smem.at[slot])
+      dv = _accumulate(dv, p_smem.T, do_smem.at[slot], interpret)
+      dk = _accumulate(dk, ds_smem.T, q_smem.at[slot], interpret)
 
       @pl.when(i + 2 < num_q)
       def _():
@@ -600,49 +742,78 @@ def flash_backward(
     plgpu.wait_smem_to_gmem(0)
 
   args = [q, k, v, do, m, linv, delta] + ([mask] if cfg.has_mask else [])
+  # Per logit: dq does q k^T, dO v^T and dS k (2 (2 H + Hv) flops), dk/dv
+  # q k^T, dO v^T, P^T dO and dS^T q (4 (H + Hv)); both one exponential.
+  dq_type = jax.ShapeDtypeStruct((b, tp, n, h), dtype)
+  dq_logits = b * n * _visited(dq_cfg, tp // dq_q, sp // dq_k, by_key=False)
   dq = _call(
     dq_kernel,
-    jax.ShapeDtypeStruct((b, tp, n, h), dtype),
+    dq_type,
     args,
-    (b, n, num_q),
+    (b, n, tp // dq_q),
     ("batch", "heads", "q"),
     [
-      _smem((bq, h), dtype),
-      _smem((bq, hv), dtype),
-      _smem((2, bk, h), dtype),
-      _smem((2, bk, hv), dtype),
-      _smem(shape, dtype),
+      _smem((dq_q, h), dtype),
+      _smem((dq_q, hv), dtype),
+      _smem((2, dq_k, h), dtype),
+      _smem((2, dq_k, hv), dtype),
+      _smem((dq_q, dq_k), dtype),
       plgpu.Barrier(num_barriers=2),
       plgpu.Barrier(num_barriers=2),
       plgpu.Barrier(num_barriers=2),
     ],
     interpret,
     "jaxnorm_flash_attention_dq_mgpu",
+    _cost(dq_logits * 2 * (2 * h + hv), dq_logits, args, dq_type),
   )
+  kv_type = (
+    jax.ShapeDtypeStruct((b, sp, n, h), dtype),
+    jax.ShapeDtypeStruct((b, sp, n, hv), dtype),
+  )
+  kv_logits = b * n * _visited(kv_cfg, tp // kv_q, sp // kv_k, by_key=True)
   dk, dv = _call(
     dkv_kernel,
-    (
-      jax.ShapeDtypeStruct((b, sp, n, h), dtype),
-      jax.ShapeDtypeStruct((b, sp, n, hv), dtype),
-    ),
+    kv_type,
     args,
-    (b, n, num_k),
+    (b, n, sp // kv_k),
     ("batch", "heads", "k"),
     [
-      _smem((bk, h), dtype),
-      _smem((bk, hv), dtype),
-      _smem((2, bq, h), dtype),
-      _smem((2, bq, hv), dtype),
-      _smem(shape, dtype),
-      _smem(shape, dtype),
+      _smem((kv_k, h), dtype),
+      _smem((kv_k, hv), dtype),
+      _smem((2, kv_q, h), dtype),
+      _smem((2, kv_q, hv), dtype),
+      _smem((kv_q, kv_k), dtype),
+      _smem((kv_q, kv_k), dtype),
       plgpu.Barrier(num_barriers=2),
       plgpu.Barrier(num_barriers=2),
       plgpu.Barrier(num_barriers=2),
     ],
     interpret,
     "jaxnorm_flash_attention_dkv_mgpu",
+    _cost(kv_logits * 4 * (h + hv), kv_logits, args, kv_type),
   )
   return dq, dk, dv
+
+
+def linear_normalizer(fq: jax.Array, fkt: jax.Array, group: int) -> jax.Array:
+  r"""Row normalizers :math:`\phi(q_i) \cdot \sum_{j \le i} \phi(k_j)`.
+
+  The causal denominator of linear attention in float32, from an inclusive
+  cumulative sum of the mapped keys over the sequence (XLA, one extra read
+  of ``fq`` and ``fkt``); `linear_forward` divides by it.
+
+  Args:
+    fq: feature-mapped queries ``(B, Tp, N, F)``.
+    fkt: feature-mapped keys, transposed, ``(B, K, F, Tp)``.
+    group: query heads per key head.
+
+  Returns:
+    ``(B, N, Tp)`` float32.
+  """
+  b, tp, n, f = fq.shape
+  z = jnp.cumsum(fkt.astype(jnp.float32), axis=-1)
+  q = fq.astype(jnp.float32).reshape(b, tp, n // group, group, f)
+  return jnp.einsum("btkgf,bkft->bkgt", q, z).reshape(b, n, tp)
 
 
 def linear_forward(
@@ -664,17 +835,24 @@ def linear_forward(
   .. math::
     W = \mathrm{tril}(\phi(Q_c) \phi(K_c)^T),\quad
     \mathrm{num} = W V_c + \phi(Q_c) S,\quad
-    \mathrm{den} = \mathrm{rowsum}(W) + \phi(Q_c) z
+    \mathrm{out} = \mathrm{num} / (\mathrm{den} + \epsilon)
 
-  The normalizer :math:`z = \sum_j \phi(k_j)` is accumulated as the first
-  column of a ``(F, 64)`` matrix :math:`Z \mathrel{+}= \phi(K_c)^T E` with
-  :math:`E` a ``(chunk, 64)`` selector (ones in column 0), so that it rides
-  the same warpgroup MMAs; :math:`\phi(Q_c) z` is the row sum of
-  :math:`\phi(Q_c) Z`.
+  with ``den`` the causal normalizer (`linear_normalizer`, computed before
+  the kernel and read as one float32 per row). One block owns one (batch,
+  head) and `VALUE_BLOCK` = 64 columns of the values (the grid's third
+  axis), so that its state is ``(F, 64)``. Register arithmetic (a float32
+  ``(r, c)`` tile over one warpgroup is ``r c / 128`` per thread): at ``F =
+  E = 128`` the whole-width state (128) and an in-kernel normalizer matrix
+  (64) left no room for the chunk's tiles, and ptxas spilled 516 bytes and
+  serialized the wgmma (chunk 128); with value blocks the normalizer matrix
+  still spilled 188 bytes at chunk 64. Without it a block carries the state
+  (64) and per chunk ``W`` (32) and ``num`` (32). Each value block
+  recomputes the chunk's ``W`` (``E / 64 - 1`` extra ``Q K^T`` per chunk),
+  which costs flops, not memory traffic.
 
-  Deviation: the matmul operands are 16-bit, so ``W``, ``S`` and ``Z`` are
-  rounded to the input dtype where they enter a product (relative error
-  about 2^-9 for bfloat16); sums stay float32.
+  Deviation: the matmul operands are 16-bit, so ``W`` and ``S`` are rounded
+  to the input dtype where they enter a product (relative error about 2^-9
+  for bfloat16); sums and the normalizer stay float32.
 
   Args:
     fq: feature-mapped queries ``(B, Tp, N, F)``.
@@ -682,7 +860,7 @@ def linear_forward(
     v: values ``(B, Tp, K, E)``.
     chunk: chunk length (64 or 128), dividing ``Tp``.
     group: query heads per key head.
-    normalize: divide by the running normalizer.
+    normalize: divide by the causal normalizer.
     eps: denominator epsilon.
     interpret: ``False`` or an ``InterpretGPUParams``.
 
@@ -696,17 +874,18 @@ def linear_forward(
     )
   b, tp, n, f = fq.shape
   e, dtype = v.shape[-1], v.dtype
+  ev = min(e, VALUE_BLOCK)
   num_chunks = tp // chunk
-  sel_cols = HEAD_DIM_UNIT
   shape = (chunk, chunk)
 
-  def kernel(q_ref, kt_ref, v_ref, sel_ref, o_ref, *scratch):
-    q_smem, kt_smem, v_smem, w_smem, s_smem, z_smem, sel_smem, o_smem = scratch[
-      :8
-    ]
-    q_bar, kt_bar, v_bar, sel_bar = scratch[8:]
+  def kernel(q_ref, kt_ref, v_ref, *refs):
+    refs = list(refs)
+    den_ref = refs.pop(0) if normalize else None
+    o_ref, q_smem, kt_smem, v_smem, w_smem, s_smem, o_smem = refs[:7]
+    q_bar, kt_bar, v_bar = refs[7:]
     bi = jax.lax.axis_index("batch")
     ni = jax.lax.axis_index("heads")
+    cols = pl.ds(jax.lax.axis_index("value") * ev, ev)
     kh = jax.lax.div(ni, jnp.int32(group))
 
     def fetch(c, slot):
@@ -718,82 +897,74 @@ def linear_forward(
         kt_ref.at[bi, kh, :, rows], kt_smem.at[slot], kt_bar.at[slot]
       )
       plgpu.copy_gmem_to_smem(
-        v_ref.at[bi, rows, kh], v_smem.at[slot], v_bar.at[slot]
+        v_ref.at[bi, rows, kh, cols], v_smem.at[slot], v_bar.at[slot]
       )
 
     fetch(0, 0)
     if num_chunks > 1:
       fetch(1, 1)
-    if normalize:
-      plgpu.copy_gmem_to_smem(sel_ref, sel_smem, sel_bar)
-      z_smem[...] = _fill((f, sel_cols), 0.0).astype(dtype)
-    s_smem[...] = _fill((f, e), 0.0).astype(dtype)
+    s_smem[...] = _fill((f, ev), 0.0).astype(dtype)
     plgpu.commit_smem()
-    if normalize:
-      plgpu.barrier_wait(sel_bar)
-    tri = _iota(shape, 0) >= _iota(shape, 1)
 
-    def step(c, carry):
-      state, z = carry
+    def step(c, state):
       slot = jax.lax.rem(c, 2)
+      rows = pl.ds(c * chunk, chunk)
       plgpu.barrier_wait(q_bar.at[slot])
       plgpu.barrier_wait(kt_bar.at[slot])
       plgpu.barrier_wait(v_bar.at[slot])
       q, kt, vc = q_smem.at[slot], kt_smem.at[slot], v_smem.at[slot]
-      w = jnp.where(tri, _matmul(shape, q, kt), 0.0)
+      w = _matmul(shape, q, kt)  # the causal mask after: not live across it
+      w = jnp.where(_iota(shape, 0) >= _iota(shape, 1), w, 0.0)
       w_smem[...] = w.astype(dtype)
       plgpu.commit_smem()
-      num = _matmul((chunk, e), w_smem, vc) + _matmul((chunk, e), q, s_smem)
+      num = _matmul((chunk, ev), w_smem, vc)
+      num = _accumulate(num, q, s_smem, interpret)
       if normalize:
-        qz = _matmul((chunk, sel_cols), q, z_smem)
-        den = jnp.sum(w, axis=1) + jnp.sum(qz, axis=1)
-        num = num / _rows_of(den + eps, num.shape)
-      state = state + _matmul((f, e), kt, vc)
-      if normalize:
-        z = z + _matmul((f, sel_cols), kt, sel_smem)
-        z_smem[...] = z.astype(dtype)
+        den = _row_vector(den_ref.at[bi, ni, rows]) + eps
+        num = num / _rows_of(den, num.shape)
+      state = _accumulate(state, kt, vc, interpret)
       s_smem[...] = state.astype(dtype)
       plgpu.wait_smem_to_gmem(0)  # the previous chunk's output has left
       o_smem[...] = num.astype(dtype)
       plgpu.commit_smem()
-      plgpu.copy_smem_to_gmem(o_smem, o_ref.at[bi, pl.ds(c * chunk, chunk), ni])
+      plgpu.copy_smem_to_gmem(o_smem, o_ref.at[bi, rows, ni, cols])
 
       @pl.when(c + 2 < num_chunks)
       def _():
         fetch(c + 2, slot)
 
-      return state, z
+      return state
 
-    jax.lax.fori_loop(
-      0,
-      num_chunks,
-      step,
-      (_fill((f, e), 0.0), _fill((f, sel_cols), 0.0)),
-    )
+    jax.lax.fori_loop(0, num_chunks, step, _fill((f, ev), 0.0))
     plgpu.wait_smem_to_gmem(0)
 
-  sel = jnp.zeros((chunk, sel_cols), dtype).at[:, 0].set(1)
   scratch = [
     _smem((2, chunk, f), dtype),
     _smem((2, f, chunk), dtype),
-    _smem((2, chunk, e), dtype),
+    _smem((2, chunk, ev), dtype),
     _smem(shape, dtype),
-    _smem((f, e), dtype),
-    _smem((f, sel_cols), dtype),
-    _smem((chunk, sel_cols), dtype),
-    _smem((chunk, e), dtype),
+    _smem((f, ev), dtype),
+    _smem((chunk, ev), dtype),
     plgpu.Barrier(num_barriers=2),
     plgpu.Barrier(num_barriers=2),
     plgpu.Barrier(num_barriers=2),
-    plgpu.Barrier(num_barriers=1),
   ]
+  args = [fq, fkt, v]
+  if normalize:
+    args.append(linear_normalizer(fq, fkt, group))
+  out_type = jax.ShapeDtypeStruct((b, tp, n, e), dtype)
+  # Per chunk and value block: the scores, W V, q S and the state update
+  # (2 chunk (chunk (F + Ev) + 2 F Ev) flops); no transcendentals (the
+  # feature map is applied outside).
+  per_chunk = 2 * chunk * (chunk * (f + ev) + 2 * f * ev) * (e // ev)
   return _call(
     kernel,
-    jax.ShapeDtypeStruct((b, tp, n, e), dtype),
-    [fq, fkt, v, sel],
-    (b, n),
-    ("batch", "heads"),
+    out_type,
+    args,
+    (b, n, e // ev),
+    ("batch", "heads", "value"),
     scratch,
     interpret,
     "jaxnorm_causal_linear_attention_fwd_mgpu",
+    _cost(b * n * num_chunks * per_chunk, 0, args, out_type),
   )

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -54,6 +55,81 @@ from pallas_kernels import _rows
 _LOAD_TAKES_INDEX = "idx" in inspect.signature(plgpu.load).parameters
 # Whether the Mosaic GPU interpreter runs `plgpu.load` and `layout_cast`.
 _INTERPRETER_RUNS_LAYOUTS = hasattr(plgpu, "InterpretGPUParams")
+# jax 0.10's `plgpu.kernel` takes no cost estimate.
+_KERNEL_TAKES_COST = (
+  "cost_estimate" in inspect.signature(plgpu.kernel).parameters
+)
+
+# What `body_cost` counts: one flop per result element of these primitives,
+# one per operand element of the reductions, one transcendental per result
+# element of the last set; layout ops, casts and comparisons are free.
+_FLOPS = frozenset(
+  ("add", "sub", "mul", "div", "max", "min", "neg", "abs", "square")
+  + ("integer_pow",)
+)
+_REDUCTIONS = frozenset(("reduce_sum", "reduce_max", "reduce_min"))
+_TRANSCENDENTALS = frozenset(
+  ("exp", "exp2", "log", "log1p", "expm1", "tanh", "logistic", "sqrt")
+  + ("rsqrt", "cbrt", "pow", "sin", "cos", "tan", "erf", "erf_inv", "atan2")
+)
+
+
+def _count(jaxpr: Any) -> tuple[int, int]:
+  """``(flops, transcendentals)`` of a jaxpr and the jaxprs it calls."""
+  flops = transcendentals = 0
+  for eqn in jaxpr.eqns:
+    name = eqn.primitive.name
+    out = sum(math.prod(v.aval.shape) for v in eqn.outvars)
+    if name in _TRANSCENDENTALS:
+      transcendentals += out
+    elif name in _REDUCTIONS:
+      flops += math.prod(eqn.invars[0].aval.shape)
+    elif name in _FLOPS:
+      flops += out
+    for param in eqn.params.values():
+      inner = getattr(param, "jaxpr", param)
+      if hasattr(inner, "eqns"):
+        f, t = _count(inner)
+        flops, transcendentals = flops + f, transcendentals + t
+  return flops, transcendentals
+
+
+def body_cost(
+  jaxpr: Any,
+  num_blocks: int,
+  block_elems: int,
+  num_partials: int,
+  operands: Sequence[Any],
+  results: Sequence[Any],
+) -> pl.CostEstimate:
+  """The cost estimate of a row kernel (both row lowerings use it).
+
+  Args:
+    jaxpr: the `_rows.RowBody` traced on one float32 block
+      (`jax.make_jaxpr`), with the row operations of its lowering.
+    num_blocks: grid size.
+    block_elems: elements of one block (``block_rows * width``).
+    num_partials: partial sums the kernel reduces over each block's rows.
+    operands: the kernel's input arrays (anything with shape and dtype).
+    results: its output shapes (`jax.ShapeDtypeStruct`s).
+
+  Returns:
+    ``flops``: the body's count (`_count`) plus one add per element and
+    partial sum, per block, times ``num_blocks``; ``transcendentals``: the
+    body's count times ``num_blocks`` (an rsqrt per row for RMSNorm and
+    LayerNorm, a tanh per element for DyT); ``bytes_accessed``: every
+    operand read once and every result written once.
+  """
+  flops, transcendentals = _count(jaxpr.jaxpr)
+  nbytes = sum(
+    math.prod(a.shape) * jnp.dtype(a.dtype).itemsize
+    for a in (*operands, *results)
+  )
+  return pl.CostEstimate(
+    flops=num_blocks * (flops + num_partials * block_elems),
+    transcendentals=num_blocks * transcendentals,
+    bytes_accessed=nbytes,
+  )
 
 
 def block_layout(features: int) -> Any:
@@ -155,6 +231,7 @@ def row_call(
   *,
   interpret: Any,
   name: str,
+  cost_estimate: pl.CostEstimate | None = None,
 ) -> tuple[list[jax.Array], list[jax.Array]]:
   """Runs ``body`` over row blocks on Mosaic GPU; contract of `_rows.row_call`.
 
@@ -168,6 +245,9 @@ def row_call(
       summed over all rows.
     interpret: ``False`` or an ``InterpretGPUParams`` (`_rows.interpreter`).
     name: kernel name.
+    cost_estimate: what XLA is told the kernel costs; ``None``: `body_cost`
+      of ``body`` on one block. Dropped where `plgpu.kernel` takes none
+      (jax < 0.12).
 
   Returns:
     ``(outputs, sums)`` as in `_rows.row_call`.
@@ -210,6 +290,18 @@ def row_call(
   out_type = [jax.ShapeDtypeStruct((padded, feats), d) for d in out_dtypes] + [
     jax.ShapeDtypeStruct((nb, feats), jnp.float32)
   ] * num_partials
+  if cost_estimate is None:
+    cost_ops = MosaicRowOps(feats, feats, block_rows=br)
+    jaxpr = jax.make_jaxpr(
+      lambda xs, ps: body(xs, [cost_ops.row(p) for p in ps], cost_ops)
+    )(
+      [jax.ShapeDtypeStruct((br, feats), jnp.float32)] * n_in,
+      [jax.ShapeDtypeStruct((feats,), jnp.float32)] * n_p,
+    )
+    cost_estimate = body_cost(
+      jaxpr, nb, br * feats, num_partials, [*row_inputs, *params], out_type
+    )
+  cost = {"cost_estimate": cost_estimate} if _KERNEL_TAKES_COST else {}
   kernel.__name__ = name
   results = plgpu.kernel(
     kernel,
@@ -218,6 +310,7 @@ def row_call(
     grid_names=("rows",),
     compiler_params=plgpu.CompilerParams(),
     interpret=interpret or None,
+    **cost,
   )(*row_inputs, *params)
   outs = [r[:rows] if padded != rows else r for r in results[:n_out]]
   sums = [jnp.sum(r, axis=0) for r in results[n_out:]]

@@ -17,7 +17,7 @@ Tiling and lowerings: `pallas_kernels._rows` (one heuristic,
 Triton one while the installed JAX has it. Unsupported inputs raise
 `NotImplementedError` naming the case, so `implementation=None` dispatch can
 fall back to the reference: normalized axes that are not the trailing ones,
-rows wider than `MAX_FEATURES` (Mosaic GPU: wider than 8192 or not a
+rows wider than `MAX_FEATURES` (Mosaic GPU: wider than 4096 or not a
 multiple of 32), dtypes the lowering lacks, empty inputs, CPU without
 ``interpret``, a backend the device or the installed JAX lacks.
 

@@ -10,6 +10,13 @@ tests/optim: 315 s -> 214 s). The HLO passes (fusion, layout, algebraic
 rewrites) are the same and only machine-code optimization is skipped, so
 results move only at float32 round-off (multiply-adds are contracted
 differently). Benchmarks and experiments run at the default level.
+
+With the ``aot`` extra installed (deviceless GPU/TPU compilers), the host
+platform is pinned to the CPU (`jaxnorm.aot.setup_environment`, which keeps a
+``JAX_PLATFORMS`` that is already set: set ``JAX_PLATFORMS=cuda`` to run the
+suite on a real GPU with the extra installed). Tests marked ``aot`` compile
+for deviceless chips and skip with the install command where the extra is
+missing.
 """
 
 import os
@@ -27,6 +34,12 @@ for _flag in _TEST_FLAGS:
 import jax  # noqa: E402
 import pytest  # noqa: E402
 
+from jaxnorm import aot  # noqa: E402
+
+_AOT = aot.available("gpu") or aot.available("tpu")
+if _AOT:
+  aot.setup_environment()
+
 jax.config.update("jax_numpy_dtype_promotion", "strict")
 jax.config.update("jax_numpy_rank_promotion", "raise")
 
@@ -38,6 +51,10 @@ def pytest_collection_modifyitems(config, items):
     for marker in ("gpu", "tpu"):
       if item.get_closest_marker(marker) and backend != marker:
         item.add_marker(pytest.mark.skip(reason=f"needs a {marker} backend"))
+    if item.get_closest_marker("aot") and not _AOT:
+      item.add_marker(
+        pytest.mark.skip(reason=f"needs the aot extra: {aot.INSTALL}")
+      )
 
 
 @pytest.fixture

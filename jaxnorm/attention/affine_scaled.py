@@ -233,4 +233,5 @@ def affine_scaled_attention(
       rho=rho,
     ),
     reference,
+    arrays=(query,),
   )

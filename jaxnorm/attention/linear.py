@@ -134,6 +134,7 @@ def causal_linear_attention(
       algorithm,
       query.dtype,
     ),
+    arrays=(query,),
   )
 
 

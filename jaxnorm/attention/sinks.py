@@ -141,6 +141,7 @@ def sink_attention(
       is_causal=is_causal,
     ),
     reference,
+    arrays=(query,),
   )
 
 

@@ -188,5 +188,10 @@ def dot_product_attention(
     return _core.finish(d, _core.apply_weights(d, w, v, dtype), query.dtype)
 
   return _dispatch.dispatch(
-    who, implementation, "dot_product_attention_pallas", call_kernel, reference
+    who,
+    implementation,
+    "dot_product_attention_pallas",
+    call_kernel,
+    reference,
+    arrays=(query,),
   )

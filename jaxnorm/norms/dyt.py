@@ -65,6 +65,7 @@ def dyt(
     implementation,
     "dyt_pallas",
     lambda k: k(x, alpha, scale, bias, axis=axes),
+    arrays=(x,),
   )
   if out is not None:
     return out

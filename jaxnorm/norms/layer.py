@@ -92,6 +92,7 @@ def layer_norm(
     implementation,
     "layer_norm_pallas",
     lambda k: k(x, scale, bias, eps=eps, axis=axes, scale_offset=scale_offset),
+    arrays=(x,),
   )
   if out is not None:
     return out
@@ -215,6 +216,7 @@ def rms_norm(
     lambda k: k(
       x, scale, eps=eps, axis=axes, eps_mode=eps_mode, scale_offset=scale_offset
     ),
+    arrays=(x,),
   )
   if out is not None:
     return out

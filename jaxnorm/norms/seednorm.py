@@ -102,6 +102,7 @@ def seed_norm(
       axis=ax,
       dyn_scale_div_dim=dyn_scale_div_dim,
     ),
+    arrays=(x,),
   )
   if out is not None:
     return out

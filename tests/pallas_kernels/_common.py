@@ -23,8 +23,17 @@ import pytest
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
+from jaxnorm import _target
 from pallas_kernels import _rows
 from tests import helpers
+
+H100 = _target.Target("gpu", "NVIDIA H100 80GB HBM3", "test", (9, 0))
+
+
+def fake_target(monkeypatch, target=H100):
+  """Dispatch and the kernels' lowering see ``target`` (a `_target.Target`)."""
+  monkeypatch.setattr(_target, "current", lambda *arrays: target)
+
 
 TRITON_SKIP = pytest.mark.skipif(
   not _rows.triton_available(),

@@ -203,7 +203,7 @@ def test_lowers_for_compiled_backends(monkeypatch, platform):
   # Mosaic GPU: test_mosaic_gpu_attention.py
   lowering = "triton" if platform == "cuda" else "tpu"
   monkeypatch.setattr(
-    _rows, "row_lowering", lambda who, interpret, backend: lowering
+    _rows, "row_lowering", lambda who, interpret, backend, *arrays: lowering
   )
   mask = jnp.ones((1, 1, 256, 256), bool)
 

@@ -14,6 +14,7 @@ from jax.experimental.pallas import tpu as pltpu
 import pallas_kernels.norms as pk
 from jaxnorm import _dispatch, fused_norms, norms
 from tests import helpers
+from tests.pallas_kernels import _common as c
 
 
 def _args(name, key):
@@ -65,7 +66,7 @@ def test_pallas_on_cpu_raises_naming_the_case(name, key):
 def fake_gpu(monkeypatch):
   """Dispatch sees a GPU; kernels run interpreted and record their calls."""
   calls = []
-  monkeypatch.setattr(_dispatch, "_backend", lambda: "gpu")
+  c.fake_target(monkeypatch)
   for name in NAMES:
     kernel = getattr(pk, f"{name}_pallas")
 
@@ -217,7 +218,7 @@ def attention_kernels(monkeypatch):
 @pytest.fixture
 def attention_gpu(monkeypatch):
   """Dispatch sees a GPU; the attention kernels run interpreted."""
-  monkeypatch.setattr(_dispatch, "_backend", lambda: "gpu")
+  c.fake_target(monkeypatch)
   return _record_attention_kernels(monkeypatch)
 
 

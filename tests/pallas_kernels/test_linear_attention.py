@@ -117,7 +117,7 @@ def test_lowers_for_compiled_backends(monkeypatch, platform):
   # Mosaic GPU: test_mosaic_gpu_attention.py
   lowering = "triton" if platform == "cuda" else "tpu"
   monkeypatch.setattr(
-    _rows, "row_lowering", lambda who, interpret, backend: lowering
+    _rows, "row_lowering", lambda who, interpret, backend, *arrays: lowering
   )
   x = jax.ShapeDtypeStruct((2, 512, 4, 64), jnp.bfloat16)
   checks = [export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")]

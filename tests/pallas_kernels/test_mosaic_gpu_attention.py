@@ -14,6 +14,8 @@ device.
 
 from __future__ import annotations
 
+import re
+
 import jax
 import jax.numpy as jnp
 import pytest
@@ -23,6 +25,7 @@ from jaxnorm import attention as ref
 from pallas_kernels import _rows, mosaic_gpu_rows
 from pallas_kernels import attention as pa
 from pallas_kernels import linear_attention as pla
+from pallas_kernels import mosaic_gpu_attention as mga
 from tests import helpers
 
 INTERPRETER = pytest.mark.skipif(
@@ -66,6 +69,10 @@ FLASH = [
   pytest.param("mask_causal", 130, (64, 64), (2, 1), id="mask-b-causal"),
   pytest.param("sink", 130, (64, 128), (1, 4), id="sink-mask-n-causal"),
   pytest.param("causal", 50, (128, 64), None, id="causal-short"),
+  # head dim 128: the forward streams 128 keys, both backward kernels 64
+  # (`flash_backward_blocks`), with a fully masked row and a fully padded
+  # 64-key block.
+  pytest.param("mask_causal", 130, (128, 128), (1, 1), id="mask-h128"),
 ]
 
 
@@ -148,7 +155,7 @@ def test_linear_interpreter_matches_reference(
 
 def _lower_as_mosaic_gpu(monkeypatch):
   monkeypatch.setattr(
-    _rows, "row_lowering", lambda who, interpret, backend: "mosaic_gpu"
+    _rows, "row_lowering", lambda who, interpret, backend, *arrays: "mosaic_gpu"
   )
 
 
@@ -216,7 +223,7 @@ def test_mosaic_gpu_refuses_what_it_lacks(monkeypatch, key):
   q2, k2, v2 = _qkv(key, 1, 8, 8, 2, 1, 256)
   with pytest.raises(NotImplementedError, match="shared-memory tiles"):
     f(q2, k2, v2, block_k=128, interpret=True)
-  with pytest.raises(NotImplementedError, match="chunk=64, head dims 256"):
+  with pytest.raises(NotImplementedError, match="head_dim up to 128"):
     lin(q2, k2, v2, interpret=True)
   monkeypatch.setattr(mosaic_gpu_rows, "_INTERPRETER_RUNS_LAYOUTS", False)
   for fn in (f, lin):
@@ -229,14 +236,48 @@ def test_heuristic_blocks():
   assert (t.block_q, t.block_k, t.q_len, t.kv_len) == (64, 128, 128, 256)
   t = pa.attention_block_heuristic("mosaic_gpu", 8, 50)
   assert (t.block_q, t.block_k, t.q_len, t.kv_len) == (64, 64, 64, 64)
+  # The backward's own tiles: dq keeps 128 keys up to head dim 64, dk/dv
+  # take 64 x 64.
+  assert mga.flash_backward_blocks(128, 64) == ((64, 128), (64, 64))
+  assert mga.flash_backward_blocks(128, 128) == ((64, 64), (64, 64))
+  assert mga.flash_backward_blocks(64, 64) == ((64, 64), (64, 64))
+
+
+def test_flash_cost_estimates(monkeypatch):
+  _lower_as_mosaic_gpu(monkeypatch)
+
+  def fwd_bwd(q, k, v):
+    f = lambda q, k, v: pa.dot_product_attention_pallas(q, k, v, is_causal=True)
+    out, vjp = jax.vjp(f, q, k, v)
+    return out, vjp(out)
+
+  x = jax.ShapeDtypeStruct((1, 256, 2, 64), jnp.bfloat16)
+  text = export.export(jax.jit(fwd_bwd), platforms=["cuda"])(x, x, x)
+  costs = re.findall(
+    r"cost_estimate_json = \"\{\\22flops\\22: (\d+), "
+    r"\\22transcendentals\\22: (\d+), \\22bytes_accessed\\22: (\d+)",
+    text.mlir_module(),
+  )
+  tile = 64 * 128  # the forward's and dq's tiles; dk/dv's are 64 x 64
+  # Per head, causal: the forward and dq visit 1 + 1 + 2 + 2 tiles of the
+  # 4 x 2, dk/dv 4 + 3 + 2 + 1 of the 4 x 4; flops per tile element are
+  # 2 (H + Hv), 2 (2 H + Hv) and 4 (H + Hv); exponentials one per element
+  # (the forward's one more per row and step). The forward reads q, k, v
+  # and writes out and its two float32 statistics.
+  fwd = (2 * 6 * tile * 256, 2 * 6 * 64 * 129, 4 * 256 * 2 * 64 * 2 + 4096)
+  dq = 2 * 6 * tile * 384
+  dkv = 2 * 10 * (tile // 2) * 512
+  flops = sorted(int(c[0]) for c in costs)
+  assert flops == [fwd[0], dq, dkv]
+  assert tuple(int(c) for c in costs[0]) == fwd
 
 
 def _gpu_dispatch(monkeypatch):
   """Dispatch sees a GPU; the flash kernel runs interpreted; its outcomes
   ("ran" or "refused") are recorded."""
-  from jaxnorm import _dispatch
+  from tests.pallas_kernels import _common as c
 
-  monkeypatch.setattr(_dispatch, "_backend", lambda: "gpu")
+  c.fake_target(monkeypatch)
   calls = []
   kernel = pa.dot_product_attention_pallas
 

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import pytest
 from jax.experimental.pallas import tpu as pltpu
 
-from jaxnorm import norms
+from jaxnorm import _target, aot, norms
 from pallas_kernels import _rows
 from pallas_kernels import norms as pk
 from tests import helpers
@@ -234,6 +236,20 @@ def test_heuristic_tiles():
   assert t.block_rows == 16
 
 
+def test_tpu_tiles_follow_the_chip_and_refuse_what_cannot_fit():
+  # A float32 tile is 1/16 of the chip's default scoped VMEM.
+  tile = functools.partial(_rows.norm_block_heuristic, "f", "tpu", 100000)
+  assert tile(4096, jnp.bfloat16, chip=aot.CHIPS["v5e"]).block_rows == 64
+  assert tile(4096, jnp.bfloat16, chip=aot.CHIPS["v6e"]).block_rows == 128
+  assert tile(16384, jnp.float32, chip=aot.CHIPS["v5p"]).block_rows == 16
+  # 32 x 16384 float32 rows need 24 MiB: over v5e's 16 MiB, under v6e's 32.
+  assert tile(16384, jnp.float32, 32, aot.CHIPS["v6e"]).block_rows == 32
+  with pytest.raises(NotImplementedError, match="limit of v5e; pass a small"):
+    tile(16384, jnp.float32, 32, aot.CHIPS["v5e"])
+  with pytest.raises(NotImplementedError, match="fit without spilling"):
+    _rows.norm_block_heuristic("f", "mosaic_gpu", 64, 4096, jnp.bfloat16, 4)
+
+
 @pytest.mark.parametrize(
   "features,split",
   [
@@ -287,30 +303,27 @@ def test_tiling_rejects_bad_tiles(kwargs, match):
 
 @pytest.fixture
 def device(monkeypatch):
-  """Pretends the default backend is ``platform`` with one fake device."""
+  """Pretends the target is a ``platform`` device of the given capability."""
 
   def set_device(platform, compute_capability=None):
-    dev = type("Dev", (), {"device_kind": "fake"})()
-    if compute_capability is not None:
-      dev.compute_capability = compute_capability
-    monkeypatch.setattr(_rows.jax, "default_backend", lambda: platform)
-    monkeypatch.setattr(_rows.jax, "devices", lambda: [dev])
+    target = _target.Target(platform, "fake", "test", compute_capability)
+    c.fake_target(monkeypatch, target)
 
   return set_device
 
 
 def test_backend_selection_per_device(device, monkeypatch):
   pick = lambda backend=None: _rows.row_lowering("f", False, backend)  # noqa: E731
-  device("gpu", "9.0")
+  device("gpu", (9, 0))
   assert pick() == "mosaic_gpu"
   assert pick("mosaic_gpu") == "mosaic_gpu"
-  device("gpu", "10.0")
+  device("gpu", (10, 0))
   assert pick() == "mosaic_gpu"
   device("tpu")
   assert pick() == pick("mosaic_tpu") == "tpu"
   with pytest.raises(NotImplementedError, match="'tpu' with backend='tr"):
     pick("triton") if _rows.triton_available() else pick("mosaic_gpu")
-  device("gpu", "gfx942")  # ROCm reports an architecture, not a capability
+  device("gpu")  # ROCm reports an architecture, not a capability
   monkeypatch.setattr(_rows, "pltr", None)
   with pytest.raises(NotImplementedError, match="compute capability >= 9.0"):
     pick()
@@ -324,7 +337,7 @@ def test_backend_selection_per_device(device, monkeypatch):
   not _rows.triton_available(), reason="needs the Pallas Triton lowering"
 )
 def test_older_gpus_get_triton(device):
-  device("gpu", "8.0")
+  device("gpu", (8, 0))
   assert _rows.row_lowering("f", False, None) == "triton"
 
 
@@ -357,8 +370,8 @@ def test_unsupported_cases_raise_not_implemented(fn):
     fn(x, axis=0, interpret=True)
   with pytest.raises(NotImplementedError, match="up to 16384 features"):
     fn(jnp.ones((2, 16385), jnp.float32), interpret=True)
-  for wide in (8704, 8160):  # 2 rows x 8704; 16 rows x 8160
-    with pytest.raises(NotImplementedError, match="at most 16384 elements"):
+  for wide in (4608, 4064):  # 2 rows x 4608; 16 rows x 4064
+    with pytest.raises(NotImplementedError, match="at most 8192 elements"):
       fn(jnp.ones((2, wide), jnp.float32), interpret=True)
   with pytest.raises(NotImplementedError, match="multiple of 32"):
     fn(x, interpret=True)

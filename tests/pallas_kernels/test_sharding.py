@@ -14,7 +14,7 @@ from jax.experimental.pallas import tpu as pltpu
 from jax.sharding import AxisType
 from jax.sharding import PartitionSpec as P
 
-from jaxnorm import _dispatch, fused_norms, norms
+from jaxnorm import fused_norms, norms
 from jaxnorm import sharding as jsharding
 from pallas_kernels import norms as pk
 from pallas_kernels import sharding as psharding
@@ -119,7 +119,7 @@ def test_kernels_shard_themselves_on_a_context_mesh(explicit, key):
 def test_dispatch_on_a_mesh_runs_the_sharded_kernel(monkeypatch, key):
   # implementation=None on an accelerator (faked: interpreted kernels) goes
   # through the self-sharding kernel.
-  monkeypatch.setattr(_dispatch, "_backend", lambda: "gpu")
+  c.fake_target(monkeypatch)
   kernel = pk.add_rms_norm_pallas
   monkeypatch.setattr(
     pk,
