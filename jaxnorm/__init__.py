@@ -14,8 +14,8 @@ on demand).
 
 from jaxnorm import (
   activations,
-  aot,
   analysis,
+  aot,
   attention,
   depth_metrics,
   fused_norms,

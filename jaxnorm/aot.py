@@ -277,3 +277,47 @@ def topology(name: str, axis_names: tuple[str, ...] | None = None) -> Any:
       f"{math.prod(shape)}"
     )
   return topologies.make_mesh(desc, shape, axis_names)
+
+
+@dataclasses.dataclass(frozen=True)
+class PtxasKernel:
+  """One entry function of a ptxas ``-v`` report.
+
+  Attributes:
+    name: the kernel's entry function.
+    registers: 32-bit registers per thread.
+    spill_stores: bytes spilled to local memory.
+    spill_loads: bytes reloaded from it.
+  """
+
+  name: str
+  registers: int
+  spill_stores: int
+  spill_loads: int
+
+
+def parse_ptxas(text: str) -> list[PtxasKernel]:
+  """The kernels of a ptxas report, in order, each name once.
+
+  ``MOSAIC_GPU_DUMP_PTXAS=1`` prints the report of every Mosaic GPU kernel
+  compiled (on stdout, or to ``NAME.ptxas`` files under
+  ``MOSAIC_GPU_DUMP_TO``). A kernel's entry starts at "Compiling entry
+  function 'NAME'", its spills are on the "bytes stack frame" line and it
+  ends at "Used N registers". The warning "wgmma.mma_async instructions are
+  serialized due to insufficient register resources" is not parsed: search
+  the text for it.
+  """
+  kernels: dict[str, PtxasKernel] = {}
+  name, spills = None, (0, 0)
+  for line in text.splitlines():
+    if m := re.search(r"Compiling entry function '([^']+)'", line):
+      name, spills = m.group(1), (0, 0)
+    elif m := re.search(
+      r"bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads",
+      line,
+    ):
+      spills = (int(m.group(1)), int(m.group(2)))
+    elif (m := re.search(r"Used (\d+) registers", line)) and name:
+      kernels.setdefault(name, PtxasKernel(name, int(m.group(1)), *spills))
+      name = None
+  return list(kernels.values())

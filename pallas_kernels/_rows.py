@@ -49,6 +49,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from jaxnorm import _checks, _target
+from pallas_kernels import _cost
 
 try:  # Triton is deprecated in newer JAX and may be gone from the install.
   from jax.experimental.pallas import triton as pltr
@@ -600,7 +601,7 @@ def row_call(
     name: kernel name.
     cost_estimate: what XLA is told the kernel costs (TPU cost analysis
       counts a kernel's flops from it alone); ``None``:
-      `pallas_kernels.mosaic_gpu_rows.body_cost` of ``body`` on one block.
+      `pallas_kernels._cost.body_cost` of ``body`` on one block.
 
   Returns:
     ``(outputs, sums)``: the row outputs and, for each partial, its float32
@@ -661,7 +662,6 @@ def row_call(
   else:
     compiler_params = pltpu.CompilerParams(dimension_semantics=("parallel",))
   if cost_estimate is None:
-    from pallas_kernels import mosaic_gpu_rows  # imports this module
 
     def traced(xs, ps):
       col_ids = jax.lax.broadcasted_iota(jnp.int32, (1, bc), 1)
@@ -672,7 +672,7 @@ def row_call(
       [jax.ShapeDtypeStruct((br, bc), jnp.float32)] * n_in,
       [jax.ShapeDtypeStruct((1, bc), jnp.float32)] * n_p,
     )
-    cost_estimate = mosaic_gpu_rows.body_cost(
+    cost_estimate = _cost.body_cost(
       jaxpr, grid[0], br * bc, num_partials, [*row_inputs, *params], out_shape
     )
   results = pl.pallas_call(
