@@ -219,8 +219,9 @@ def _call(kernel, out_type, args, grid, names, scratch, interpret, name, cost):
     grid_names=names,
     scratch_types=scratch,
     compiler_params=plgpu.CompilerParams(),
-    cost_estimate=cost,
     interpret=interpret or None,
+    # jax 0.10's plgpu.kernel takes no cost estimate.
+    **({"cost_estimate": cost} if mosaic_gpu_rows._KERNEL_TAKES_COST else {}),
   )(*args)
 
 
