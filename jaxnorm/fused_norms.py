@@ -39,6 +39,16 @@ def _add(who: str, x: Any, residual: Any, axis: norms.Axis) -> jax.Array:
   return (x.astype(cdt) + residual.astype(cdt)).astype(residual.dtype)
 
 
+def _unfused(implementation: Any) -> Any:
+  """The norm's ``implementation`` when the fused reference runs.
+
+  ``"xla"`` stays the reference all the way down; under ``None`` (the fused
+  kernel absent or refusing the case) the unfused norm may still take its
+  own kernel.
+  """
+  return "xla" if implementation == "xla" else None
+
+
 def add_rms_norm(
   x: Float[ArrayLike, "..."],
   residual: Float[ArrayLike, "..."],
@@ -86,7 +96,13 @@ def add_rms_norm(
   def reference():
     h = _add(who, x, residual, axis)
     return h, norms.rms_norm(
-      h, scale, eps=eps, axis=axis, eps_mode=eps_mode, scale_offset=scale_offset
+      h,
+      scale,
+      eps=eps,
+      axis=axis,
+      eps_mode=eps_mode,
+      scale_offset=scale_offset,
+      implementation=_unfused(implementation),
     )
 
   return _dispatch.dispatch(
@@ -152,7 +168,13 @@ def add_layer_norm(
   def reference():
     h = _add(who, x, residual, axis)
     return h, norms.layer_norm(
-      h, scale, bias, eps=eps, axis=axis, scale_offset=scale_offset
+      h,
+      scale,
+      bias,
+      eps=eps,
+      axis=axis,
+      scale_offset=scale_offset,
+      implementation=_unfused(implementation),
     )
 
   return _dispatch.dispatch(
