@@ -46,13 +46,14 @@ class OwnedParam(NamedTuple):
   owner_path: tuple[Any, ...]  # Path of the innermost module above it.
   owner: nnx.Module
   name: str  # The owner's attribute (a list attribute names its items).
-  value: jax.Array
+  value: jax.Array  # A `jax.ShapeDtypeStruct` in an abstract model.
 
 
 def owned_params(model: nnx.Module) -> list[OwnedParam]:
   """Every `nnx.Param` of ``model`` with its owner, in state order.
 
-  The order is that of ``nnx.to_flat_state(nnx.state(model, nnx.Param))``.
+  The order is that of ``nnx.to_flat_state(nnx.state(model, nnx.Param))``;
+  an abstract model (`nnx.eval_shape`) gives its shape structs as values.
   """
   modules = {
     tuple(path): node
@@ -66,7 +67,11 @@ def owned_params(model: nnx.Module) -> list[OwnedParam]:
     owner_path = path[:depth]
     owned.append(
       OwnedParam(
-        path, owner_path, modules[owner_path], str(path[depth]), var[...]
+        path,
+        owner_path,
+        modules[owner_path],
+        str(path[depth]),
+        var.get_value(),
       )
     )
   return owned

@@ -11,6 +11,10 @@ plot. Multi-host runs call
 ``JAX_COORDINATOR_ADDRESS``, ``JAX_NUM_PROCESSES`` and ``JAX_PROCESS_ID`` (or
 runs on a cluster JAX detects itself); the mesh then spans every process's
 devices and process 0 writes the metrics, plot and summary.
+
+``jaxnorm-train --compile-only --topology v5e:4x4 --mesh 1,16,1 ...`` runs
+nothing: it compiles the run's training step for the named chips here and
+prints its memory per device and predicted speed (`plan`).
 """
 
 from __future__ import annotations
@@ -25,8 +29,10 @@ from collections.abc import Callable, Sequence
 
 import jax
 
+from jaxnorm import aot
 from jaxnorm.training import build, checkpoints, data, metrics, trainer
 from jaxnorm.training import config as config_lib
+from jaxnorm.training import plan as plan_lib
 
 
 def _maybe_initialize_distributed() -> None:
@@ -121,21 +127,80 @@ def _parse(
   return args, config_lib.from_args(args)
 
 
+def _planning_flags(parser: argparse.ArgumentParser) -> None:
+  group = parser.add_argument_group("planning (compile only)")
+  group.add_argument(
+    "--compile-only",
+    action="store_true",
+    help="build the training step for --topology and compile it here with "
+    "that chip's compiler (deviceless; nothing runs, no data is read); "
+    "print memory per device against HBM, flops, the predicted step time "
+    "and tokens/s; exit 0 if it fits, 1 if not (needs the aot extra)",
+  )
+  group.add_argument(
+    "--topology",
+    metavar="NAME",
+    help="the chips --compile-only plans for: TPUs as jax spells them "
+    "(v5e:4x4, v5p:2x2x2, v6e:8x8) or the GPUs of one host (h100:8, "
+    "h200:8); --mesh must use all of its devices",
+  )
+
+
+def _compile_only(cfg: config_lib.TrainConfig, topology: str | None) -> int:
+  """``--compile-only``: print the plan; 0 fits, 1 does not, 2 errors."""
+  try:
+    if topology is None:
+      raise ValueError(
+        "--compile-only needs --topology NAME, e.g. v5e:4x4 or h100:8"
+      )
+    chip, _ = aot.parse(topology)
+    if not aot.available(chip.platform):
+      raise ValueError(
+        f"--compile-only --topology {topology} needs the deviceless "
+        f"{chip.platform.upper()} compiler of the aot extra, which is not "
+        f"installed; install it with {aot.INSTALL}"
+      )
+    aot.setup_environment()
+    plan = plan_lib.compile_plan(cfg, topology)
+  except ValueError as e:
+    print(f"jaxnorm-train: error: {e}", file=sys.stderr)
+    return 2
+  print(plan_lib.format_plan(plan))
+  refusal = plan_lib.verdict(plan)
+  if refusal is not None:
+    print(f"jaxnorm-train: {refusal}", file=sys.stderr)
+    return 1
+  return 0
+
+
 def train_main(argv: Sequence[str] | None = None) -> int:
   """Entry point of ``jaxnorm-train``.
 
   Exit status: 0 when the run finished or stopped at a preemption notice
   (rerun to resume), 1 when it stopped at a non-finite loss or gradient,
-  2 for a config error, missing data or a busy run directory.
+  2 for a config error, missing data or a busy run directory. With
+  ``--compile-only``: 0 when the plan fits the topology's HBM, 1 when it
+  does not, 2 for a config error or a missing aot extra.
   """
   args, cfg = _parse(
     "jaxnorm-train",
     "Train one jaxnorm model on bundled real data.",
     argv,
     config_lib.TrainConfig(),
+    _planning_flags,
   )
   if cfg is None:
     return 0
+  if args.compile_only:
+    return _compile_only(cfg, args.topology)
+  if args.topology is not None:
+    print(
+      f"jaxnorm-train: error: --topology {args.topology} is only read with "
+      f"--compile-only (a run uses the devices it has); add --compile-only "
+      f"to plan for it",
+      file=sys.stderr,
+    )
+    return 2
   _maybe_initialize_distributed()
   try:
     summary = trainer.train(cfg)

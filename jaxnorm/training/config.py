@@ -6,9 +6,9 @@ config file (``--config run.toml``, TOML or JSON). The file may be flat or
 grouped in the sections of `GROUPS` (``[model]``, ``[data]``, ``[optim]``,
 ``[run]``); flags given on the command line override the file. `validate`
 checks names, numbers, shapes and the mesh against the registries and the
-visible devices before anything is built or compiled, and every message lists
-the valid choices. `drift` compares a resumed run's config with the one saved
-beside its checkpoints.
+visible devices (or, for a compile-only plan, the topology's) before anything
+is built or compiled, and every message lists the valid choices. `drift`
+compares a resumed run's config with the one saved beside its checkpoints.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from typing import Any
 
 import jax
 
+from jaxnorm import aot
 from jaxnorm.training import data as data_lib
 from jaxnorm.training import graph_data
 
@@ -340,14 +341,19 @@ def valid_meshes(cfg: TrainConfig, devices: int) -> list[tuple[int, int, int]]:
   return out
 
 
-def _mesh_error(cfg: TrainConfig, problem: str) -> ValueError:
-  devices = jax.device_count()
+def _mesh_error(
+  cfg: TrainConfig, problem: str, devices: int, topology: str | None
+) -> ValueError:
   meshes = valid_meshes(cfg, devices)
+  where = f"all {devices} devices" + (f" of {topology}" if topology else "")
+  fallback = (
+    "change --batch-size, --width or --num-heads" if topology else "use 1,1,1"
+  )
   hint = (
-    f"valid meshes over all {devices} devices for this model: "
+    f"valid meshes over {where} for this model: "
     + ", ".join(",".join(map(str, m)) for m in meshes[:6])
     if meshes
-    else f"no mesh over all {devices} devices fits this model; use 1,1,1"
+    else f"no mesh over {where} fits this model; {fallback}"
   )
   return ValueError(f"TrainConfig: {problem}; {hint}")
 
@@ -389,7 +395,12 @@ def _validate_graph(cfg: TrainConfig) -> None:
     )
 
 
-def validate(cfg: TrainConfig, registries: Mapping[str, Sequence[str]]) -> None:
+def validate(
+  cfg: TrainConfig,
+  registries: Mapping[str, Sequence[str]],
+  *,
+  topology: str | None = None,
+) -> None:
   """Checks a config before anything is built.
 
   Args:
@@ -397,10 +408,13 @@ def validate(cfg: TrainConfig, registries: Mapping[str, Sequence[str]]) -> None:
     registries: valid names for ``norm``, ``attention``, ``residual``,
       ``activation`` and ``optimizer`` (from the model and optimizer
       registries).
+    topology: a `jaxnorm.aot` topology name (``"v5e:4x4"``) when the run is
+      compiled for it instead of run: the mesh must then use all of its
+      devices, whatever this machine has.
 
   Raises:
-    ValueError: for unknown names, bad numbers or sizes, or an impossible
-      mesh.
+    ValueError: for unknown names, bad numbers or sizes, an unknown
+      topology, or an impossible mesh.
   """
   _choice("model", cfg.model, MODELS)
   _choice("data", cfg.data, MODEL_DATA[cfg.model])
@@ -487,10 +501,10 @@ def validate(cfg: TrainConfig, registries: Mapping[str, Sequence[str]]) -> None:
       f"valid head counts for this width: "
       f"{', '.join(str(h) for h in _divisors(cfg.width))}"
     )
-  _validate_mesh(cfg)
+  _validate_mesh(cfg, topology)
 
 
-def _validate_mesh(cfg: TrainConfig) -> None:
+def _validate_mesh(cfg: TrainConfig, topology: str | None) -> None:
   if len(cfg.mesh) != 3 or any(
     not isinstance(m, int) or m <= 0 for m in cfg.mesh
   ):
@@ -498,22 +512,37 @@ def _validate_mesh(cfg: TrainConfig) -> None:
       f"TrainConfig: --mesh must be three positive integers "
       f"data,fsdp,tensor, got {cfg.mesh}"
     )
-  devices = jax.device_count()
   size = math.prod(cfg.mesh)
   mesh = ",".join(map(str, cfg.mesh))
-  if size > devices:
-    raise _mesh_error(
-      cfg,
-      f"--mesh {mesh} needs {size} devices but {devices} are available "
-      f"(simulate CPU devices with "
-      f"XLA_FLAGS=--xla_force_host_platform_device_count=N)",
-    )
+  if topology is None:
+    devices = jax.device_count()
+    if size > devices:
+      raise _mesh_error(
+        cfg,
+        f"--mesh {mesh} needs {size} devices but {devices} are available "
+        f"(simulate CPU devices with "
+        f"XLA_FLAGS=--xla_force_host_platform_device_count=N)",
+        devices,
+        topology,
+      )
+  else:
+    devices = math.prod(aot.parse(topology)[1])
+    if size != devices:
+      raise _mesh_error(
+        cfg,
+        f"--mesh {mesh} uses {size} devices but --topology {topology} has "
+        f"{devices}; a plan uses them all",
+        devices,
+        topology,
+      )
   batch_shards = cfg.mesh[0] * cfg.mesh[1]
   if cfg.batch_size % batch_shards:
     raise _mesh_error(
       cfg,
       f"--batch-size {cfg.batch_size} must be divisible by data*fsdp = "
       f"{batch_shards}",
+      devices,
+      topology,
     )
   tensor = cfg.mesh[2]
   if cfg.model in _HEADED and cfg.num_heads % tensor:
@@ -521,10 +550,15 @@ def _validate_mesh(cfg: TrainConfig) -> None:
       cfg,
       f"the tensor mesh axis ({tensor}) must divide --num-heads "
       f"{cfg.num_heads}",
+      devices,
+      topology,
     )
   if cfg.width % tensor:
     raise _mesh_error(
-      cfg, f"the tensor mesh axis ({tensor}) must divide --width {cfg.width}"
+      cfg,
+      f"the tensor mesh axis ({tensor}) must divide --width {cfg.width}",
+      devices,
+      topology,
     )
 
 

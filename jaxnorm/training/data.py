@@ -36,6 +36,8 @@ TextCorpus = Literal["shakespeare", "kjv"]
 ImageDataset = Literal["fashion_mnist", "digits"]
 TEXT_CORPORA: tuple[str, ...] = ("shakespeare", "kjv")
 IMAGE_DATASETS: tuple[str, ...] = ("fashion_mnist", "digits")
+# Every text corpus is read as UTF-8 bytes.
+BYTE_VOCAB = 256
 
 VAL_EVERY = 10
 KJV_VAL_FRACTION = 0.05
@@ -102,7 +104,7 @@ class TextSplits:
   @property
   def vocab_size(self) -> int:
     """Byte-level vocabulary."""
-    return 256
+    return BYTE_VOCAB
 
   def unigram_entropy(self) -> float:
     """Entropy in nats of the validation bytes under train unigram counts.

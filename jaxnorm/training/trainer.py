@@ -24,7 +24,10 @@ applies the optimizer to the parameters and the increments to that state,
 and keeps the forward pass's other state (running statistics). A step with
 a non-finite loss or gradient changes nothing but the step counter: the run
 stops there (``nonfinite="stop"``: no checkpoint is written after it) or
-goes on (``"skip"``, counted in ``skipped``).
+goes on (``"skip"``, counted in ``skipped``). The step, the state
+(`init_state`: optimizer moments sharded as their parameters) and the
+optimizer are built by functions that compile-only planning (`plan`) calls
+too, on an abstract model and a deviceless mesh.
 
 Determinism: the data order comes from the seeded grain iterator (restored
 exactly), dropout keys are ``fold_in(seed, step)``, and the per-step metrics
@@ -251,7 +254,7 @@ class _LocalStop:
       signal.signal(signal.SIGTERM, self._previous)
 
 
-def _to_global(batch: Any, batch_sharding: NamedSharding) -> Any:
+def _to_global(batch: Any, layout: NamedSharding) -> Any:
   """Places a host batch on the mesh, each process contributing its rows.
 
   Every process iterates the same seeded pipeline (so iterator states, and
@@ -263,9 +266,7 @@ def _to_global(batch: Any, batch_sharding: NamedSharding) -> Any:
   def place(a):
     rows = a.shape[0] // count
     local = a[index * rows : (index + 1) * rows]
-    return jax.make_array_from_process_local_data(
-      batch_sharding, local, a.shape
-    )
+    return jax.make_array_from_process_local_data(layout, local, a.shape)
 
   return jax.tree.map(place, batch)
 
@@ -302,6 +303,197 @@ def _check_drift(
       f"values, accept the change with --allow-change {fields}, or start "
       f"over with --no-resume (the old run is moved aside)"
     )
+
+
+def batch_sharding(mesh: jax.sharding.Mesh) -> NamedSharding:
+  """Batch rows split over the ``data`` and ``fsdp`` mesh axes."""
+  return NamedSharding(mesh, P(("data", "fsdp")))
+
+
+def lr_schedule(cfg: config_lib.TrainConfig) -> optax.Schedule:
+  """The learning rate per optimizer update (``steps / grad_accum`` of them)."""
+  return optimizers.make_schedule(
+    cfg.schedule,
+    cfg.learning_rate,
+    cfg.warmup_steps,
+    cfg.steps // cfg.grad_accum,
+  )
+
+
+def make_optimizer(
+  cfg: config_lib.TrainConfig, model: nnx.Module, params: Any
+) -> optax.GradientTransformation:
+  """``cfg``'s optimizer with ``model``'s decay mask (model may be abstract).
+
+  Complex parameters descend along ``conj(grad)``, which optax never does.
+  """
+  tx = optimizers.from_config(cfg, mask=nn_decay.decay_mask(model))
+  if any(jnp.iscomplexobj(p) for p in jax.tree.leaves(params)):
+    tx = optax.chain(complex_opt.conjugate_complex(), tx)
+  return tx
+
+
+def _opt_state_shardings(
+  opt_state: Any, params: Any, replicated: NamedSharding
+) -> Any:
+  """Each optimizer-state leaf sharded as the parameter it tracks.
+
+  A leaf whose path ends with a parameter's path and has its shape (Adam's
+  moments, momentum buffers) takes that parameter's sharding, so FSDP
+  shards the optimizer state as it shards the weights; any other leaf
+  (counts, factored or projected statistics) is replicated.
+  """
+  by_path = dict(jax.tree_util.tree_leaves_with_path(params))
+
+  def pick(path, leaf):
+    for i in range(len(path)):
+      param = by_path.get(path[i:])
+      if param is not None and param.shape == leaf.shape:
+        return param.sharding
+    return replicated
+
+  return jax.tree_util.tree_map_with_path(pick, opt_state)
+
+
+def init_state(
+  cfg: config_lib.TrainConfig,
+  params: Any,
+  backward: Any,
+  rest: Any,
+  tx: optax.GradientTransformation,
+  mesh: jax.sharding.Mesh,
+) -> dict[str, Any]:
+  """The train state: counters, model state, optimizer state, EMA.
+
+  Concrete for a run; abstract (`jax.ShapeDtypeStruct` leaves with
+  shardings, nothing allocated) when ``params`` is, for compile-only
+  planning. Either way the optimizer state is laid out as its parameters
+  (`_opt_state_shardings`).
+
+  Args:
+    cfg: the run configuration (``ema_decay`` adds an ``ema`` copy).
+    params: the model's `nnx.Param` state, placed on ``mesh``.
+    backward: its `jaxnorm.nn.BackwardStat` state.
+    rest: its other state (statistics, ...).
+    tx: the optimizer.
+    mesh: the mesh the state lives on.
+
+  Returns:
+    ``{"step", "skipped", "params", "backward", "rest", "opt_state"}`` and
+    ``"ema"`` when ``cfg.ema_decay > 0``.
+  """
+  replicated = NamedSharding(mesh, P())
+  opt_shapes = jax.eval_shape(tx.init, params)
+  opt_shardings = _opt_state_shardings(opt_shapes, params, replicated)
+  if any(isinstance(p, jax.ShapeDtypeStruct) for p in jax.tree.leaves(params)):
+    counters = [jax.ShapeDtypeStruct((), jnp.int32, sharding=replicated)] * 2
+    opt_state = jax.tree.map(
+      lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
+      opt_shapes,
+      opt_shardings,
+    )
+    ema = params
+  else:
+    counters = [
+      jax.device_put(jnp.zeros((), jnp.int32), replicated) for _ in range(2)
+    ]
+    opt_state = jax.jit(tx.init, out_shardings=opt_shardings)(params)
+    ema = jax.tree.map(
+      lambda p: jax.device_put(p, p.sharding, may_alias=False), params
+    )
+  state = {
+    "step": counters[0],
+    "skipped": counters[1],
+    "params": params,
+    "backward": backward,
+    "rest": rest,
+    "opt_state": opt_state,
+  }
+  if cfg.ema_decay > 0:
+    state["ema"] = ema
+  return state
+
+
+def make_train_step(
+  cfg: config_lib.TrainConfig,
+  graphdef: nnx.GraphDef,
+  tx: optax.GradientTransformation,
+  schedule: optax.Schedule,
+  base_key: jax.Array,
+  kind: str,
+  layout: Any,
+) -> Any:
+  """The jitted train step of a run, as training and planning compile it.
+
+  ``step(state, batch, loss_scale) -> (state, metrics)`` (see the module
+  docstring): the state argument is donated and the new state keeps
+  ``layout``, so every step, before or after a resume, runs the same
+  executable. Trace it under the run's ``jax.set_mesh`` and
+  ``nnx.logical_axis_rules``.
+
+  Args:
+    cfg: the run configuration (``grad_accum``, ``ema_decay``).
+    graphdef: the model's graph definition (training mode).
+    tx: the optimizer.
+    schedule: the learning rate per update (logged).
+    base_key: dropout keys are ``fold_in(base_key, step)``.
+    kind: ``"lm"``, ``"classify"`` or ``"graph"`` (inputs and loss).
+    layout: the shardings of the state (`init_state`'s tree).
+
+  Returns:
+    The `jax.jit`-wrapped step.
+  """
+
+  def train_step(state, batch, loss_scale):
+    def loss_fn(params, backward):
+      m = nnx.merge(graphdef, params, backward, state["rest"], copy=True)
+      outputs = m(
+        *_inputs(kind, batch),
+        rngs=jax.random.fold_in(base_key, state["step"]),
+      )
+      loss, metrics = _loss_and_metrics(kind, outputs, batch)
+      loss = loss * loss_scale
+      metrics["loss"] = loss
+      _, _, after, rest = nnx.split(m, nnx.Param, jaxnorm_nn.BackwardStat, ...)
+      return loss, (metrics, after, rest)
+
+    (grads, increments), (metrics, backward, rest) = jax.grad(
+      loss_fn, argnums=(0, 1), has_aux=True
+    )(state["params"], state["backward"])
+    updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
+    params = optax.apply_updates(state["params"], updates)
+    new = {
+      "params": params,
+      "backward": jax.tree.map(
+        lambda v, d: v + d.astype(v.dtype), backward, increments
+      ),
+      "rest": rest,
+      "opt_state": opt_state,
+    }
+    if "ema" in state:
+      d = cfg.ema_decay
+      new["ema"] = jax.tree.map(
+        lambda e, p: (d * e + (1 - d) * p).astype(e.dtype), state["ema"], params
+      )
+    grad_norm = optax.tree.norm(grads)
+    finite = jnp.isfinite(metrics["loss"]) & jnp.isfinite(grad_norm)
+    new = jax.tree.map(
+      lambda n, o: jnp.where(finite, n, o),
+      new,
+      {k: state[k] for k in new},
+    )
+    updates_done = (state["step"] - state["skipped"]) // cfg.grad_accum
+    metrics.update(
+      grad_norm=grad_norm,
+      lr=schedule(updates_done),
+      finite=finite,
+      skipped=state["skipped"] + (~finite).astype(jnp.int32),
+    )
+    new["step"] = state["step"] + 1
+    new["skipped"] = metrics["skipped"]
+    return new, metrics
+
+  return jax.jit(train_step, donate_argnums=0, out_shardings=(layout, None))
 
 
 def _record(
@@ -379,13 +571,8 @@ def _run(
   task = _make_task(cfg)
   mesh = sharding.make_mesh(cfg.mesh)
   rules = sharding.DEFAULT_RULES
-  batch_sharding = NamedSharding(mesh, P(("data", "fsdp")))
-  schedule = optimizers.make_schedule(
-    cfg.schedule,
-    cfg.learning_rate,
-    cfg.warmup_steps,
-    cfg.steps // cfg.grad_accum,
-  )
+  batch_layout = batch_sharding(mesh)
+  schedule = lr_schedule(cfg)
 
   with jax.set_mesh(mesh), nnx.logical_axis_rules(rules):
     given = model
@@ -398,75 +585,9 @@ def _run(
     )
     model.eval()
     eval_graphdef = nnx.graphdef(model)
-    tx = optimizers.from_config(cfg, mask=nn_decay.decay_mask(model))
-    if any(jnp.iscomplexobj(p) for p in jax.tree.leaves(params)):
-      # Complex parameters: descend along conj(grad) (optax never does).
-      tx = optax.chain(complex_opt.conjugate_complex(), tx)
-    opt_state = jax.jit(tx.init)(params)
-    counter = NamedSharding(mesh, P())
-    state = {
-      "step": jax.device_put(jnp.zeros((), jnp.int32), counter),
-      "skipped": jax.device_put(jnp.zeros((), jnp.int32), counter),
-      "params": params,
-      "backward": backward,
-      "rest": rest,
-      "opt_state": opt_state,
-    }
-    if cfg.ema_decay > 0:
-      state["ema"] = jax.tree.map(
-        lambda p: jax.device_put(p, p.sharding, may_alias=False), params
-      )
+    tx = make_optimizer(cfg, model, params)
+    state = init_state(cfg, params, backward, rest, tx, mesh)
   num_params = sum(int(np.prod(p.shape)) for p in jax.tree.leaves(params))
-  base_key = jax.random.key(cfg.seed)
-
-  def train_step(state, batch, loss_scale):
-    def loss_fn(params, backward):
-      m = nnx.merge(graphdef, params, backward, state["rest"], copy=True)
-      outputs = m(
-        *_inputs(task.kind, batch),
-        rngs=jax.random.fold_in(base_key, state["step"]),
-      )
-      loss, metrics = _loss_and_metrics(task.kind, outputs, batch)
-      loss = loss * loss_scale
-      metrics["loss"] = loss
-      _, _, after, rest = nnx.split(m, nnx.Param, jaxnorm_nn.BackwardStat, ...)
-      return loss, (metrics, after, rest)
-
-    (grads, increments), (metrics, backward, rest) = jax.grad(
-      loss_fn, argnums=(0, 1), has_aux=True
-    )(state["params"], state["backward"])
-    updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
-    params = optax.apply_updates(state["params"], updates)
-    new = {
-      "params": params,
-      "backward": jax.tree.map(
-        lambda v, d: v + d.astype(v.dtype), backward, increments
-      ),
-      "rest": rest,
-      "opt_state": opt_state,
-    }
-    if "ema" in state:
-      d = cfg.ema_decay
-      new["ema"] = jax.tree.map(
-        lambda e, p: (d * e + (1 - d) * p).astype(e.dtype), state["ema"], params
-      )
-    grad_norm = optax.tree.norm(grads)
-    finite = jnp.isfinite(metrics["loss"]) & jnp.isfinite(grad_norm)
-    new = jax.tree.map(
-      lambda n, o: jnp.where(finite, n, o),
-      new,
-      {k: state[k] for k in new},
-    )
-    updates_done = (state["step"] - state["skipped"]) // cfg.grad_accum
-    metrics.update(
-      grad_norm=grad_norm,
-      lr=schedule(updates_done),
-      finite=finite,
-      skipped=state["skipped"] + (~finite).astype(jnp.int32),
-    )
-    new["step"] = state["step"] + 1
-    new["skipped"] = metrics["skipped"]
-    return new, metrics
 
   def eval_step(state, batch):
     weights = state.get("ema", state["params"])
@@ -476,14 +597,18 @@ def _run(
     outputs = m(*_inputs(task.kind, batch))
     return _loss_and_metrics(task.kind, outputs, batch)[1]
 
-  # The state keeps the layout it starts with (and a restore gives it), so
-  # every step, before or after a resume, runs the same executable.
+  # The state keeps the layout it starts with (and a restore gives it).
   layout = jax.tree.map(lambda x: x.sharding, state)
-  with jax.set_mesh(mesh), nnx.logical_axis_rules(rules):
-    train_step = jax.jit(
-      train_step, donate_argnums=0, out_shardings=(layout, None)
-    )
-    eval_step = jax.jit(eval_step)
+  train_step = make_train_step(
+    cfg,
+    graphdef,
+    tx,
+    schedule,
+    jax.random.key(cfg.seed),
+    task.kind,
+    layout,
+  )
+  eval_step = jax.jit(eval_step)
 
   iterator = iter(task.train_ds.to_iter_dataset())
   start, window = 0, []
@@ -518,7 +643,7 @@ def _run(
   def evaluate(step: int) -> None:
     totals: dict[str, float] = {}
     for batch in task.eval_batches:
-      out = eval_step(state, _to_global(batch, batch_sharding))
+      out = eval_step(state, _to_global(batch, batch_layout))
       for k, v in jax.device_get(out).items():
         totals[k] = totals.get(k, 0.0) + float(v)
     n = len(task.eval_batches)
@@ -539,7 +664,7 @@ def _run(
         jax.profiler.start_trace(str(out_dir / "profile"))
         profiling = True
       began = time.perf_counter()
-      batch = _to_global(next(iterator), batch_sharding)
+      batch = _to_global(next(iterator), batch_layout)
       state, metrics = train_step(
         state, batch, jnp.float32(faults_lib.loss_scale(faults, step))
       )
