@@ -168,10 +168,13 @@ def setup_environment() -> None:
   """Sets the variables deviceless compiles need; call before JAX starts.
 
   ``JAX_PLATFORMS=cpu`` (the host runs nothing on a GPU/TPU plugin),
-  ``TPU_SKIP_MDS_QUERY`` and ``TPU_WORKER_HOSTNAMES`` (no TPU metadata
-  server), ``ALLOW_MULTIPLE_LIBTPU_LOAD`` (parallel test processes), and the
+  ``TPU_SKIP_MDS_QUERY`` (no TPU metadata server),
+  ``ALLOW_MULTIPLE_LIBTPU_LOAD`` (parallel test processes), and the
   ptxas of ``nvidia-cuda-nvcc-cu12`` first on ``PATH`` (XLA takes the first
-  one it finds). Values already set are kept. It may run after ``import
+  one it finds). Values already set are kept. ``TPU_WORKER_HOSTNAMES`` is
+  left unset: it would silence libtpu's harmless "host bounds" line, but
+  JAX then takes the process for a TPU pod worker and
+  ``jax.distributed.initialize`` for due. It may run after ``import
   jax`` but must run before JAX initializes a backend (the CUDA plugin
   validates a local CUDA install unless the platforms exclude it). On a
   machine with a GPU or TPU to run on, do not call it: it hides them.
@@ -180,7 +183,6 @@ def setup_environment() -> None:
     os.environ["JAX_PLATFORMS"] = "cpu"
     jax.config.update("jax_platforms", "cpu")
   os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
-  os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
   os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "true")
   spec = importlib.util.find_spec("nvidia.cuda_nvcc")
   if spec is not None and spec.submodule_search_locations:
