@@ -27,6 +27,8 @@ from typing import Any
 
 import jax
 
+from jaxnorm import aot
+
 # Platform names as `jax.default_backend()` and devices spell them, mapped
 # to the three families dispatch distinguishes.
 _PLATFORMS = {"cuda": "gpu", "rocm": "gpu", "gpu": "gpu", "tpu": "tpu"}
@@ -74,10 +76,8 @@ class Target:
     return self.platform in ("gpu", "tpu")
 
   @property
-  def chip(self) -> Any:
+  def chip(self) -> aot.Chip | None:
     """The `jaxnorm.aot.CHIPS` entry of this device kind, else ``None``."""
-    from jaxnorm import aot
-
     return aot.chip_of(self.device_kind)
 
   def describe(self) -> str:
