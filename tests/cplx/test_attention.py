@@ -346,8 +346,9 @@ def _pct_cases(q, k, v, gate):
 @pytest.mark.parametrize("gate", sorted(cplx.PCT_GATES))
 def test_pct_gates_causal_chunked_and_finite(gate):
   y, y2, chunked, g = _pct_cases(*_qkv(t=6), gate=gate)
-  c.close(y2[:, :-1], y[:, :-1], atol=1e-6)
-  c.close(chunked, y, atol=1e-6)
+  c.close(y2[:, :-1], y[:, :-1], atol=1e-6, rtol=2e-6)
+  # Chunks sum their scores in another order: float32 round-off on |y| ~ 8.
+  c.close(chunked, y, atol=1e-6, rtol=2e-6)
   assert c.finite(g) and c.finite(y)
 
 
