@@ -24,7 +24,6 @@ FAMILIES: tuple[tuple[str, str], ...] = (
   ("Fused residual-add + norm", "jaxnorm.fused_norms"),
   ("Activations", "jaxnorm.activations"),
   ("Attention functions", "jaxnorm.attention"),
-  ("Vision attention", "jaxnorm.vision"),
   ("Residual functions", "jaxnorm.residual"),
   ("RL advantage normalization", "jaxnorm.rl"),
   ("Quantization (LLM.int8)", "jaxnorm.quant"),

@@ -17,7 +17,7 @@ residual blocks ``x + conv(relu(conv(bn(x))))``) on Fashion-MNIST, trained
 by the runner (`jaxnorm.training.trainer.train` with the model given). Each
 variant wraps every residual branch as ``attention(branch(h))``, the slot
 before the residual addition where SE-style gates go in a ResNet block
-(`jaxnorm.nn.vision.ELA`, `jaxnorm.nn.vision.PolarizedSelfAttention` with
+(`jaxnorm.nn.ELA`, `jaxnorm.nn.PolarizedSelfAttention` with
 the official ``PSA_p`` / ``PSA_s``). The CNN is built first from the seed's
 key stream and the gates after it, so every variant starts from the
 baseline's convolution weights and sees the same batches: per seed, the
@@ -50,7 +50,8 @@ import numpy as np
 from flax import nnx
 
 from experiments import _grid, _report, vision_claims
-from jaxnorm.nn import models, quant, vision
+from jaxnorm.nn import attention as nn_attention
+from jaxnorm.nn import models, quant
 from jaxnorm.training import build
 from jaxnorm.training import config as config_lib
 from jaxnorm.training import data as data_lib
@@ -104,8 +105,8 @@ def make_gate(variant: str, width: int, rngs: nnx.Rngs) -> nnx.Module:
   """The attention gate of ``variant`` (a key of `VARIANTS`) at ``width``."""
   kind, preset = VARIANTS[variant]
   if kind == "ela":
-    return vision.ELA(width, variant=preset, rngs=rngs)
-  return vision.PolarizedSelfAttention(width, variant=preset, rngs=rngs)
+    return nn_attention.ELA(width, variant=preset, rngs=rngs)
+  return nn_attention.PolarizedSelfAttention(width, variant=preset, rngs=rngs)
 
 
 def build_cnn(variant: str, config: models.CNNConfig, seed: int) -> models.CNN:

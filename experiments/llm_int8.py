@@ -28,7 +28,7 @@ from flax import nnx
 
 from experiments import _bytelm, _report
 from jaxnorm import quant, sharding
-from jaxnorm.nn import models
+from jaxnorm.nn import layers
 from jaxnorm.nn import quant as nn_quant
 from jaxnorm.nn.attention import multihead
 
@@ -99,7 +99,7 @@ def inject_outliers(
     off = norm.scale_offset
     g = norm.scale[...]
     norm.scale[...] = g.at[dims].set((g[dims] + off) * c - off)
-    if isinstance(block, models.MLP):
+    if isinstance(block, layers.MLP):
       kernels = [block.up.kernel]
     else:
       kernels = [

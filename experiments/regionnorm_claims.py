@@ -11,7 +11,7 @@ one random rectangular hole each (10-40% of the image, aspect ratio 0.5-2,
 a new hole per training image; fixed holes on the held-out images, the same
 for every variant and seed). The hole is filled with white (1) and the net
 sees ``[masked image, hole mask]``, as the official code (which inherits
-EdgeConnect's inputs). Model, built here from `jaxnorm.nn.models.Conv` and
+EdgeConnect's inputs). Model, built here from `jaxnorm.nn.layers.Conv` and
 the registry's norms: the official generator's layout at toy size: three
 encoder convs (stride 1, 2, 2; widths w, 2w, 4w), residual blocks
 ``x + norm(conv(relu(norm(conv(x)))))`` at 4w, two decoder stages (nearest
@@ -70,7 +70,7 @@ import optax
 from flax import nnx
 
 from experiments import _grid, _report, complex_common
-from jaxnorm.nn import decay, models
+from jaxnorm.nn import decay, layers
 from jaxnorm.nn import norms as nn_norms
 from jaxnorm.training import data as data_lib
 from jaxnorm.training import optimizers
@@ -192,21 +192,21 @@ class InpaintNet(nnx.Module):
 
     self.encoder = nnx.List(
       [
-        models.Conv(2, w1, kernel_size=5, rngs=rngs),
-        models.Conv(w1, w2, kernel_size=4, stride=2, rngs=rngs),
-        models.Conv(w2, w3, kernel_size=4, stride=2, rngs=rngs),
+        layers.Conv(2, w1, kernel_size=5, rngs=rngs),
+        layers.Conv(w1, w2, kernel_size=4, stride=2, rngs=rngs),
+        layers.Conv(w2, w3, kernel_size=4, stride=2, rngs=rngs),
       ]
     )
     self.encoder_norms = nnx.List([norm(c, True) for c in (w1, w2, w3)])
     self.middle = nnx.List(
-      [models.Conv(w3, w3, rngs=rngs) for _ in range(2 * blocks)]
+      [layers.Conv(w3, w3, rngs=rngs) for _ in range(2 * blocks)]
     )
     self.middle_norms = nnx.List([norm(w3, False) for _ in range(2 * blocks)])
     self.decoder = nnx.List(
-      [models.Conv(w3, w2, rngs=rngs), models.Conv(w2, w1, rngs=rngs)]
+      [layers.Conv(w3, w2, rngs=rngs), layers.Conv(w2, w1, rngs=rngs)]
     )
     self.decoder_norms = nnx.List([norm(c, False) for c in (w2, w1)])
-    self.output = models.Conv(w1, 1, kernel_size=3, rngs=rngs)
+    self.output = layers.Conv(w1, 1, kernel_size=3, rngs=rngs)
 
   def __call__(self, image: jax.Array, hole: jax.Array) -> jax.Array:
     """The reconstruction in [0, 1] of ``image`` (NHWC, 1 channel)."""

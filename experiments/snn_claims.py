@@ -50,7 +50,7 @@ from flax import nnx
 from experiments import _grid, _report
 from jaxnorm import activations
 from jaxnorm.nn import activations as nn_activations
-from jaxnorm.nn import models
+from jaxnorm.nn import layers
 from jaxnorm.nn import norms as nn_norms
 from jaxnorm.training import config as config_lib
 from jaxnorm.training import data as data_lib
@@ -98,7 +98,7 @@ class DeepMLP(nnx.Module):
     sizes = [in_features] + [width] * depth
     self.layers = nnx.List(
       [
-        models.Dense(a, b, names=(None, "mlp"), kernel_init=init, rngs=rngs)
+        layers.Dense(a, b, names=(None, "mlp"), kernel_init=init, rngs=rngs)
         for a, b in zip(sizes[:-1], sizes[1:])
       ]
     )
@@ -114,7 +114,7 @@ class DeepMLP(nnx.Module):
     self.dropout = nn_activations.AlphaDropout(
       dropout if kind == "selu" else 0.0
     )
-    self.head = models.Dense(
+    self.head = layers.Dense(
       width, num_classes, names=("mlp", None), kernel_init=init, rngs=rngs
     )
 

@@ -1,7 +1,7 @@
 """jaxnorm: normalization research primitives for JAX and Flax.
 
 Layers: pure functions (`jaxnorm.norms`, `jaxnorm.fused_norms`,
-`jaxnorm.activations`, `jaxnorm.attention`, `jaxnorm.vision`,
+`jaxnorm.activations`, `jaxnorm.attention` (with the CNN gates ELA and PSA),
 `jaxnorm.residual`; beyond layers: `jaxnorm.rl` advantage
 normalization, `jaxnorm.quant` LLM.int8, `jaxnorm.looped`, `jaxnorm.analysis`),
 optax optimizers
@@ -27,7 +27,6 @@ from jaxnorm import (
   residual,
   rl,
   sharding,
-  vision,
 )
 
 __version__ = "0.1.0"
@@ -47,5 +46,4 @@ __all__ = [
   "residual",
   "rl",
   "sharding",
-  "vision",
 ]

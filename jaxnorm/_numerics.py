@@ -358,7 +358,15 @@ def ema(old: jax.Array, new: jax.Array, momentum: float) -> jax.Array:
 
 
 def rms_factor(ms: jax.Array, eps: float, eps_mode: str) -> jax.Array:
-  """RMSNorm's ``1/sqrt(ms + eps)`` (inside) or ``1/(sqrt(ms) + eps)``."""
+  """RMSNorm's ``1/sqrt(ms + eps)`` (inside) or ``1/(sqrt(ms) + eps)``.
+
+  Outside, ``d sqrt(m)/dm`` is infinite at ``m = 0``, where the chain rule
+  multiplies it by ``dm/dx = 0`` (NaN under autodiff); there the root is
+  taken of 1 and replaced by 0, so the gradient is its limit (slope
+  ``1/eps``).
+  """
   if eps_mode == "inside":
     return jax.lax.rsqrt(ms + eps)
-  return 1.0 / (jnp.sqrt(ms) + eps)
+  nonzero = ms > 0
+  rms = jnp.where(nonzero, jnp.sqrt(jnp.where(nonzero, ms, 1.0)), 0.0)
+  return 1.0 / (rms + eps)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -23,10 +23,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from jaxnorm.attention import _core as attention_core
-from pallas_kernels import _rows
-
-if TYPE_CHECKING:
-  from pallas_kernels.attention import AttentionTiling
+from pallas_kernels import _flash_tiling, _rows
 
 # The reference's masked logit (finite, as jax.nn), so fully masked rows
 # keep its semantics.
@@ -35,7 +32,7 @@ _NEG = attention_core.large_negative()
 
 @dataclasses.dataclass(frozen=True)
 class Static:
-  tiling: AttentionTiling
+  tiling: _flash_tiling.AttentionTiling
   interpret: Any
   scale: float
   causal: bool

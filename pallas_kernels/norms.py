@@ -9,7 +9,9 @@ and carries a `jax.custom_vjp` whose backward pass is a Pallas kernel too:
 * backward: reads ``x`` and ``dy``, recomputes the row statistics (free in a
   memory-bound kernel, and it saves writing and re-reading them), writes
   ``dx`` and per-block partial sums of the parameter gradients, which a tiny
-  second pass (`jnp.sum` over blocks) reduces.
+  second pass (`jnp.sum` over blocks) reduces. The gradient is derived by
+  hand (`_rms_bwd_math`, `_ln_bwd_math`); the reference has none (autodiff
+  differentiates it), and the hand form is tested against that.
 
 Tiling and lowerings: `pallas_kernels._rows` (one heuristic,
 `norm_block_heuristic`); on GPU the default is the Mosaic GPU lowering

@@ -9,7 +9,7 @@ import pytest
 from flax import nnx
 
 from jaxnorm import quant
-from jaxnorm.nn import models
+from jaxnorm.nn import layers, models
 from jaxnorm.nn import quant as nn_quant
 
 X = np.array([[1, -2, 0.5, 7], [0.25, 0.5, -1, -0.5]], np.float32)
@@ -177,7 +177,7 @@ def test_jit_and_dtype():
 
 
 def test_int8_dense_is_a_drop_in():
-  dense = models.Dense(8, 4, names=(None, None), rngs=nnx.Rngs(0))
+  dense = layers.Dense(8, 4, names=(None, None), rngs=nnx.Rngs(0))
   dense.bias[...] = jnp.arange(4, dtype=jnp.float32)
   x = jnp.asarray(_rand(10, (2, 5, 8)))
   q = nn_quant.Int8Dense.from_dense(dense, quant_mode="none")
@@ -210,7 +210,7 @@ def test_swap_dense_on_the_lm():
   n = nn_quant.swap_dense(lm, quant_mode="none")
   assert n == 3  # MLP up, down and the untied head
   assert isinstance(lm.head, nn_quant.Int8Dense)
-  assert isinstance(lm.head, models.Dense)
+  assert isinstance(lm.head, layers.Dense)
   chex_equal = jax.tree.map(
     lambda a, b: bool(jnp.all(a == b)), before, nnx.state(lm, nnx.Param)
   )

@@ -17,14 +17,22 @@ One module per paper or family: `softmax` (SDPA), `sinks` (off-by-one,
 learnable sinks, gated output), `affine_scaled`, `rotary` (RoPE), `soft`,
 `nala`, `lina`, `linear` (causal linear attention and its feature maps),
 `mxfp4`, `sinkhorn`, `kv_cache` (decode-cache masks and the StreamingLLM
-policy) and `flax_adapter` (any of them as a flax
-``attention_fn``). This package re-exports every public name.
+policy), `flax_adapter` (any of them as a flax ``attention_fn``), and the CNN
+attention gates `ela` and `psa` (on ``(B, H, W, C)`` maps; SOFT's and
+NaLaFormer's patch-map layers sit in `soft` and `nala`). This package
+re-exports every public name.
 """
 
+from jaxnorm.attention._grid import grid_tokens
 from jaxnorm.attention.affine_scaled import (
   affine_scale_running_estimate,
   affine_scaled_attention,
   linear_clipping,
+)
+from jaxnorm.attention.ela import (
+  ELA_PRESETS,
+  efficient_local_attention,
+  ela_config,
 )
 from jaxnorm.attention.flax_adapter import as_flax_attention_fn
 from jaxnorm.attention.kv_cache import decode_mask, streaming_cache_update
@@ -39,9 +47,16 @@ from jaxnorm.attention.mxfp4 import (
   mxfp4_scale_exponent,
 )
 from jaxnorm.attention.nala import (
+  grid_rope_tables,
   nala_attention,
+  nala_grid_attention,
   nala_key_feature,
   nala_query_feature,
+)
+from jaxnorm.attention.psa import (
+  psa_paper_form,
+  psa_parallel,
+  psa_sequential,
 )
 from jaxnorm.attention.rotary import rope
 from jaxnorm.attention.sinkhorn import (
@@ -58,12 +73,16 @@ from jaxnorm.attention.soft import (
   gaussian_kernel,
   newton_inverse,
   soft_attention,
+  soft_conv_landmarks,
+  soft_grid_attention,
   soft_landmarks,
+  soft_local_conv,
 )
 from jaxnorm.attention.softmax import attention_weights, dot_product_attention
 
 __all__ = [
   "E2M1_MAX",
+  "ELA_PRESETS",
   "FEATURE_MAPS",
   "UOS_QMAX",
   "affine_scale_running_estimate",
@@ -74,8 +93,12 @@ __all__ = [
   "causal_sinkhorn_weights",
   "decode_mask",
   "dot_product_attention",
+  "efficient_local_attention",
+  "ela_config",
   "gated_attention_output",
   "gaussian_kernel",
+  "grid_rope_tables",
+  "grid_tokens",
   "hadamard_rotation",
   "lina_attention",
   "lina_depthwise_conv",
@@ -84,15 +107,22 @@ __all__ = [
   "mxfp4_quantize",
   "mxfp4_scale_exponent",
   "nala_attention",
+  "nala_grid_attention",
   "nala_key_feature",
   "nala_query_feature",
   "newton_inverse",
+  "psa_paper_form",
+  "psa_parallel",
+  "psa_sequential",
   "rope",
   "sink_attention",
   "sinkhorn_attention",
   "sinkhorn_weights",
   "soft_attention",
+  "soft_conv_landmarks",
+  "soft_grid_attention",
   "soft_landmarks",
+  "soft_local_conv",
   "softmax_off_by_one",
   "streaming_cache_update",
 ]

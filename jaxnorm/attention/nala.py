@@ -1,4 +1,4 @@
-"""NaLaFormer: norm-aware linear attention."""
+"""NaLaFormer: norm-aware linear attention, and its layer on a token map."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float
 
-from jaxnorm import _checks, _numerics
-from jaxnorm.attention import _core
+from jaxnorm import _checks, _numerics, norms
+from jaxnorm.attention import _core, _grid, lina
 
 
 def _sign_split(x: jax.Array) -> jax.Array:
@@ -143,3 +143,166 @@ def nala_attention(
   kv = jnp.einsum("bsnf,bsne->bnfe", fk, v) / d.kv_len
   num = jnp.einsum("btnf,bnfe->btne", fq, kv)
   return _core.finish(d, num / den[..., None], query.dtype)
+
+
+def grid_rope_tables(
+  grid_shape: tuple[int, int],
+  head_dim: int,
+  *,
+  num_prefix: int = 0,
+  base: float = 10000.0,
+) -> tuple[Float[Array, "T H"], Float[Array, "T H"]]:
+  r"""NaLaFormer's 2-D rotate-every-two RoPE tables ``(sin, cos)``.
+
+  .. math::
+     \omega_i = \mathrm{base}^{-i/(H/4 - 1)},\ i < H/4, \quad
+     \theta_{(r, c)} = [r\,\omega \otimes 1_2;\ c\,\omega \otimes 1_2]
+
+  Each frequency is repeated for the two entries of a rotated pair; the
+  first ``H/2`` feature dims rotate with the row ``r``, the last ``H/2``
+  with the column ``c`` (official ``RoPE`` of ``NALA.py``, where the
+  exponents are ``linspace(0, 1, H/4)``). Rows are the tokens in sequence
+  order; the ``num_prefix`` leading tokens get ``sin = 0, cos = 1`` (not
+  rotated).
+
+  Args:
+    grid_shape: ``(h, w)`` of the token map.
+    head_dim: ``H``, a multiple of 4.
+    num_prefix: tokens before the map.
+    base: frequency base.
+
+  Returns:
+    ``(sin, cos)``, each ``(num_prefix + h * w, H)`` float32.
+
+  Raises:
+    ValueError: on a bad grid or a head dim not divisible by 4.
+
+  References:
+    Meng et al., arXiv:2506.21137 (2025), code ``ZacharyMeng/NaLaFormer``.
+  """
+  who = "grid_rope_tables"
+  _checks.check_positive_int(who, "head_dim", head_dim)
+  _checks.check_divisible(who, "head_dim", head_dim, "4", 4)
+  _grid.grid_tokens(grid_shape, num_prefix, who=who)
+  gh, gw = grid_shape
+  angle = jnp.repeat(
+    1.0 / base ** jnp.linspace(0.0, 1.0, head_dim // 4, dtype=jnp.float32), 2
+  )
+  angle = angle[None, None, :]
+  rows = jnp.arange(gh, dtype=jnp.float32)[:, None, None] * angle
+  cols = jnp.arange(gw, dtype=jnp.float32)[None, :, None] * angle
+  theta = jnp.concatenate(
+    [
+      jnp.broadcast_to(rows, (gh, gw, head_dim // 2)),
+      jnp.broadcast_to(cols, (gh, gw, head_dim // 2)),
+    ],
+    axis=-1,
+  ).reshape(gh * gw, head_dim)
+  pad = jnp.zeros((num_prefix, head_dim), jnp.float32)
+  theta = jnp.concatenate([pad, theta], axis=0)
+  return jnp.sin(theta), jnp.cos(theta)
+
+
+def nala_grid_attention(
+  query: Float[Array, "B T N H"],
+  key: Float[Array, "B T N H"],
+  value: Float[Array, "B T N H"],
+  gate: Float[Array, "B T N H"],
+  *,
+  lepe_kernel: Float[Array, "k k C"],
+  lepe_bias: Float[Array, " C"],
+  norm_scale: Float[Array, " C"],
+  norm_bias: Float[Array, " C"],
+  grid_shape: tuple[int, int],
+  num_prefix: int = 0,
+  power_scale: float = 3.0,
+  eps: float = 1e-6,
+  norm_eps: float = 1e-5,
+  rope_base: float = 10000.0,
+) -> Float[Array, "B T N H"]:
+  r"""NaLaFormer's attention layer on a token map (official ``NALA.py``).
+
+  .. math::
+     o = \mathrm{NaLa}(q, k, v;\ \mathrm{RoPE}_{2D}), \quad
+     y = \mathrm{LN}_C\big(o + \mathrm{DWConv}_{k \times k}(v)\big)
+       \odot \mathrm{SiLU}(g)
+
+  ``NaLa`` is `jaxnorm.attention.nala_attention` with the 2-D RoPE of
+  `grid_rope_tables` on the query and key *features* in the numerator only
+  (the same table for both halves of the sign split). The LePE branch is a
+  depthwise ``k x k`` conv with bias (official 5x5) of ``v`` over the
+  ``C = N * H`` channels of the map (`attention.lina_depthwise_conv`); the
+  LayerNorm (eps 1e-5, torch's default) runs over ``C``. The output
+  projection is the caller's. Computed in ``promote_types(dtype,
+  float32)`` (the official code runs this block in float32).
+
+  Deviation: the official backbone has no prefix tokens; here the
+  ``num_prefix`` tokens (a [CLS]) take part in the attention without a
+  rotation and get no LePE term.
+
+  Args:
+    query: ``(B, T, N, H)``.
+    key: ``(B, T, N, H)``.
+    value: ``(B, T, N, H)``.
+    gate: ``(B, T, N, H)``, the gate projection ``g``.
+    lepe_kernel: ``(k, k, C)`` depthwise kernel, odd ``k``.
+    lepe_bias: ``(C,)``.
+    norm_scale: LayerNorm scale ``(C,)``.
+    norm_bias: LayerNorm bias ``(C,)``.
+    grid_shape: ``(h, w)`` with ``T = num_prefix + h * w``.
+    num_prefix: tokens before the map.
+    power_scale: :math:`\lambda` of `attention.nala_query_feature`.
+    eps: NaLa's denominator and norm-clamp epsilon.
+    norm_eps: the LayerNorm epsilon.
+    rope_base: RoPE frequency base.
+
+  Returns:
+    ``(B, T, N, H)`` in ``query.dtype``.
+
+  Raises:
+    ValueError: on mismatched shapes, a bad grid or ``H % 4 != 0``.
+    TypeError: on non-floating inputs.
+
+  References:
+    Meng et al., *NaLaFormer: Norm-Aware Linear Attention for Transformer
+    Models*, arXiv:2506.21137 (2025); ICML 2026 code ``ZacharyMeng/
+    NaLaFormer NaLaformer/NALA.py`` (``NormAwareLinearAttn``).
+  """
+  who = "nala_grid_attention"
+  arrays = (("query", query), ("key", key), ("value", value), ("gate", gate))
+  for name, a in arrays:
+    _checks.check_floating(who, name, a)
+    _checks.check_ndim(who, name, a, expected=4)
+  for name, a in arrays[1:]:
+    _checks.check_shape(who, name, a, query.shape, "like query: (B, T, N, H)")
+  b, t, n, h = query.shape
+  _grid.check_grid(who, grid_shape, num_prefix, t)
+  c = n * h
+  _grid.check_square_kernel(who, "lepe_kernel", lepe_kernel, (c,), odd=True)
+  for name, a in (
+    ("lepe_bias", lepe_bias),
+    ("norm_scale", norm_scale),
+    ("norm_bias", norm_bias),
+  ):
+    _checks.check_shape(who, name, a, (c,), "C = N * H")
+  dtype = _numerics.compute_dtype(query, key, value, gate)
+  q, k, v, g = (a.astype(dtype) for _, a in arrays)
+  sin, cos = grid_rope_tables(
+    grid_shape, h, num_prefix=num_prefix, base=rope_base
+  )
+  both = (jnp.tile(a, 2).astype(dtype) for a in (sin, cos))
+  o = nala_attention(
+    q, k, v, power_scale=power_scale, eps=eps, rope_sin_cos=tuple(both)
+  )
+  lepe = lina.lina_depthwise_conv(
+    v.reshape(b, t, c),
+    lepe_kernel,
+    lepe_bias,
+    grid_shape=grid_shape,
+    num_prefix=num_prefix,
+  )
+  y = norms.layer_norm(
+    o.reshape(b, t, c) + lepe, norm_scale, norm_bias, eps=norm_eps
+  )
+  y = y * jax.nn.silu(g.reshape(b, t, c))
+  return y.reshape(b, t, n, h).astype(query.dtype)

@@ -1,15 +1,16 @@
-"""SOFT: softmax-free attention with a Gaussian kernel, Newton inverse."""
+"""SOFT: softmax-free attention (Newton inverse) and its token-map layer."""
 
 from __future__ import annotations
 
 import functools
-from typing import Literal
+from typing import Any, Literal
 
 import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float
 
-from jaxnorm import _checks, _numerics
+from jaxnorm import _checks, _numerics, norms
+from jaxnorm.attention import _grid, lina
 
 
 def gaussian_kernel(
@@ -316,3 +317,204 @@ def soft_attention(
   kv = jnp.einsum("bntm,bnte->bnme", k1, v)
   out = jnp.einsum("bntm,bnme->bnte", k1, inv @ kv)
   return jnp.swapaxes(out, 1, 2).astype(query.dtype)
+
+
+def soft_conv_landmarks(
+  query: Float[Array, "B T N H"],
+  kernel: Float[Array, "r r H H"],
+  norm_scale: Float[Array, " H"],
+  norm_bias: Float[Array, " H"],
+  *,
+  grid_shape: tuple[int, int],
+  num_prefix: int = 0,
+  scale: float | None = None,
+  eps: float = 1e-5,
+) -> Float[Array, "B M N H"]:
+  r"""SOFT's learned landmarks: strided conv, LayerNorm and GELU on the map.
+
+  .. math::
+     \tilde q = \mathrm{GELU}\big(\mathrm{LN}_H(\mathrm{Conv}_{r \times r,
+       \mathrm{stride}\ r}(q \cdot s))\big)
+
+  Per head, the scaled queries ``q * s`` (default ``s = H**-0.25``) of the
+  map tokens form an ``(h, w, H)`` image; a bias-free ``r x r`` conv with
+  stride ``r`` (``H -> H`` channels, shared by the heads, no padding, so
+  ``M = (h // r) * (w // r)`` as torch floors) gives the landmarks, then a
+  LayerNorm over ``H`` (eps 1e-5) and the exact (erf) GELU. Prefix tokens
+  are not pooled. The landmarks live in the scaled space
+  `attention.soft_attention` expects.
+
+  Args:
+    query: ``(B, T, N, H)`` with ``T = num_prefix + h * w``.
+    kernel: ``(r, r, H, H)`` (``HWIO``; torch's ``(out, in, r, r)``
+      transposed).
+    norm_scale: ``(H,)``.
+    norm_bias: ``(H,)``.
+    grid_shape: ``(h, w)``.
+    num_prefix: tokens before the map.
+    scale: query scale, default ``H**-0.25``.
+    eps: LayerNorm epsilon.
+
+  Returns:
+    ``(B, M, N, H)`` in ``query.dtype``.
+
+  Raises:
+    ValueError: on mismatched shapes, a bad grid or ``r`` above a side of
+      the grid.
+    TypeError: if ``query`` is not floating.
+
+  References:
+    Lu et al., *SOFT: Softmax-free Transformer with Linear Complexity*,
+    arXiv:2110.11945 (2021); code ``fudan-zvg/SOFT
+    models/softmax_free_transformer.py`` (``Qlandmark_op``, ``Qnorm_act``).
+  """
+  who = "soft_conv_landmarks"
+  _checks.check_floating(who, "query", query)
+  _checks.check_ndim(who, "query", query, expected=4)
+  b, t, n, h = query.shape
+  gh, gw = _grid.check_grid(who, grid_shape, num_prefix, t)
+  r = _grid.check_square_kernel(who, "kernel", kernel, (h, h), odd=False)
+  if r > min(gh, gw):
+    raise ValueError(
+      f"{who}: the landmark window r={r} must fit the grid {grid_shape}"
+    )
+  _checks.check_shape(who, "norm_scale", norm_scale, (h,), "head_dim")
+  _checks.check_shape(who, "norm_bias", norm_bias, (h,), "head_dim")
+  s = h**-0.25 if scale is None else scale
+  dtype = _numerics.compute_dtype(query)
+  q = query[:, num_prefix:].astype(dtype) * s
+  img = q.reshape(b, gh, gw, n, h).transpose(0, 3, 1, 2, 4)
+  y = jax.lax.conv_general_dilated(
+    img.reshape(b * n, gh, gw, h),
+    kernel.astype(dtype),
+    (r, r),
+    "VALID",
+    dimension_numbers=("NHWC", "HWIO", "NHWC"),
+  )
+  y = y.reshape(b, n, -1, h)
+  y = jax.nn.gelu(
+    norms.layer_norm(y, norm_scale, norm_bias, eps=eps), approximate=False
+  )
+  return jnp.swapaxes(y, 1, 2).astype(query.dtype)
+
+
+def soft_local_conv(
+  value: Float[Array, "B T N Hv"],
+  kernel: Float[Array, "k k N"],
+  *,
+  grid_shape: tuple[int, int],
+  num_prefix: int = 0,
+) -> Float[Array, "B T N Hv"]:
+  r"""SOFT's local branch: a per-head depthwise conv of ``v`` on the map.
+
+  .. math:: y_{n} = \mathrm{Conv}_{k \times k}(v_{n};\ w_n)
+
+  One bias-free ``k x k`` kernel per head, shared by the head's ``Hv``
+  value channels (official ``Conv2d(N, N, k, padding=k // 2, groups=N)``
+  applied to each channel of the head), zero padding. The ``num_prefix``
+  tokens pass their value through unchanged, as the official code does for
+  [CLS] in its ratio-1 path.
+
+  Args:
+    value: ``(B, T, N, Hv)`` with ``T = num_prefix + h * w``.
+    kernel: ``(k, k, N)``, odd ``k``.
+    grid_shape: ``(h, w)``.
+    num_prefix: tokens before the map.
+
+  Returns:
+    ``(B, T, N, Hv)`` in ``value.dtype``.
+
+  Raises:
+    ValueError: on mismatched shapes or a bad grid.
+    TypeError: if ``value`` is not floating.
+
+  References:
+    Lu et al., arXiv:2110.11945 (2021); code ``fudan-zvg/SOFT``
+    (``SoftmaxFreeAttentionKernel.conv``).
+  """
+  who = "soft_local_conv"
+  _checks.check_floating(who, "value", value)
+  _checks.check_ndim(who, "value", value, expected=4)
+  b, t, n, e = value.shape
+  _grid.check_grid(who, grid_shape, num_prefix, t)
+  _grid.check_square_kernel(who, "kernel", kernel, (n,), odd=True)
+  y = lina.lina_depthwise_conv(
+    value.reshape(b, t, n * e),
+    jnp.repeat(kernel, e, axis=-1),  # Channel n * Hv + j reads head n.
+    grid_shape=grid_shape,
+    num_prefix=num_prefix,
+  ).reshape(b, t, n, e)
+  return y.at[:, :num_prefix].set(value[:, :num_prefix])
+
+
+def soft_grid_attention(
+  query: Float[Array, "B T N H"],
+  value: Float[Array, "B T N Hv"],
+  *,
+  landmark_kernel: Float[Array, "r r H H"],
+  landmark_scale: Float[Array, " H"],
+  landmark_bias: Float[Array, " H"],
+  local_kernel: Float[Array, "k k N"] | None,
+  grid_shape: tuple[int, int],
+  num_prefix: int = 0,
+  scale: float | None = None,
+  norm_eps: float = 1e-5,
+  **options: Any,
+) -> Float[Array, "B T N Hv"]:
+  r"""SOFT's attention layer on a token map (official ``SOFT`` kernel).
+
+  .. math::
+     \mathrm{out} = \mathrm{SOFT}(q, v;\ \tilde q) + \mathrm{DWConv}(v)
+
+  ``\tilde q`` are `soft_conv_landmarks`, ``SOFT`` is
+  `jaxnorm.attention.soft_attention` (keys tied to queries, Gaussian
+  kernel, Newton inverse) and the local branch `soft_local_conv` (skipped
+  when ``local_kernel`` is None, the official ``use_conv = 0``). Computed in
+  ``promote_types(dtype, float32)``.
+
+  Deviation: the official ratio-1 path (a linear landmark map over every
+  token and no inverse) is not reproduced; ``r = 1`` here is the general
+  formula with a 1x1 conv.
+
+  Args:
+    query: ``(B, T, N, H)``.
+    value: ``(B, T, N, Hv)``.
+    landmark_kernel: ``(r, r, H, H)``.
+    landmark_scale: landmark LayerNorm scale ``(H,)``.
+    landmark_bias: landmark LayerNorm bias ``(H,)``.
+    local_kernel: ``(k, k, N)`` or None.
+    grid_shape: ``(h, w)`` with ``T = num_prefix + h * w``.
+    num_prefix: tokens before the map.
+    scale: query scale, default ``H**-0.25``.
+    norm_eps: landmark LayerNorm epsilon.
+    **options: the other keyword options of `attention.soft_attention`
+      (``num_iters``, ``reg``, ``init``, ``grad``, ``symmetric_norm``).
+
+  Returns:
+    ``(B, T, N, Hv)`` in ``query.dtype``.
+
+  Raises:
+    ValueError: on mismatched shapes or a bad grid.
+    TypeError: on non-floating inputs.
+
+  References:
+    Lu et al., arXiv:2110.11945 (2021); Lu et al., arXiv:2207.03341 (2024).
+  """
+  dtype = _numerics.compute_dtype(query, value)
+  q, v = query.astype(dtype), value.astype(dtype)
+  landmarks = soft_conv_landmarks(
+    q,
+    landmark_kernel,
+    landmark_scale,
+    landmark_bias,
+    grid_shape=grid_shape,
+    num_prefix=num_prefix,
+    scale=scale,
+    eps=norm_eps,
+  )
+  y = soft_attention(q, v, landmarks, scale=scale, **options)
+  if local_kernel is not None:
+    y = y + soft_local_conv(
+      v, local_kernel, grid_shape=grid_shape, num_prefix=num_prefix
+    )
+  return y.astype(query.dtype)

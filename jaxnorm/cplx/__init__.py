@@ -16,8 +16,10 @@ Conventions shared by every function here:
 Modules, one per paper or family: `basics` (layout and safe kinks),
 `norms` (Deep Complex Networks whitening, CNet TokenNorm, block L2 norm),
 `activations`, `layers` (dense, conv, complex RoPE, widely-linear
-conversion), `attention` (CNet Born attention and Born cross-entropy, causal
-Fourier mixing, ComplexFormer, PCT gates) and `fairy2i` (PhaseQuant).
+conversion), `born` (CNet's Born rule: probabilities, cross-entropy,
+attention), `cnet` (CNet's causal Fourier mixing), `complexformer`
+(ComplexFormer attention), `pct` (Phase-Coherent Transformer attention and
+gates) and `fairy2i` (PhaseQuant).
 """
 
 from jaxnorm.cplx.activations import (
@@ -28,17 +30,6 @@ from jaxnorm.cplx.activations import (
   split_gelu,
   zrelu,
 )
-from jaxnorm.cplx.attention import (
-  PCT_GATES,
-  born_attention,
-  born_attention_weights,
-  born_cross_entropy,
-  born_probs,
-  causal_fourier_mix,
-  complexformer_attention,
-  complexformer_logits,
-  pct_attention,
-)
 from jaxnorm.cplx.basics import (
   complex_power,
   modulus,
@@ -47,6 +38,17 @@ from jaxnorm.cplx.basics import (
   to_complex,
   to_real,
   unit_phasor,
+)
+from jaxnorm.cplx.born import (
+  born_attention,
+  born_attention_weights,
+  born_cross_entropy,
+  born_probs,
+)
+from jaxnorm.cplx.cnet import causal_fourier_mix
+from jaxnorm.cplx.complexformer import (
+  complexformer_attention,
+  complexformer_logits,
 )
 from jaxnorm.cplx.fairy2i import (
   binary_quantize_kernel,
@@ -72,6 +74,7 @@ from jaxnorm.cplx.norms import (
   init_complex_batch_norm_state,
   init_whitening_scale,
 )
+from jaxnorm.cplx.pct import PCT_GATES, pct_attention
 
 __all__ = [
   "ACTIVATIONS",

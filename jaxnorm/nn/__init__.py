@@ -16,6 +16,7 @@ from jaxnorm.nn.activations import (
 from jaxnorm.nn.attention import (
   ATTENTION_NAMES,
   ATTENTIONS,
+  ELA,
   AffineScaledAttention,
   AffineScaleEMA,
   AttentionCore,
@@ -28,6 +29,7 @@ from jaxnorm.nn.attention import (
   MXFP4Attention,
   NaLaAttention,
   OffByOneAttention,
+  PolarizedSelfAttention,
   SinkAttention,
   SinkhornAttention,
   SoftAttention,
@@ -91,10 +93,6 @@ from jaxnorm.nn.residual import (
   StreamStack,
   make_residual,
   make_residual_step,
-)
-from jaxnorm.nn.vision import (
-  ELA,
-  PolarizedSelfAttention,
 )
 
 __all__ = [

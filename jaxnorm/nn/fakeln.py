@@ -8,27 +8,23 @@ pre-norm `jaxnorm.nn.models.DecoderLM` by a `FakeLayerNorm` that
   tracks a running average of the per-token std,
   ``s <- m s + (1 - m) mean_{batch,pos} sqrt(var_d(x) + eps)``;
 * from step ``remove_at`` on is *fake*: the running average is frozen and
-  used for every token (`jaxnorm.nn.convert.fake_layer_norm`), so the norm is
-  a linear map;
+  used for every token (`jaxnorm.norms.fake_layer_norm`), so the norm is a
+  linear map;
 * until step ``bos_off_at`` gives position 0 (the attention-sink position)
   its own frozen std.
 
-The schedule lives in each module's state (its own step counter and
+The maths (statistics, running averages, the frozen std, the schedule) is
+`jaxnorm.norms.fakeln` (`jaxnorm.norms.fake_ln`, whose docstring states the
+conventions and deviations); this module holds the parameters and the
+state. The schedule lives in each module's state (its own step counter and
 ``remove_at``), so any training loop runs the removal without changes, e.g.
 ``jaxnorm.training.trainer.train(cfg, model=model)``. After the schedule,
 `jaxnorm.nn.convert.remove_fake_ln` exports the model without norms.
 
-Conventions (the repo's code is the reference, spec section 10):
-
-* The running average is bias-corrected (Adam-style: it starts at zero and
-  is divided by ``1 - m^n`` after ``n`` updates), so the frozen value does
-  not depend on an initial guess. The first training call always records.
-* While the position-0 std is on, the shared average excludes position 0.
-* Deviation: the repo evaluates ``ln_1`` twice (a Q/K path and a V path
-  with separate removal steps). jaxnorm's attention reads Q, K and V from
-  one normalized input, so ``ln_1`` is one FakeLN, removed at the V-path
-  step (the later of the two). The EOT special std does not apply to
-  byte-level corpora without an EOT token.
+Deviation: the repo evaluates ``ln_1`` twice (a Q/K path and a V path with
+separate removal steps). jaxnorm's attention reads Q, K and V from one
+normalized input, so ``ln_1`` is one FakeLN, removed at the V-path step
+(the later of the two).
 
 References:
   Baroni, Khara, Schaeffer, Subkhankulov & Heimersheim, *Transformers Don't
@@ -45,34 +41,29 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from jaxnorm import _checks
-from jaxnorm.nn import _param, convert
+from jaxnorm import _checks, _numerics
+from jaxnorm.nn import _param
 from jaxnorm.nn import models as nn_models
 from jaxnorm.nn import norms as nn_norms
+from jaxnorm.norms import fakeln as fakeln_fn
 
 
 class FakeLNStat(nnx.BatchStat):
-  """State of a `FakeLayerNorm`: frozen stds, counters and its schedule."""
-
-
-def _check_step(who: str, name: str, value: Any) -> None:
-  if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-    raise ValueError(
-      f"{who}: {name} must be a non-negative integer step, got {name}={value!r}"
-    )
+  """State of a `FakeLayerNorm`: the fields of `jaxnorm.norms.FakeLNState`."""
 
 
 class FakeLayerNorm(nnx.Module):
   """LayerNorm whose std becomes a frozen running average at ``remove_at``.
 
-  See the module docstring. Parameters ``scale`` and ``bias`` as in
-  `jaxnorm.nn.LayerNorm`; state (`FakeLNStat`): ``std`` and ``bos_std``
-  (bias-corrected running averages, frozen once fake), ``count`` (updates
-  so far), ``step`` (training calls so far), ``remove_at`` and
-  ``bos_off_at`` (0 = no special position-0 std). Training calls (the
-  default) update the state; ``use_running_average=True`` (set by
-  ``model.eval()``) only reads it. Inputs are ``(..., T, d)`` with positions
-  on axis -2.
+  Calls `jaxnorm.norms.fake_ln` (the maths and its conventions). Parameters
+  ``scale`` and ``bias`` as in `jaxnorm.nn.LayerNorm`; state (`FakeLNStat`,
+  one variable per field of `jaxnorm.norms.FakeLNState`): ``std`` and
+  ``bos_std`` (bias-corrected running averages, frozen once fake),
+  ``count`` (updates so far), ``step`` (training calls so far),
+  ``remove_at`` and ``bos_off_at`` (0 = no special position-0 std).
+  Training calls (the default) update the state;
+  ``use_running_average=True`` (set by ``model.eval()``) only reads it.
+  Inputs are ``(..., T, d)`` with positions on axis -2.
   """
 
   def __init__(
@@ -92,8 +83,8 @@ class FakeLayerNorm(nnx.Module):
   ):
     who = "FakeLayerNorm"
     _checks.check_positive_int(who, "num_features", num_features)
-    _check_step(who, "remove_at", remove_at)
-    _check_step(who, "bos_off_at", bos_off_at)
+    fakeln_fn._check_step(who, "remove_at", remove_at)
+    fakeln_fn._check_step(who, "bos_off_at", bos_off_at)
     if not 0.0 <= momentum < 1.0:
       raise ValueError(f"{who}: momentum must be in [0, 1), got {momentum=}")
     del rngs  # Constant initialization only.
@@ -109,12 +100,15 @@ class FakeLayerNorm(nnx.Module):
       if use_bias
       else None
     )
-    self.std = FakeLNStat(jnp.ones((), jnp.float32))
-    self.bos_std = FakeLNStat(jnp.ones((), jnp.float32))
-    self.count = FakeLNStat(jnp.zeros((), jnp.int32))
-    self.step = FakeLNStat(jnp.zeros((), jnp.int32))
-    self.remove_at = FakeLNStat(jnp.asarray(remove_at, jnp.int32))
-    self.bos_off_at = FakeLNStat(jnp.asarray(bos_off_at, jnp.int32))
+    state = fakeln_fn.init_fake_ln_state(
+      remove_at=remove_at, bos_off_at=bos_off_at
+    )
+    self.std = FakeLNStat(state.std)
+    self.bos_std = FakeLNStat(state.bos_std)
+    self.count = FakeLNStat(state.count)
+    self.step = FakeLNStat(state.step)
+    self.remove_at = FakeLNStat(state.remove_at)
+    self.bos_off_at = FakeLNStat(state.bos_off_at)
     self.use_running_average = False
 
   @classmethod
@@ -162,47 +156,22 @@ class FakeLayerNorm(nnx.Module):
         f"{who}: x must have num_features={self.num_features}"
         f" features on its last axis, got {x.shape=}"
       )
-    cdt = jnp.promote_types(x.dtype, jnp.float32)
-    xf = x.astype(cdt)
-    xc = xf - jnp.mean(xf, axis=-1, keepdims=True)
-    tok = jnp.sqrt(jnp.mean(jnp.square(xc), axis=-1) + self.eps)  # (..., T)
-    step = self.step[...]
-    fake = step >= self.remove_at[...]
-    bos_on = step < self.bos_off_at[...]
-    num_pos = x.shape[-2]
-    if not self.use_running_average:
-      t = jax.lax.stop_gradient(tok).astype(jnp.float32)
-      shared = (
-        jnp.where(bos_on, jnp.mean(t[..., 1:]), jnp.mean(t))
-        if num_pos > 1
-        else jnp.mean(t)
-      )
-      count = self.count[...]
-      record = jnp.logical_or(jnp.logical_not(fake), count == 0)
-      m = self.momentum
-      done = 1.0 - jnp.power(m, count.astype(jnp.float32))
-      total = 1.0 - jnp.power(m, (count + 1).astype(jnp.float32))
-
-      def update(old, batch):
-        return jnp.where(
-          record, (m * old * done + (1.0 - m) * batch) / total, old
-        )
-
-      self.std[...] = update(self.std[...], shared)
-      self.bos_std[...] = update(self.bos_std[...], jnp.mean(t[..., 0]))
-      self.count[...] = count + record.astype(jnp.int32)
-      self.step[...] = step + 1
-    first = jnp.arange(num_pos) == 0
-    frozen = jnp.where(
-      jnp.logical_and(bos_on, first), self.bos_std[...], self.std[...]
-    ).astype(cdt)
-    std = jnp.where(fake, jnp.broadcast_to(frozen, tok.shape), tok)
-    y = convert.fake_layer_norm(
-      xf,
+    training = not self.use_running_average
+    state = fakeln_fn.FakeLNState(
+      *(getattr(self, name)[...] for name in fakeln_fn.FakeLNState._fields)
+    )
+    y, state = fakeln_fn.fake_ln(
+      x.astype(_numerics.compute_dtype(x)),
       None if self.scale is None else self.scale[...],
       None if self.bias is None else self.bias[...],
-      std=std,
+      state,
+      eps=self.eps,
+      momentum=self.momentum,
+      training=training,
     )
+    if training:
+      for name, value in zip(state._fields, state):
+        getattr(self, name)[...] = value
     return y.astype(self.dtype or x.dtype)
 
 
@@ -218,7 +187,7 @@ def install_fake_ln(
 
   Layer ``i``'s attention norm (``ln_1``) goes fake at the ``ln_1v`` step,
   its MLP norm (``ln_2``) at the ``ln_2`` step and the final norm at the
-  ``ln_f`` step of `jaxnorm.nn.convert.removal_steps`; with ``bos`` the
+  ``ln_f`` step of `jaxnorm.norms.fakeln.removal_steps`; with ``bos`` the
   position-0 std is used until ``bos_off``. Parameters are copied; the
   model is changed in place (its config still names ``layernorm``).
 
@@ -247,7 +216,7 @@ def install_fake_ln(
       f"norm='layernorm', got {type(model).__name__} with "
       f"config={config}"
     )
-  steps = convert.removal_steps(config.depth, start=start, gap=gap)
+  steps = fakeln_fn.removal_steps(config.depth, start=start, gap=gap)
   bos_off = steps[("bos_off", None)] if bos else 0
   kw = {"bos_off_at": bos_off, "momentum": momentum}
   for i in range(config.depth):

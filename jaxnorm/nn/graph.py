@@ -39,7 +39,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxnorm import _checks, graph
-from jaxnorm.nn import _param, models
+from jaxnorm.nn import _param, layers
 from jaxnorm.nn import norms as nn_norms
 
 GRAPHS: tuple[str, ...] = ("sparse", "full")
@@ -164,10 +164,10 @@ class _FFN(nnx.Module):
   """``W2 drop(ReLU(W1 x))``, ``d -> 2d -> d`` with biases."""
 
   def __init__(self, width: int, dropout: nnx.Dropout, *, dtype, rngs):
-    self.up = models.Dense(
+    self.up = layers.Dense(
       width, 2 * width, names=("embed", "mlp"), dtype=dtype, rngs=rngs
     )
-    self.down = models.Dense(
+    self.down = layers.Dense(
       2 * width, width, names=("mlp", "embed"), dtype=dtype, rngs=rngs
     )
     self.dropout = dropout
@@ -183,7 +183,7 @@ class _Stream(nnx.Module):
   def __init__(self, cfg: GraphTransformerConfig, dropout, *, dtype, rngs):
     d = cfg.width
     kwargs = dict(cfg.norm_kwargs)
-    self.out = models.Dense(
+    self.out = layers.Dense(
       d, d, names=("heads", "embed"), dtype=dtype, rngs=rngs
     )
     self.norm1 = _Norm(cfg.norm, d, kwargs, rngs=rngs)
@@ -219,7 +219,7 @@ class GraphTransformerLayer(nnx.Module):
     self.dropout = nnx.Dropout(cfg.dropout, rngs=rngs)
 
     def proj():
-      return models.Dense(
+      return layers.Dense(
         d, d, names=("embed", "heads"), use_bias=False, dtype=dtype, rngs=rngs
       )
 
@@ -288,12 +288,12 @@ class GraphTransformer(nnx.Module):
       ("vocab", "embed"),
     )
     self.pe_proj = (
-      models.Dense(c.pe_dim, d, names=(None, "embed"), dtype=dtype, rngs=rngs)
+      layers.Dense(c.pe_dim, d, names=(None, "embed"), dtype=dtype, rngs=rngs)
       if c.pe == "lap"
       else None
     )
     self.edge_embed = (
-      models.Dense(1, d, names=(None, "embed"), dtype=dtype, rngs=rngs)
+      layers.Dense(1, d, names=(None, "embed"), dtype=dtype, rngs=rngs)
       if c.edge_features
       else None
     )
@@ -304,7 +304,7 @@ class GraphTransformer(nnx.Module):
     widths = [d >> i for i in range(c.readout_layers + 1)] + [c.num_classes]
     self.readout = nnx.List(
       [
-        models.Dense(a, b, names=(None, None), dtype=dtype, rngs=rngs)
+        layers.Dense(a, b, names=(None, None), dtype=dtype, rngs=rngs)
         for a, b in zip(widths[:-1], widths[1:])
       ]
     )

@@ -14,10 +14,11 @@ parts, so a variant is one flag away:
 * ``activation``: any name of `ACTIVATIONS`.
 
 This file reads the parts' specs, never their names: which parts a model
-accepts follows from their capabilities (`check_parts`, `registries`): the
-decoder LM needs causal attention and norms that are causal in the tokens
-layout (batch-statistics norms only with ``allow_batch_stats=True``), the ViT
-the tokens layout, the CNN the images layout. A refusal is a ``ValueError``
+accepts follows from their capabilities (`registries`, and the check each
+model runs first, `jaxnorm.nn._common.check_parts`): the decoder LM needs
+causal attention and norms that are causal in the tokens layout
+(batch-statistics norms only with ``allow_batch_stats=True``), the ViT the
+tokens layout, the CNN the images layout. A refusal is a ``ValueError``
 raised before anything is built, naming the reason and the valid names.
 Parts that later land in those registries plug in without touching this
 file. Parameters carry logical axis names (``vocab``, ``embed``, ``mlp``,
@@ -29,7 +30,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import types
-from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
@@ -37,282 +37,14 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxnorm import activations, sharding
-from jaxnorm.nn import _param, registry
+from jaxnorm.nn import _common, _param, layers
 from jaxnorm.nn import activations as nn_activations
 from jaxnorm.nn import attention as nn_attention
 from jaxnorm.nn import norms as nn_norms
+from jaxnorm.nn import quant as nn_quant
 from jaxnorm.nn import residual as nn_residual
 
-# ---------------------------------------------------------------------------
-# Building blocks.
-
-
-class Dense(nnx.Module):
-  """``y = x @ kernel (+ bias)`` with a ``(in, out)`` kernel and axis names."""
-
-  def __init__(
-    self,
-    in_features: int,
-    out_features: int,
-    *,
-    names: tuple[str | None, str | None],
-    use_bias: bool = True,
-    kernel_init: Callable[..., jax.Array] | None = None,
-    dtype: Any = jnp.float32,
-    param_dtype: Any = jnp.float32,
-    rngs: nnx.Rngs,
-  ):
-    init = kernel_init or nnx.initializers.lecun_normal()
-    self.kernel = _param.param(
-      init(rngs.params(), (in_features, out_features), param_dtype), names
-    )
-    self.bias = (
-      _param.param(jnp.zeros((out_features,), param_dtype), names[1:])
-      if use_bias
-      else None
-    )
-    self.dtype = dtype
-
-  def __call__(self, x: jax.Array) -> jax.Array:
-    """Applies the map to the last axis of ``x``."""
-    y = jnp.matmul(x.astype(self.dtype), self.kernel[...].astype(self.dtype))
-    if self.bias is not None:
-      b = self.bias[...].astype(self.dtype)
-      y = y + b.reshape((1,) * (y.ndim - 1) + b.shape)
-    return y
-
-
-class Conv(nnx.Module):
-  """NHWC convolution with a ``(kh, kw, in, out)`` kernel, SAME padding."""
-
-  def __init__(
-    self,
-    in_features: int,
-    out_features: int,
-    *,
-    kernel_size: int = 3,
-    stride: int = 1,
-    dtype: Any = jnp.float32,
-    param_dtype: Any = jnp.float32,
-    rngs: nnx.Rngs,
-  ):
-    init = nnx.initializers.he_normal(in_axis=(0, 1, 2), out_axis=3)
-    shape = (kernel_size, kernel_size, in_features, out_features)
-    self.kernel = _param.param(
-      init(rngs.params(), shape, param_dtype), (None, None, None, "channels")
-    )
-    self.stride, self.dtype = stride, dtype
-
-  def __call__(self, x: jax.Array) -> jax.Array:
-    """Convolves ``x`` of shape ``(n, h, w, in)``."""
-    return jax.lax.conv_general_dilated(
-      x.astype(self.dtype),
-      self.kernel[...].astype(self.dtype),
-      (self.stride, self.stride),
-      "SAME",
-      dimension_numbers=("NHWC", "HWIO", "NHWC"),
-    )
-
-
 ACTIVATIONS = nn_activations.ACTIVATIONS
-
-
-class MLP(nnx.Module):
-  """Position-wise MLP ``down(act(up(x)))``; gated names use ``a(x) * b``."""
-
-  def __init__(
-    self,
-    width: int,
-    hidden: int,
-    *,
-    activation: str,
-    dtype: Any,
-    use_bias: bool = True,
-    rngs: nnx.Rngs,
-  ):
-    spec = nn_activations.ACTIVATIONS[activation]
-    self.gated = spec.gated
-    self.up = Dense(
-      width,
-      hidden * (2 if spec.gated else 1),
-      names=("embed", "mlp"),
-      use_bias=use_bias,
-      dtype=dtype,
-      rngs=rngs,
-    )
-    self.act = spec.fn if spec.build is None else spec.build(hidden, rngs)
-    self.down = Dense(
-      hidden,
-      width,
-      names=("mlp", "embed"),
-      use_bias=use_bias,
-      dtype=dtype,
-      rngs=rngs,
-    )
-
-  def __call__(self, x: jax.Array) -> jax.Array:
-    """Applies the MLP over the last axis."""
-    h = self.up(x)
-    if self.gated:
-      a, b = jnp.split(h, 2, axis=-1)
-      h = self.act(a) * b
-    else:
-      h = self.act(h)
-    return self.down(h)
-
-
-def _residual(
-  name: str,
-  blocks: list[nnx.Module],
-  *,
-  width: int,
-  per_layer: int,
-  norm: str | None,
-  norm_kwargs: Mapping[str, Any],
-  rngs: nnx.Rngs,
-) -> nnx.Module:
-  """Wraps the sublayers (``per_layer`` per layer) into the scheme.
-
-  `make_residual` starts from the scheme's spec defaults; the norm goes to
-  the schemes whose spec places norms (``uses_norm``).
-  """
-  spec = nn_residual.RESIDUALS.get(name)
-  kwargs = (
-    {"norm": norm, "norm_kwargs": dict(norm_kwargs)}
-    if spec is not None and spec.uses_norm
-    else {}
-  )
-  return nn_residual.make_residual(
-    name,
-    blocks,
-    num_features=width,
-    rngs=rngs,
-    sublayers_per_layer=per_layer,
-    **kwargs,
-  )
-
-
-# ---------------------------------------------------------------------------
-# Which parts a model accepts, from the parts' specs.
-
-
-_COMPLEX_REFUSAL = (
-  "is complex-valued (complex inputs and outputs), and this model is real; "
-  "the complex models are jaxnorm.nn.cplx.ComplexLM and CVCNN (runner "
-  "--model clm, cvcnn)"
-)
-
-
-def _norm_refusal(
-  spec: registry.NormSpec, layout: str, causal: bool, allow_batch_stats: bool
-) -> str | None:
-  """Why a model of ``layout`` (causal or not) refuses a norm, or None."""
-  if spec.dtype_kind != "real":
-    return _COMPLEX_REFUSAL
-  if layout not in spec.layouts:
-    return (
-      f"does not normalize the {layout} layout (it supports "
-      f"{', '.join(sorted(spec.layouts))})"
-    )
-  if causal and not spec.causal:
-    return (
-      "is not causal in the tokens layout (its statistics at position t "
-      "use later positions)"
-    )
-  if causal and spec.batch_stats and not allow_batch_stats:
-    return (
-      "takes batch statistics in training mode (over batch and sequence, so "
-      "position t sees later tokens); set allow_batch_stats=True in the "
-      "config to accept this"
-    )
-  return None
-
-
-def _valid_norms(layout: str, causal: bool, allow_batch_stats: bool):
-  return tuple(
-    sorted(
-      name
-      for name, spec in nn_norms.NORMS.items()
-      if _norm_refusal(spec, layout, causal, allow_batch_stats) is None
-    )
-  )
-
-
-def _valid_attentions(layout: str, causal: bool) -> tuple[str, ...]:
-  return tuple(
-    sorted(
-      name
-      for name, spec in nn_attention.ATTENTIONS.items()
-      if layout in spec.layouts
-      and (spec.causal or not causal)
-      and spec.dtype_kind == "real"
-    )
-  )
-
-
-def check_parts(
-  who: str,
-  *,
-  layout: str,
-  causal: bool,
-  norm: str | None = None,
-  attention: str | None = None,
-  allow_batch_stats: bool = False,
-) -> None:
-  """Refuses, before anything is built, parts a model cannot run faithfully.
-
-  Args:
-    who: the model's name, for the message.
-    layout: the layout the model's norms and attention see (``tokens`` or
-      ``images``).
-    causal: the model is autoregressive: position ``t`` may depend on
-      positions ``<= t`` only, so attention needs a causal form and norms a
-      causal statistic (batch statistics only with ``allow_batch_stats``).
-    norm: the norm name (None or `jaxnorm.nn.residual.NORM_FREE`: no
-      norm).
-    attention: the attention name (None: the model has no attention).
-    allow_batch_stats: the explicit opt-in for batch-statistics norms.
-
-  Raises:
-    ValueError: naming the part, the reason and the valid alternatives.
-  """
-  if attention is not None:
-    valid = _valid_attentions(layout, causal)
-    if attention not in nn_attention.ATTENTIONS:
-      raise ValueError(
-        f"{who}: unknown attention {attention!r}; valid names are "
-        f"{', '.join(valid)}"
-      )
-    spec = nn_attention.ATTENTIONS[attention]
-    if spec.dtype_kind != "real":
-      raise ValueError(
-        f"{who}: attention {attention!r} {_COMPLEX_REFUSAL}; choose one of "
-        f"{', '.join(valid)}"
-      )
-    if layout not in spec.layouts:
-      raise ValueError(
-        f"{who}: attention {attention!r} does not act on the {layout} "
-        f"layout; choose one of {', '.join(valid)}"
-      )
-    if causal and not spec.causal:
-      raise ValueError(
-        f"{who}: attention {attention!r} has no causal form, so a decoder "
-        f"would see future tokens; choose one of {', '.join(valid)}"
-      )
-  if norm is None or norm == nn_residual.NORM_FREE:
-    return
-  valid = _valid_norms(layout, causal, allow_batch_stats)
-  if norm not in nn_norms.NORMS:
-    raise ValueError(
-      f"{who}: unknown norm {norm!r}; valid names are {', '.join(valid)}"
-    )
-  reason = _norm_refusal(
-    nn_norms.NORMS[norm], layout, causal, allow_batch_stats
-  )
-  if reason is not None:
-    raise ValueError(
-      f"{who}: norm {norm!r} {reason}; choose one of {', '.join(valid)}"
-    )
 
 
 # ---------------------------------------------------------------------------
@@ -409,7 +141,7 @@ class DecoderLM(nnx.Module):
     self, config: LMConfig, *, dtype: Any = jnp.float32, rngs: nnx.Rngs
   ):
     c = self.config = config
-    check_parts(
+    _common.check_parts(
       "DecoderLM",
       layout="tokens",
       causal=True,
@@ -458,7 +190,7 @@ class DecoderLM(nnx.Module):
         )
       )
       blocks.append(
-        MLP(
+        layers.MLP(
           d,
           c.mlp_hidden or c.mlp_ratio * d,
           activation=c.activation,
@@ -473,7 +205,7 @@ class DecoderLM(nnx.Module):
     # make_norm reads the layout: e.g. per-token groups on sequences.
     norm_kwargs = {} if norm_free else {"layout": "tokens"}
     norm_kwargs.update(c.norm_kwargs)
-    self.net = _residual(
+    self.net = _common.residual(
       c.residual,
       blocks,
       width=d,
@@ -490,7 +222,7 @@ class DecoderLM(nnx.Module):
     self.head = (
       None
       if c.tie_embeddings
-      else Dense(
+      else layers.Dense(
         d,
         c.vocab_size,
         names=("embed", "vocab"),
@@ -500,9 +232,6 @@ class DecoderLM(nnx.Module):
       )
     )
     if c.quant != "none":
-      # Lazy: jaxnorm.nn.quant builds on this module's Dense.
-      from jaxnorm.nn import quant as nn_quant
-
       nn_quant.swap_dense(self, quant_mode=c.quant)
 
   def __call__(
@@ -580,7 +309,7 @@ class ViT(nnx.Module):
     self, config: ViTConfig, *, dtype: Any = jnp.float32, rngs: nnx.Rngs
   ):
     c = self.config = config
-    check_parts(
+    _common.check_parts(
       "ViT", layout="tokens", causal=False, norm=c.norm, attention=c.attention
     )
     h, w, ch = c.image_shape
@@ -591,7 +320,7 @@ class ViT(nnx.Module):
     self.dtype = dtype
     d = c.width
     num_patches = (h // c.patch_size) * (w // c.patch_size)
-    self.patch = Dense(
+    self.patch = layers.Dense(
       c.patch_size * c.patch_size * ch,
       d,
       names=(None, "embed"),
@@ -627,9 +356,11 @@ class ViT(nnx.Module):
         )
       )
       blocks.append(
-        MLP(d, c.mlp_ratio * d, activation=c.activation, dtype=dtype, rngs=rngs)
+        layers.MLP(
+          d, c.mlp_ratio * d, activation=c.activation, dtype=dtype, rngs=rngs
+        )
       )
-    self.net = _residual(
+    self.net = _common.residual(
       c.residual,
       blocks,
       width=d,
@@ -639,7 +370,7 @@ class ViT(nnx.Module):
       rngs=rngs,
     )
     self.final_norm = nn_norms.make_norm(c.norm, d, rngs=rngs, **norm_kwargs)
-    self.head = Dense(
+    self.head = layers.Dense(
       d, c.num_classes, names=("embed", None), dtype=dtype, rngs=rngs
     )
 
@@ -688,13 +419,13 @@ class ConvBlock(nnx.Module):
   ):
     spec = nn_activations.ACTIVATIONS[activation]
     if not spec.elementwise:
-      self.act = MLP(
+      self.act = layers.MLP(
         width, width, activation=activation, dtype=dtype, rngs=rngs
       )
     else:
       self.act = spec.fn
-    self.conv1 = Conv(width, width, dtype=dtype, rngs=rngs)
-    self.conv2 = Conv(width, width, dtype=dtype, rngs=rngs)
+    self.conv1 = layers.Conv(width, width, dtype=dtype, rngs=rngs)
+    self.conv2 = layers.Conv(width, width, dtype=dtype, rngs=rngs)
 
   def __call__(self, x: jax.Array) -> jax.Array:
     """Applies the branch to NHWC ``x``."""
@@ -708,16 +439,16 @@ class CNN(nnx.Module):
     self, config: CNNConfig, *, dtype: Any = jnp.float32, rngs: nnx.Rngs
   ):
     c = self.config = config
-    check_parts("CNN", layout="images", causal=False, norm=c.norm)
+    _common.check_parts("CNN", layout="images", causal=False, norm=c.norm)
     ch = c.image_shape[-1]
     stride = 2 if min(c.image_shape[:2]) >= 16 else 1
-    self.stem = Conv(ch, c.width, stride=stride, dtype=dtype, rngs=rngs)
+    self.stem = layers.Conv(ch, c.width, stride=stride, dtype=dtype, rngs=rngs)
     norm_kwargs = {"layout": "images", **dict(c.norm_kwargs)}
     blocks = [
       ConvBlock(c.width, activation=c.activation, dtype=dtype, rngs=rngs)
       for _ in range(c.depth)
     ]
-    self.net = _residual(
+    self.net = _common.residual(
       c.residual,
       blocks,
       width=c.width,
@@ -729,7 +460,7 @@ class CNN(nnx.Module):
     self.final_norm = nn_norms.make_norm(
       c.norm, c.width, rngs=rngs, **norm_kwargs
     )
-    self.head = Dense(
+    self.head = layers.Dense(
       c.width, c.num_classes, names=("channels", None), dtype=dtype, rngs=rngs
     )
     spec = nn_activations.ACTIVATIONS[c.activation]
@@ -783,14 +514,14 @@ class SNN(nnx.Module):
     sizes = [math.prod(c.image_shape)] + [c.width] * c.depth
     self.layers = nnx.List(
       [
-        Dense(
+        layers.Dense(
           a, b, names=(None, "mlp"), kernel_init=init, dtype=dtype, rngs=rngs
         )
         for a, b in zip(sizes[:-1], sizes[1:])
       ]
     )
     self.dropout = nn_activations.AlphaDropout(c.dropout)
-    self.head = Dense(
+    self.head = layers.Dense(
       c.width,
       c.num_classes,
       names=("mlp", None),
@@ -849,9 +580,9 @@ def registries(
   attention = tuple(sorted(nn_attention.ATTENTIONS))
   if model in _MODEL_PARTS:
     layout, causal, has_attention = _MODEL_PARTS[model]
-    norms = _valid_norms(layout, causal, allow_batch_stats)
+    norms = _common.valid_norms(layout, causal, allow_batch_stats)
     if has_attention:
-      attention = _valid_attentions(layout, causal)
+      attention = _common.valid_attentions(layout, causal)
   return {
     "norm": norms,
     "attention": attention,

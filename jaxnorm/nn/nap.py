@@ -24,7 +24,7 @@ from flax import nnx
 
 from jaxnorm import _checks
 from jaxnorm.nn import activations as nn_activations
-from jaxnorm.nn import models
+from jaxnorm.nn import layers
 from jaxnorm.nn import norms as nn_norms
 
 
@@ -73,7 +73,7 @@ class NaPMLP(nnx.Module):
     pairs = list(zip(sizes[:-2], sizes[1:-1]))
     self.hidden = nnx.List(
       [
-        models.Dense(
+        layers.Dense(
           a, b, names=(None, "mlp"), use_bias=False, dtype=dtype, rngs=rngs
         )
         for a, b in pairs
@@ -82,7 +82,7 @@ class NaPMLP(nnx.Module):
     self.norms = nnx.List(
       [nn_norms.make_norm(norm, b, rngs=rngs) for _, b in pairs]
     )
-    self.readout = models.Dense(
+    self.readout = layers.Dense(
       sizes[-2], sizes[-1], names=("mlp", None), dtype=dtype, rngs=rngs
     )
 

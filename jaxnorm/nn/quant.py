@@ -1,7 +1,7 @@
-"""`Int8Dense`: a drop-in for the models' `Dense` with an int8 matmul.
+"""`Int8Dense`: a drop-in for the shared `Dense` with an int8 matmul.
 
 Same constructor, parameter paths (``kernel (in, out)``, ``bias``) and
-logical axis names as `jaxnorm.nn.models.Dense`, so a trained model's state
+logical axis names as `jaxnorm.nn.layers.Dense`, so a trained model's state
 loads unchanged; the forward pass runs the matmul through `jaxnorm.quant`
 (``quant_mode="mixed"``: LLM.int8(), ``"vector"``/``"tensor"``: plain int8
 absmax, ``"none"``: float). `swap_dense` replaces every dense layer of a
@@ -18,7 +18,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxnorm import _checks, quant
-from jaxnorm.nn import models
+from jaxnorm.nn import layers
 
 QuantMode = Literal["none", "tensor", "vector", "mixed"]
 QUANT_MODES = ("none", "tensor", "vector", "mixed")
@@ -54,10 +54,10 @@ def quantized_matmul(
   return quant.int8_vectorwise_matmul(x, kernel, granularity=quant_mode)
 
 
-class Int8Dense(models.Dense):
-  """``y = int8_matmul(x, kernel) (+ bias)``, a drop-in for `models.Dense`.
+class Int8Dense(layers.Dense):
+  """``y = int8_matmul(x, kernel) (+ bias)``, a drop-in for `layers.Dense`.
 
-  A subclass of `models.Dense` (same parameters, paths and axis names) whose
+  A subclass of `layers.Dense` (same parameters, paths and axis names) whose
   matmul runs through `quantized_matmul`.
 
   Args:
@@ -68,7 +68,7 @@ class Int8Dense(models.Dense):
     threshold: outlier threshold of ``"mixed"``.
     absmax_mode: ``"paper"`` or ``"bnb"`` (`jaxnorm.quant.int8_mixed_matmul`).
     outlier_weight: ``"fp"`` or ``"dequant"``.
-    **kwargs: the `models.Dense` arguments (``names``, ``use_bias``,
+    **kwargs: the `layers.Dense` arguments (``names``, ``use_bias``,
       ``kernel_init``, ``dtype``, ``param_dtype``, ``rngs``).
 
   Raises:
@@ -102,7 +102,7 @@ class Int8Dense(models.Dense):
     """An `Int8Dense` sharing ``dense``'s kernel and bias variables.
 
     Args:
-      dense: a `models.Dense` (anything with ``kernel``, ``bias``, ``dtype``).
+      dense: a `layers.Dense` (anything with ``kernel``, ``bias``, ``dtype``).
       **options: ``quant_mode``, ``threshold``, ``absmax_mode``,
         ``outlier_weight``.
     """
@@ -138,7 +138,7 @@ class Int8Dense(models.Dense):
 def swap_dense(
   model: nnx.Module,
   *,
-  dense_type: type = models.Dense,
+  dense_type: type = layers.Dense,
   cls: type[Int8Dense] = Int8Dense,
   **options: Any,
 ) -> int:

@@ -144,25 +144,69 @@ class ResidualSpec:
   """A registered residual scheme.
 
   Attributes:
-    build: ``build(name, blocks, num_features, rngs, kwargs) -> module``.
+    build: ``build(blocks, step, *, num_features, rngs, sublayers_per_layer,
+      **options) -> module``: the network around the sublayers ``blocks``
+      (``step`` is this spec's ``step``).
     paper: short reference (authors, arXiv id).
+    step: ``step(num_features, place, *, rngs, **options) -> module``: the
+      step module around the sublayer at ``place`` (a
+      `jaxnorm.nn.residual.Placement`), which `make_residual_step` also
+      builds one layer at a time. None for a scheme without per-sublayer
+      steps (AttnRes: one module over depth).
     defaults: default kwargs as a function of ``(num_sublayers,
       sublayers_per_layer)``.
     uses_norm: the scheme places norms (takes ``norm=``/``norm_kwargs=``).
+    norm_free: the scheme also runs with no norm: ``norm="none"``
+      (`jaxnorm.nn.residual.NORM_FREE`) builds its steps without any norm
+      module, and models build no final norm either.
+    shareable: ``shared=True`` is accepted: one step module serves every
+      sublayer of a layer (ReZero's official placement).
+    fused: ``fused_implementation=`` is accepted: each residual add runs
+      fused into the next norm (`jaxnorm.nn.residual.ResidualStack`).
+    scan_refusal: why `make_residual_step` cannot build the scheme one
+      layer at a time for ``nnx.scan`` (e.g. "has no fixed-size scan
+      carry"); None when it can.
     decay: parameter attribute name -> decayed (see `decays`), for the
       parameters of the classes in ``modules``.
     modules: the nnx module classes the scheme builds that own the
       parameters named in ``decay`` (``build`` is a function, so the weight
       decay policy finds the owners here; e.g. `HyperConnection` for
       ``static_alpha``).
+
+  Raises:
+    ValueError: for a scheme without ``step`` that does not say why it
+      cannot be scanned, or a norm-free scheme that places no norm.
   """
 
   build: Callable[..., Any]
   paper: str
+  step: Callable[..., Any] | None = None
   defaults: Callable[..., Mapping[str, Any]] = no_defaults
   uses_norm: bool = True
+  norm_free: bool = False
+  shareable: bool = False
+  fused: bool = False
+  scan_refusal: str | None = None
   decay: Mapping[str, bool] = dataclasses.field(default_factory=_no_decay)
   modules: tuple[type, ...] = ()
+
+  def __post_init__(self) -> None:
+    """Checks that the capability fields agree with each other."""
+    if self.step is None and self.scan_refusal is None:
+      raise ValueError(
+        "ResidualSpec: a scheme without a step builder cannot be scanned; "
+        "give scan_refusal the reason"
+      )
+    if self.norm_free and not self.uses_norm:
+      raise ValueError(
+        "ResidualSpec: norm_free=True needs uses_norm=True (a scheme that "
+        "places no norm has none to drop)"
+      )
+
+  @property
+  def scannable(self) -> bool:
+    """`make_residual_step` builds the scheme (``scan_refusal`` is None)."""
+    return self.scan_refusal is None
 
 
 def decays(

@@ -22,10 +22,10 @@ The public path of every name is ``jaxnorm.norms.<name>``; the modules are
 `layer` (LayerNorm, RMSNorm, CRMSNorm), `batch` (BatchNorm, GroupNorm,
 InstanceNorm), `dyt`, `seednorm`, `scalenorm` (ScaleNorm), `scaling`
 (LayerNorm Scaling), `evonorm`, `powernorm`, `unified`, `region`, `unmix_tns`,
-`l1`, `scale_vectors`, `cls` and `timestep_decay`.
+`l1`, `scale_vectors`, `cls`, `timestep_decay` and `fakeln` (FakeLN, the
+LayerNorm-removal schedule).
 """
 
-from jaxnorm import _numerics
 from jaxnorm.norms.batch import (
   BatchNormState,
   batch_norm,
@@ -46,6 +46,12 @@ from jaxnorm.norms.evonorm import (
   evo_norm_b0,
   evo_norm_s0,
   init_evo_norm_b0_state,
+)
+from jaxnorm.norms.fakeln import (
+  FakeLNState,
+  fake_layer_norm,
+  fake_ln,
+  init_fake_ln_state,
 )
 from jaxnorm.norms.l1 import (
   L1_KAPPA,
@@ -100,10 +106,6 @@ from jaxnorm.norms.unmix_tns import (
   unmix_tns_momentum,
 )
 
-# Former private spelling, still called by `jaxnorm.nn.norms`; the public
-# helper is `jaxnorm._numerics.resolve_groups`.
-_resolve_groups = _numerics.resolve_groups
-
 __all__ = [
   "EPS_MODES",
   "L1_KAPPA",
@@ -113,6 +115,7 @@ __all__ = [
   "EpsMode",
   "EvoNormB0State",
   "EvoNormS0Variant",
+  "FakeLNState",
   "L1BatchNormState",
   "PowerNormState",
   "RegistersWith",
@@ -127,10 +130,13 @@ __all__ = [
   "dyt",
   "evo_norm_b0",
   "evo_norm_s0",
+  "fake_layer_norm",
+  "fake_ln",
   "fold_unified_norm",
   "group_norm",
   "init_batch_norm_state",
   "init_evo_norm_b0_state",
+  "init_fake_ln_state",
   "init_l1_batch_norm_state",
   "init_power_norm_state",
   "init_timestep_decay_norm_state",

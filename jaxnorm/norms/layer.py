@@ -1,15 +1,14 @@
 """LayerNorm, RMSNorm and CRMSNorm: per-token normalization over ``axis``.
 
-`layer_norm` and `rms_norm` carry a `jax.custom_vjp` whose backward pass
-computes ``dx`` in one fused expression from the saved per-row statistics
-(instead of differentiating through every intermediate of the forward pass);
-the gradients are the exact gradients of the forward function. All three are
+The references (``implementation="xla"``) are the equations in
+`jax.numpy`, differentiated by autodiff; the hand-derived backward (``dx`` in
+one expression from recomputed per-row statistics) is the Pallas kernels'
+(`pallas_kernels.norms`), tested against autodiff of these. All three are
 per token, so they are causal-safe on ``(batch, seq, d)`` inputs.
 """
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Sequence
 from typing import Literal
 
@@ -96,49 +95,11 @@ def layer_norm(
   )
   if out is not None:
     return out
-  return _layer_norm(x, scale, bias, float(eps), axes, float(scale_offset))
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))
-def _layer_norm(x, scale, bias, eps, axes, offset):
-  return _layer_norm_fwd(x, scale, bias, eps, axes, offset)[0]
-
-
-def _layer_norm_fwd(x, scale, bias, eps, axes, offset):
-  cdt = _numerics.compute_dtype(x)
-  xf = x.astype(cdt)
+  xf = x.astype(_numerics.compute_dtype(x))
   mean, var = _numerics.moments(xf, axes)
-  rstd = jax.lax.rsqrt(var + eps)
-  y = _numerics.affine(
-    (xf - mean) * rstd, scale, bias, axes, scale_offset=offset
-  )
-  return y.astype(x.dtype), (x, scale, bias, mean, rstd)
-
-
-def _layer_norm_bwd(eps, axes, offset, res, dy):
-  del eps
-  x, scale, bias, mean, rstd = res
-  cdt = _numerics.compute_dtype(x)
-  dy = dy.astype(cdt)
-  xhat = (x.astype(cdt) - mean) * rstd
-  g = _numerics.affine(dy, scale, None, axes, scale_offset=offset)
-  g_mean = jnp.mean(g, axis=axes, keepdims=True)
-  gx_mean = jnp.mean(g * xhat, axis=axes, keepdims=True)
-  dx = (rstd * (g - g_mean - xhat * gx_mean)).astype(x.dtype)
-  dscale = (
-    None
-    if scale is None
-    else _numerics.sum_to_param(dy * xhat, axes, jnp.result_type(scale))
-  )
-  dbias = (
-    None
-    if bias is None
-    else _numerics.sum_to_param(dy, axes, jnp.result_type(bias))
-  )
-  return dx, dscale, dbias
-
-
-_layer_norm.defvjp(_layer_norm_fwd, _layer_norm_bwd)
+  y = (xf - mean) * jax.lax.rsqrt(var + eps)
+  y = _numerics.affine(y, scale, bias, axes, scale_offset=scale_offset)
+  return y.astype(x.dtype)
 
 
 # ---------------------------------------------------------------------------
@@ -167,7 +128,8 @@ def rms_norm(
 
   ``eps_mode="inside"`` is the Flax, torch and LLaMA convention (and the
   default); ``"outside"`` is the official ``bzhangGo/rmsnorm`` torch code,
-  which uses ``eps=1e-8``.
+  which uses ``eps=1e-8``. There the gradient on an all-zero row is its
+  limit, slope ``1/eps`` (the root is guarded at zero).
 
   Causal-safe on ``(batch, seq, d)`` with the features last: each token
   is normalized on its own.
@@ -220,51 +182,11 @@ def rms_norm(
   )
   if out is not None:
     return out
-  return _rms_norm(x, scale, float(eps), axes, eps_mode, float(scale_offset))
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4, 5))
-def _rms_norm(x, scale, eps, axes, eps_mode, offset):
-  return _rms_norm_fwd(x, scale, eps, axes, eps_mode, offset)[0]
-
-
-def _rms_norm_fwd(x, scale, eps, axes, eps_mode, offset):
-  cdt = _numerics.compute_dtype(x)
-  xf = x.astype(cdt)
+  xf = x.astype(_numerics.compute_dtype(x))
   ms = jnp.mean(jnp.square(xf), axis=axes, keepdims=True)
-  k = _numerics.rms_factor(ms, eps, eps_mode)
-  y = _numerics.affine(xf * k, scale, None, axes, scale_offset=offset)
-  return y.astype(x.dtype), (x, scale, ms, k)
-
-
-def _rms_norm_bwd(eps, axes, eps_mode, offset, res, dy):
-  # With y = w * x * k(m), m = mean(x^2):
-  #   dx = k * g + (2/n) * k'(m) * sum(g * x) * x,   g = dy * w,
-  # where -2 k'(m) = k^3 (inside) or k^2 / sqrt(m) (outside). The outside
-  # correction vanishes at x = 0 (its limit), so it is guarded there.
-  del eps
-  x, scale, ms, k = res
-  cdt = _numerics.compute_dtype(x)
-  dy = dy.astype(cdt)
-  xf = x.astype(cdt)
-  g = _numerics.affine(dy, scale, None, axes, scale_offset=offset)
-  gx_mean = jnp.mean(g * xf, axis=axes, keepdims=True)
-  if eps_mode == "inside":
-    a = gx_mean * k * k * k
-  else:
-    safe = ms > 0
-    inv_rms = jnp.where(safe, jax.lax.rsqrt(jnp.where(safe, ms, 1.0)), 0.0)
-    a = gx_mean * k * k * inv_rms
-  dx = (k * g - a * xf).astype(x.dtype)
-  dscale = (
-    None
-    if scale is None
-    else _numerics.sum_to_param(dy * xf * k, axes, jnp.result_type(scale))
-  )
-  return dx, dscale
-
-
-_rms_norm.defvjp(_rms_norm_fwd, _rms_norm_bwd)
+  y = xf * _numerics.rms_factor(ms, eps, eps_mode)
+  y = _numerics.affine(y, scale, None, axes, scale_offset=scale_offset)
+  return y.astype(x.dtype)
 
 
 # ---------------------------------------------------------------------------

@@ -73,3 +73,60 @@ def test_nala_weights_nonnegative_and_normalized(key):
   assert helpers.all_finite(rot) and not np.allclose(rot, out)
   with pytest.raises(ValueError, match=r"rope_sin_cos sin must have shape"):
     attn.nala_attention(q, k, v, rope_sin_cos=(zeros[:, :4], ones))
+
+
+# ---------------------------------------------------------------------------
+# The layer on a token map (`grid_rope_tables`, `nala_grid_attention`); the
+# module's official transcription is in tests/nn/test_vision_modules.py.
+
+
+def _rope_np_for(grid, h, prefix):
+  angle = np.repeat(1.0 / 10000 ** np.linspace(0, 1, h // 4), 2)
+  rows = []
+  for i in range(grid[0]):
+    for j in range(grid[1]):
+      rows.append(np.concatenate([i * angle, j * angle]))
+  theta = np.concatenate([np.zeros((prefix, h)), np.array(rows)])
+  return np.sin(theta), np.cos(theta)
+
+
+def test_grid_rope_tables():
+  sin, cos = attn.grid_rope_tables((2, 3), 8, num_prefix=1)
+  want_sin, want_cos = _rope_np_for((2, 3), 8, 1)
+  helpers.assert_close((sin, cos), (want_sin, want_cos), atol=1e-6)
+  np.testing.assert_array_equal(sin[0], np.zeros(8))
+  np.testing.assert_array_equal(cos[0], np.ones(8))
+
+
+def test_grid_errors():
+  with pytest.raises(ValueError, match=r"grid_shape must be a tuple of two"):
+    attn.grid_tokens([4, 3])
+  with pytest.raises(ValueError, match=r"grid_shape must be a tuple of two"):
+    attn.grid_tokens((4, 0))
+  with pytest.raises(ValueError, match=r"num_prefix must be a non-negative"):
+    attn.grid_tokens((4, 3), True)
+  with pytest.raises(ValueError, match=r"num_prefix must be >= 0"):
+    attn.grid_tokens((4, 3), -1)
+  with pytest.raises(ValueError, match=r"head_dim=6 must be divisible by 4"):
+    attn.grid_rope_tables((2, 2), 6)
+  q = jnp.ones((1, 13, 2, 8))
+  c = 16
+  ok = dict(
+    lepe_kernel=jnp.ones((5, 5, c)),
+    lepe_bias=jnp.ones(c),
+    norm_scale=jnp.ones(c),
+    norm_bias=jnp.ones(c),
+    grid_shape=(4, 3),
+    num_prefix=1,
+  )
+  with pytest.raises(ValueError, match=r"key must have shape \(1, 13, 2, 8\)"):
+    attn.nala_grid_attention(q, q[:, :, :1], q, q, **ok)
+  with pytest.raises(ValueError, match=r"lepe_bias must have shape \(16,\)"):
+    attn.nala_grid_attention(q, q, q, q, **dict(ok, lepe_bias=jnp.ones(3)))
+  with pytest.raises(TypeError, match=r"gate must have a floating dtype"):
+    attn.nala_grid_attention(q, q, q, q.astype(jnp.int32), **ok)
+  q6, c6 = jnp.ones((1, 13, 2, 6)), jnp.ones(12)
+  ok6 = dict(ok, lepe_kernel=jnp.ones((5, 5, 12)), lepe_bias=c6)
+  ok6.update(norm_scale=c6, norm_bias=c6)
+  with pytest.raises(ValueError, match=r"head_dim=6 must be divisible by 4"):
+    attn.nala_grid_attention(q6, q6, q6, q6, **ok6)

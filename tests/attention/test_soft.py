@@ -228,3 +228,32 @@ def test_soft_norm_two_landmarks_boundary():
   np.testing.assert_allclose(alpha * np.linalg.eigvalsh(k).max() ** 2, 2.0)
   residual = np.eye(2) - k @ (alpha * k)
   np.testing.assert_allclose(np.abs(residual).sum(-2).max(), 1.0)
+
+
+# ---------------------------------------------------------------------------
+# The layer on a token map (`soft_conv_landmarks`, `soft_local_conv`); the
+# module's official transcription is in tests/nn/test_vision_modules.py.
+
+
+def test_grid_errors():
+  h, grid = 8, (4, 3)
+  q = jnp.ones((1, 13, 2, h))
+  lm = (jnp.ones((2, 2, h, h)), jnp.ones(h), jnp.zeros(h))
+  with pytest.raises(ValueError, match=r"must hold num_prefix \+ h \* w"):
+    attn.soft_conv_landmarks(q, *lm, grid_shape=(4, 4), num_prefix=1)
+  with pytest.raises(
+    ValueError, match=r"kernel must have shape \(k, k, 8, 8\)"
+  ):
+    attn.soft_conv_landmarks(
+      q, jnp.ones((2, 3, h, h)), *lm[1:], grid_shape=grid, num_prefix=1
+    )
+  with pytest.raises(ValueError, match=r"window r=4 must fit the grid"):
+    attn.soft_conv_landmarks(
+      q, jnp.ones((4, 4, h, h)), *lm[1:], grid_shape=grid, num_prefix=1
+    )
+  with pytest.raises(ValueError, match=r"norm_scale must have shape \(8,\)"):
+    attn.soft_conv_landmarks(
+      q, lm[0], jnp.ones(3), lm[2], grid_shape=grid, num_prefix=1
+    )
+  with pytest.raises(ValueError, match=r"with odd k"):
+    attn.soft_local_conv(q, jnp.ones((2, 2, 2)), grid_shape=grid, num_prefix=1)

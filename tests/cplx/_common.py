@@ -44,6 +44,13 @@ def np_cnormal(rng: np.random.Generator, shape, scale=1.0) -> np.ndarray:
   return (rng.normal(size=shape) + 1j * rng.normal(size=shape)) * scale
 
 
+def complex_qkv(rng: np.random.Generator, b, t, n, kv, h, dtype=jnp.complex64):
+  """Complex normal ``q (b, t, n, h)`` and ``k``, ``v (b, t, kv, h)``."""
+  return tuple(
+    jnp.asarray(np_cnormal(rng, (b, t, m, h)), dtype) for m in (n, kv, kv)
+  )
+
+
 def real_loss(fn, cot):
   """``L(args) = Re Σ conj(cot) fn(args)``: its ``dL/dOut = conj(cot)/2``."""
 

@@ -2,8 +2,8 @@
 
 The whole pipeline (data, training, evaluation, verdict, Markdown, JSON and
 plot) at toy scale; the numbers are not checked, the artifacts are. Each
-quick run is compile-bound (tens of seconds on the shared 2-core machine);
-E1, E3 and E5 build more distinct models and are marked slow.
+quick run is compile-bound (tens of seconds on the shared 2-core machine), so
+all are end-to-end cases of the slow set.
 """
 
 import json
@@ -19,12 +19,14 @@ from experiments import (
 )
 from experiments.complex_common import VERDICTS
 
+pytestmark = pytest.mark.slow
+
 CASES = [
-  pytest.param(complex_e1_cvcnn, "e1_cvcnn", marks=pytest.mark.slow),
-  pytest.param(complex_e2_cnet, "e2_cnet"),
-  pytest.param(complex_e3_fairy2i, "e3_fairy2i", marks=pytest.mark.slow),
-  pytest.param(complex_e4_complexformer, "e4_complexformer"),
-  pytest.param(complex_e5_pct, "e5_pct", marks=pytest.mark.slow),
+  (complex_e1_cvcnn, "e1_cvcnn"),
+  (complex_e2_cnet, "e2_cnet"),
+  (complex_e3_fairy2i, "e3_fairy2i"),
+  (complex_e4_complexformer, "e4_complexformer"),
+  (complex_e5_pct, "e5_pct"),
 ]
 
 

@@ -11,10 +11,9 @@ import pytest
 from flax import nnx
 
 from jaxnorm import cplx
+from jaxnorm.nn import _norm_keys, registry
 from jaxnorm.nn import cplx as ncplx
-from jaxnorm.nn import registry
 from jaxnorm.nn.attention import _base
-from jaxnorm.nn.norms import _common as norms_common
 from jaxnorm.optim import complex as copt
 from tests.cplx import _common as c
 
@@ -110,7 +109,7 @@ def test_norms_follow_the_norm_family_conventions():
   for spec in ncplx.NORM_SPECS.values():
     rngs = nnx.Rngs(0)
     spec.module(4, rngs=rngs)
-    assert int(rngs.default.count[...]) == norms_common.NUM_KEYS
+    assert int(rngs.default.count[...]) == _norm_keys.NUM_KEYS
   model = nnx.Sequential(ncplx.ComplexBatchNorm(3, rngs=nnx.Rngs(0)))
   x = _z((8, 3)) + 1.0
   bn = model.layers[0]
@@ -221,9 +220,10 @@ def test_complex_lm_is_causal(parts, tokens):
   changed = tokens.at[:, -1].set((tokens[:, -1] + 1) % 17)
   x, y = _logits_pair(model, tokens, changed)
   assert x.shape == (2, 8, 17) and c.finite(x)
-  # Bluestein FFT rounding for the Fourier mixer; exact masks otherwise.
+  # Bluestein FFT rounding for the Fourier mixer; exact masks otherwise, up
+  # to float32 round-off on logits ~ 4 (the two calls fuse differently).
   atol = 1e-4 if parts["mixer"] == "fourier" else 1e-6
-  c.close(y[:, :-1], x[:, :-1], atol=atol)
+  c.close(y[:, :-1], x[:, :-1], atol=atol, rtol=1e-5)
   assert not np.allclose(y[:, -1], x[:, -1], atol=1e-4)
 
 

@@ -324,47 +324,35 @@ def test_norm_free_decoder_needs_prenorm():
 # FakeLN and LayerNorm removal.
 
 
-def test_fake_layer_norm_with_true_std_is_layer_norm(key):
-  x = jax.random.normal(key, (2, 5, 8)) * 3.0 + 1.0
-  scale = jnp.linspace(0.5, 1.5, 8)
-  bias = jnp.linspace(-1.0, 1.0, 8)
-  xc = x - x.mean(-1, keepdims=True)
-  true = jnp.sqrt(jnp.mean(xc * xc, -1) + 1e-6)
-  assert_close(
-    convert.fake_layer_norm(x, scale, bias, std=true),
-    norms.layer_norm(x, scale, bias, eps=1e-6),
-    atol=1e-5,
-  )
-  # A constant std makes it linear (affine) in x.
-  f = functools.partial(
-    convert.fake_layer_norm, scale=scale, bias=None, std=jnp.asarray(2.0)
-  )
-  assert_close(f(2.0 * x), 2.0 * f(x), atol=1e-5)
-  assert_close(convert.fake_layer_norm(x, std=jnp.ones((5,))), xc, atol=1e-6)
-  with pytest.raises(ValueError, match="std must broadcast"):
-    convert.fake_layer_norm(x, std=jnp.ones((3,)))
-  with pytest.raises(ValueError, match="scale"):
-    convert.fake_layer_norm(x, jnp.ones((7,)), std=1.0)
-  with pytest.raises(TypeError, match="fake_layer_norm"):
-    convert.fake_layer_norm(jnp.ones((2, 3), jnp.int32), std=1.0)
+def test_public_paths_of_the_fake_ln_maths():
+  # The maths is `jaxnorm.norms.fakeln` (tests/norms/test_fakeln.py).
+  assert convert.fake_layer_norm is norms.fake_layer_norm
+  assert convert.removal_steps is norms.fakeln.removal_steps
+  assert convert.removal_events is norms.fakeln.removal_events
 
 
-def test_removal_schedule_matches_gpt2_small():
-  s = convert.removal_steps(12)
-  assert s[("ln_2", 0)] == 20 and s[("ln_2", 11)] == 42
-  assert s[("ln_1qk", 0)] == 44 and s[("ln_1qk", 11)] == 66
-  assert s[("ln_1v", 0)] == 68 and s[("ln_1v", 11)] == 101
-  assert s[("ln_f", None)] == 104
-  assert s[("eot_off", None)] == 106 and s[("bos_off", None)] == 116
-  assert convert.removal_events(44, 12) == {("ln_1qk", 0)}
-  assert convert.removal_events(19, 12) == frozenset()
-  assert convert.removal_steps(2, start=5, gap=3)[("ln_f", None)] == 5 + 42
-  with pytest.raises(ValueError, match="num_layers"):
-    convert.removal_steps(0)
-  with pytest.raises(ValueError, match="gap"):
-    convert.removal_steps(2, gap=0)
-  with pytest.raises(ValueError, match="start must be a non-negative"):
-    convert.removal_steps(2, start=-1)
+def test_fake_ln_module_is_the_function(key):
+  ln = nn_norms.LayerNorm(8, eps=1e-5, rngs=nnx.Rngs(0))
+  ln.scale[...] = jnp.linspace(0.5, 1.5, 8)
+  fake = fakeln.FakeLayerNorm.from_layer_norm(
+    ln, remove_at=2, bos_off_at=3, momentum=0.5
+  )
+  state = norms.init_fake_ln_state(remove_at=2, bos_off_at=3)
+  for k in jax.random.split(key, 4):
+    x = jax.random.normal(k, (2, 4, 8)).astype(jnp.bfloat16)
+    y, state = norms.fake_ln(
+      x.astype(jnp.float32),
+      ln.scale[...],
+      ln.bias[...],
+      state,
+      eps=1e-5,
+      momentum=0.5,
+    )
+    out = fake(x)
+    assert out.dtype == jnp.bfloat16
+    assert_close(out, y.astype(jnp.bfloat16), atol=0)
+    for name, value in zip(state._fields, state):
+      assert_close(getattr(fake, name)[...], value, atol=0)
 
 
 def test_fake_ln_module_real_then_frozen(key):
@@ -401,7 +389,7 @@ def test_fake_ln_module_real_then_frozen(key):
   )
   assert_close(
     fake(x3),
-    convert.fake_layer_norm(x3, ln.scale[...], ln.bias[...], std=std),
+    norms.fake_layer_norm(x3, ln.scale[...], ln.bias[...], std=std),
     atol=1e-6,
   )
   assert_close(fake.std[...], frozen, atol=0.0)
@@ -411,7 +399,7 @@ def test_fake_ln_module_real_then_frozen(key):
   assert int(fake.step[...]) == 3
   assert_close(
     y,
-    convert.fake_layer_norm(x3, ln.scale[...], ln.bias[...], std=frozen),
+    norms.fake_layer_norm(x3, ln.scale[...], ln.bias[...], std=frozen),
     atol=1e-6,
   )
   with pytest.raises(ValueError, match="num_features=8"):

@@ -11,7 +11,7 @@ import pytest
 from flax import nnx
 
 from jaxnorm import nn as jnn
-from jaxnorm.nn.norms import _common
+from jaxnorm.nn import _norm_keys
 
 D = 8
 
@@ -32,7 +32,7 @@ def after_flax_layernorm():
 @pytest.mark.parametrize("name", sorted(jnn.NORMS))
 def test_same_draws_and_same_next_layer(name, after_flax_layernorm):
   count, kernel = _linear_after(lambda rngs: jnn.make_norm(name, D, rngs=rngs))
-  assert count == _common.NUM_KEYS == after_flax_layernorm[0]
+  assert count == _norm_keys.NUM_KEYS == after_flax_layernorm[0]
   np.testing.assert_array_equal(kernel, after_flax_layernorm[1])
 
 
@@ -48,7 +48,7 @@ def test_options_do_not_change_the_draws(kwargs, after_flax_layernorm):
   count, kernel = _linear_after(
     lambda rngs: jnn.LayerNorm(D, rngs=rngs, **kwargs)
   )
-  assert count == _common.NUM_KEYS
+  assert count == _norm_keys.NUM_KEYS
   np.testing.assert_array_equal(kernel, after_flax_layernorm[1])
 
 

@@ -14,6 +14,7 @@ from flax import nnx
 
 from jaxnorm import residual as R
 from jaxnorm import sharding
+from jaxnorm.nn import norms as nn_norms
 from jaxnorm.nn import registry
 from jaxnorm.nn import residual as nn_res
 from tests import helpers
@@ -452,6 +453,119 @@ def test_registry_holds_specs_and_the_literal_lists_every_name():
   assert nn_res.SCAN_RESIDUALS == tuple(
     n for n in NAMES if "attnres" not in n and n != "keel"
   )
+  assert nn_res.NORM_FREE_SCHEMES == (
+    "prenorm",
+    "scaled",
+    "layerscale",
+    "depth_mup",
+    "completep",
+  )
+  specs = nn_res.RESIDUALS.items()
+  assert {n for n, s in specs if s.shareable} == {"skipinit", "rezero"}
+  assert {n for n, s in specs if s.fused} == {"prenorm"}
+  assert {n for n, s in specs if s.step is None} == {"attnres", "block_attnres"}
+
+
+def test_residual_spec_checks_its_capabilities():
+  spec = nn_res.RESIDUALS["prenorm"]
+  with pytest.raises(
+    ValueError,
+    match=r"ResidualSpec: a scheme without a step builder cannot be "
+    r"scanned; give scan_refusal the reason",
+  ):
+    registry.ResidualSpec(spec.build, spec.paper)
+  with pytest.raises(
+    ValueError, match=r"ResidualSpec: norm_free=True needs uses_norm=True"
+  ):
+    registry.ResidualSpec(
+      spec.build, spec.paper, step=spec.step, uses_norm=False, norm_free=True
+    )
+  assert registry.ResidualSpec(spec.build, spec.paper, step=spec.step).scannable
+  assert not nn_res.RESIDUALS["keel"].scannable
+
+
+_NORM_CLASSES = tuple({spec.module for spec in nn_norms.NORMS.values()})
+
+
+def _norm_modules(net):
+  return [m for _, m in nnx.iter_graph(net) if isinstance(m, _NORM_CLASSES)]
+
+
+def _scan_two_layers(name, x):
+  """Two layers of ``name``'s steps, stacked by vmap and run by nnx.scan."""
+
+  @nnx.split_rngs(splits=2)
+  @nnx.vmap(in_axes=(0, 0))
+  def create(index, rngs):
+    return nn_res.make_residual_step(
+      name, x.shape[-1], layer_index=index, num_layers=2, rngs=rngs
+    )
+
+  layers = create(jnp.arange(2), nnx.Rngs(0))
+
+  @nnx.scan(in_axes=(nnx.Carry, 0), out_axes=nnx.Carry)
+  def body(carry, layer):
+    return layer(carry, [jnp.tanh, jnp.sin])
+
+  return layers.output(body(layers.embed(x), layers))
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_spec_capabilities_match_behaviour(name):
+  # Each capability field of the spec, against what make_residual and
+  # make_residual_step do with the scheme (a new scheme is checked here
+  # the moment it is registered).
+  spec = nn_res.RESIDUALS[name]
+  d, blocks = 8, [jnp.tanh, jnp.sin] * 2
+  x = jax.random.normal(jax.random.key(0), (2, 3, d))
+
+  def build(**kwargs):
+    return nn_res.make_residual(
+      name, blocks, num_features=d, rngs=nnx.Rngs(0), **kwargs
+    )
+
+  net = build()
+  assert bool(_norm_modules(net)) == spec.uses_norm
+  assert hasattr(net, "steps") == (spec.step is not None)
+  if spec.norm_free:
+    free = build(norm=nn_res.NORM_FREE)
+    assert not _norm_modules(free)
+    assert helpers.all_finite(free(x))
+  else:
+    with pytest.raises(
+      ValueError, match=rf"needs a scheme that runs without one, got '{name}'"
+    ):
+      build(norm=nn_res.NORM_FREE)
+  if spec.shareable:
+    shared = build(shared=True)
+    assert shared.steps[0] is shared.steps[1]
+    assert shared.steps[1] is not shared.steps[2]
+  else:
+    with pytest.raises(
+      ValueError, match=rf"shared applies to .* only, got '{name}'"
+    ):
+      build(shared=True)
+  if spec.fused:
+    fused = build(fused_implementation="xla")
+    assert fused.fused
+    helpers.assert_close(fused(x), net(x), atol=1e-5)
+  else:
+    with pytest.raises(
+      ValueError, match=rf"fused_implementation applies to .* got '{name}'"
+    ):
+      build(fused_implementation="xla")
+  if spec.scannable:
+    y = _scan_two_layers(name, x)
+    assert y.shape == x.shape and helpers.all_finite(y)
+  else:
+    with pytest.raises(
+      ValueError,
+      match=rf"make_residual_step: residual scheme '{name}' "
+      + re.escape(spec.scan_refusal),
+    ):
+      nn_res.make_residual_step(
+        name, d, layer_index=0, num_layers=2, rngs=nnx.Rngs(0)
+      )
 
 
 def test_spec_defaults():

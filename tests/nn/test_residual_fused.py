@@ -8,7 +8,7 @@ import pytest
 from flax import nnx
 
 from jaxnorm import _dispatch
-from jaxnorm.nn import models
+from jaxnorm.nn import layers
 from jaxnorm.nn import residual as nn_residual
 from tests import helpers
 
@@ -17,7 +17,7 @@ D = 32  # Mosaic GPU interpret mode needs a multiple of 32.
 
 def stack(norm, fused=None, **kwargs):
   blocks = [
-    models.MLP(D, 32, activation="gelu", dtype=jnp.float32, rngs=nnx.Rngs(k))
+    layers.MLP(D, 32, activation="gelu", dtype=jnp.float32, rngs=nnx.Rngs(k))
     for k in range(4)
   ]
   extra = {} if fused is None else {"fused_implementation": fused}

@@ -19,7 +19,7 @@ import optax
 import pytest
 from flax import nnx
 
-from jaxnorm import vision
+from jaxnorm import attention
 from jaxnorm.nn import attention as nn_attn
 from jaxnorm.nn import models
 from tests import helpers
@@ -243,7 +243,7 @@ def _soft_pair(s, x):
   """The SOFT core's output and the pure function's, same parameters."""
   q, _, v = _qkv(s, x)
   c = s.core
-  want = vision.soft_grid_attention(
+  want = attention.soft_grid_attention(
     q,
     v,
     landmark_kernel=c.landmark_kernel[...],
@@ -263,7 +263,7 @@ def _nala_pair(n, x):
   c = n.core
   gate = jnp.einsum("btd,dnh->btnh", x, c.gate_kernel[...])
   gate = gate + c.gate_bias[...].reshape(1, 1, N, H)
-  want = vision.nala_grid_attention(
+  want = attention.nala_grid_attention(
     q,
     k,
     v,
@@ -308,85 +308,12 @@ def test_grid_init_and_token_forms(key):
     assert not nnx.state(tok.core, nnx.Param)
 
 
-def test_grid_rope_tables():
-  sin, cos = vision.grid_rope_tables((2, 3), 8, num_prefix=1)
-  want_sin, want_cos = _rope_np_for((2, 3), 8, 1)
-  helpers.assert_close((sin, cos), (want_sin, want_cos), atol=1e-6)
-  np.testing.assert_array_equal(sin[0], np.zeros(8))
-  np.testing.assert_array_equal(cos[0], np.ones(8))
-
-
-def _rope_np_for(grid, h, prefix):
-  angle = np.repeat(1.0 / 10000 ** np.linspace(0, 1, h // 4), 2)
-  rows = []
-  for i in range(grid[0]):
-    for j in range(grid[1]):
-      rows.append(np.concatenate([i * angle, j * angle]))
-  theta = np.concatenate([np.zeros((prefix, h)), np.array(rows)])
-  return np.sin(theta), np.cos(theta)
-
-
 def test_all_zero_rows_have_finite_gradients():
   for name in ("soft", "nala"):
     m = _mha(name, 1)
     x = jnp.zeros((1, 13, D)).at[0, 5].set(1.0)
     g = nnx.jit(nnx.grad(lambda m: m(x).sum()))(m)
     assert helpers.all_finite(g), name
-
-
-def test_grid_errors():
-  q = jnp.ones((1, 13, N, H))
-  with pytest.raises(ValueError, match=r"grid_shape must be a tuple of two"):
-    vision.grid_tokens([4, 3])
-  with pytest.raises(ValueError, match=r"grid_shape must be a tuple of two"):
-    vision.grid_tokens((4, 0))
-  with pytest.raises(ValueError, match=r"num_prefix must be a non-negative"):
-    vision.grid_tokens((4, 3), True)
-  with pytest.raises(ValueError, match=r"num_prefix must be >= 0"):
-    vision.grid_tokens((4, 3), -1)
-  with pytest.raises(ValueError, match=r"head_dim=6 must be divisible by 4"):
-    vision.grid_rope_tables((2, 2), 6)
-  lm = (jnp.ones((2, 2, H, H)), jnp.ones(H), jnp.zeros(H))
-  with pytest.raises(ValueError, match=r"must hold num_prefix \+ h \* w"):
-    vision.soft_conv_landmarks(q, *lm, grid_shape=(4, 4), num_prefix=1)
-  with pytest.raises(
-    ValueError, match=r"kernel must have shape \(k, k, 8, 8\)"
-  ):
-    vision.soft_conv_landmarks(
-      q, jnp.ones((2, 3, H, H)), *lm[1:], grid_shape=GRID, num_prefix=1
-    )
-  with pytest.raises(ValueError, match=r"window r=4 must fit the grid"):
-    vision.soft_conv_landmarks(
-      q, jnp.ones((4, 4, H, H)), *lm[1:], grid_shape=GRID, num_prefix=1
-    )
-  with pytest.raises(ValueError, match=r"norm_scale must have shape \(8,\)"):
-    vision.soft_conv_landmarks(
-      q, lm[0], jnp.ones(3), lm[2], grid_shape=GRID, num_prefix=1
-    )
-  with pytest.raises(ValueError, match=r"with odd k"):
-    vision.soft_local_conv(
-      q, jnp.ones((2, 2, N)), grid_shape=GRID, num_prefix=1
-    )
-  c = N * H
-  ok = dict(
-    lepe_kernel=jnp.ones((5, 5, c)),
-    lepe_bias=jnp.ones(c),
-    norm_scale=jnp.ones(c),
-    norm_bias=jnp.ones(c),
-    grid_shape=GRID,
-    num_prefix=1,
-  )
-  with pytest.raises(ValueError, match=r"key must have shape \(1, 13, 2, 8\)"):
-    vision.nala_grid_attention(q, q[:, :, :1], q, q, **ok)
-  with pytest.raises(ValueError, match=r"lepe_bias must have shape \(16,\)"):
-    vision.nala_grid_attention(q, q, q, q, **dict(ok, lepe_bias=jnp.ones(3)))
-  with pytest.raises(TypeError, match=r"gate must have a floating dtype"):
-    vision.nala_grid_attention(q, q, q, q.astype(jnp.int32), **ok)
-  q6, c6 = jnp.ones((1, 13, 2, 6)), jnp.ones(12)
-  ok6 = dict(ok, lepe_kernel=jnp.ones((5, 5, 12)), lepe_bias=c6)
-  ok6.update(norm_scale=c6, norm_bias=c6)
-  with pytest.raises(ValueError, match=r"head_dim=6 must be divisible by 4"):
-    vision.nala_grid_attention(q6, q6, q6, q6, **ok6)
 
 
 def test_core_errors():

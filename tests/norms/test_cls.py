@@ -1,10 +1,14 @@
-"""Tests of `jaxnorm.norms.cls`: [CLS]-specialized norm and linear layers."""
+"""Tests of `jaxnorm.norms.cls` ([CLS]-specialized norm and linear layers)
+and of its module `jaxnorm.nn.CLSNorm`.
+"""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 
+from jaxnorm import nn as jnn
 from jaxnorm import norms
 from tests import helpers
 from tests.norms import common
@@ -126,3 +130,60 @@ class TestSpecializedNorm:
         jnp.ones((8, 3)),
         jnp.ones(3),
       )
+
+
+class TestCLSNormModule:
+  def test_claim_clone_matches_shared(self, key):
+    kx, ks = jax.random.split(key)
+    x = common.normal(kx, (2, 5, 8), shift=0.5)
+    for shared in (
+      jnn.LayerNorm(8, rngs=nnx.Rngs(0)),
+      jnn.RMSNorm(8, rngs=nnx.Rngs(0)),
+    ):
+      for name in ("scale", "bias"):
+        var = getattr(shared, name, None)
+        if var is not None:
+          var[...] = var[...] + 0.3 * common.normal(ks, (8,))
+      special = jnn.CLSNorm.from_shared(shared, num_registers=2)
+      np.testing.assert_array_equal(special(x), shared(x))
+
+  def test_registers_and_token_type(self, key):
+    x = common.normal(key, (2, 5, 8))
+    module = jnn.CLSNorm(
+      8, num_registers=2, registers_with="cls", rngs=nnx.Rngs(0)
+    )
+    module.scale_cls[...] = jnp.full((8,), 2.0)
+    y = module(x)
+    ln = norms.layer_norm(x)
+    helpers.assert_close(y[:, :3], 2.0 * ln[:, :3], atol=1e-6)
+    helpers.assert_close(y[:, 3:], ln[:, 3:], atol=1e-6)
+    y_given = module(x, jnp.array([0, 0, 0, 0, 1]))
+    helpers.assert_close(y_given[:, 4], 2.0 * ln[:, 4], atol=1e-6)
+    rms = jnn.CLSNorm(8, kind="rms", rngs=nnx.Rngs(0))
+    assert rms.bias_cls is None
+
+  def test_errors(self):
+    with pytest.raises(
+      TypeError,
+      match=r"from_shared: norm must be a "
+      r"LayerNorm or RMSNorm",
+    ):
+      jnn.CLSNorm.from_shared(jnn.DyT(4, rngs=nnx.Rngs(0)))
+    with pytest.raises(
+      ValueError,
+      match=r"must have a scale and "
+      r"scale_offset=0",
+    ):
+      jnn.CLSNorm.from_shared(
+        jnn.RMSNorm(4, scale_offset=1.0, rngs=nnx.Rngs(0))
+      )
+    with pytest.raises(ValueError, match=r"shared LayerNorm must have a bias"):
+      jnn.CLSNorm.from_shared(
+        jnn.LayerNorm(4, use_bias=False, rngs=nnx.Rngs(0))
+      )
+    with pytest.raises(ValueError, match=r"must use eps_mode='inside'"):
+      jnn.CLSNorm.from_shared(
+        jnn.RMSNorm(4, eps_mode="outside", rngs=nnx.Rngs(0))
+      )
+    with pytest.raises(ValueError, match=r"CLSNorm: kind must be one of"):
+      jnn.CLSNorm(4, kind="group", rngs=nnx.Rngs(0))

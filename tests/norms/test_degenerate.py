@@ -112,6 +112,15 @@ _MATRIX = {
   "timestep_decay_norm": lambda x, s: norms.timestep_decay_norm(
     x.reshape(x.shape[0], -1, x.shape[-1]), s, s, num_groups=2
   )[0].reshape(x.shape),
+  "fake_layer_norm": lambda x, s: norms.fake_layer_norm(
+    x, s, s, std=jnp.float32(2.0)
+  ),
+  "fake_ln": lambda x, s: norms.fake_ln(
+    x, s, s, norms.init_fake_ln_state(remove_at=1, bos_off_at=1)
+  )[0],
+  "fake_ln_frozen": lambda x, s: norms.fake_ln(
+    x, s, s, norms.init_fake_ln_state(bos_off_at=1)
+  )[0],
 }
 
 
@@ -173,6 +182,10 @@ _EMPTY = {
     ),
   ),
   "unmix_tns": (lambda x, st: norms.unmix_tns(x, None, None, st), _unmix_state),
+  "fake_ln": (
+    lambda x, st: norms.fake_ln(x, None, None, st),
+    lambda c: norms.init_fake_ln_state()._replace(std=jnp.float32(3.0)),
+  ),
 }
 
 
@@ -209,6 +222,8 @@ _S0, _S1, _S2, _S3 = (jnp.ones((4,) * r) for r in range(4))
 _V = jnp.ones(4)
 
 _WRONG_RANK = {
+  "fake_layer_norm": lambda: norms.fake_layer_norm(jnp.float32(1.0), std=1.0),
+  "fake_ln": lambda: norms.fake_ln(_S1, None, None, norms.init_fake_ln_state()),
   "layer_norm": lambda: norms.layer_norm(jnp.float32(1.0)),
   "rms_norm": lambda: norms.rms_norm(jnp.float32(1.0)),
   "crms_norm": lambda: norms.crms_norm(jnp.float32(1.0)),

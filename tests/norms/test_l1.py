@@ -1,4 +1,6 @@
-"""Tests of `jaxnorm.norms.l1`: L1 LayerNorm and L1 BatchNorm."""
+"""Tests of `jaxnorm.norms.l1`: L1 LayerNorm and L1 BatchNorm, functions and
+modules.
+"""
 
 import functools
 
@@ -6,8 +8,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 from jax.sharding import PartitionSpec as P
 
+from jaxnorm import nn as jnn
 from jaxnorm import norms
 from tests import helpers
 from tests.norms import common
@@ -130,3 +134,14 @@ def test_l1_batch_norm_empty_batch_keeps_state():
   )
   assert y.shape == (0, 3) and y.dtype == jnp.float16
   helpers.assert_close(new, state, atol=0)
+
+
+class TestL1BatchNormModule:
+  def test_train_eval(self, key):
+    module = jnn.L1BatchNorm(4, momentum=0.0, rngs=nnx.Rngs(0))
+    x = common.normal(key, (16, 4), scale=2.0, shift=1.0)
+    y_train = module(x)
+    module.eval()
+    helpers.assert_close(module(x), y_train, atol=1e-5)
+    with pytest.raises(ValueError, match=r"L1BatchNorm: eps_mode must be"):
+      jnn.L1BatchNorm(4, eps_mode="x", rngs=nnx.Rngs(0))

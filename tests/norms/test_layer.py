@@ -91,52 +91,30 @@ class TestFormulas:
       rtol=1e-5,
     )
 
-  @pytest.mark.parametrize("eps_mode", ["inside", "outside"])
-  @pytest.mark.parametrize("offset", [0.0, 1.0])
-  def test_rms_custom_vjp_equals_autodiff(self, key, eps_mode, offset):
-    kx, kp, kc = jax.random.split(key, 3)
-    x = common.normal(kx, (3, 4, 10), scale=2.0)
-    s, _ = common.params(kp, 10)
-
-    def autodiff(x, s):
-      ms = jnp.mean(x * x, axis=-1, keepdims=True)
-      k = (
-        jax.lax.rsqrt(ms + 1e-6)
-        if eps_mode == "inside"
-        else 1.0 / (jnp.sqrt(ms) + 1e-6)
-      )
-      return x * k * (s + offset)[None, None]
-
-    fn = lambda x, s: norms.rms_norm(
-      x, s, eps_mode=eps_mode, scale_offset=offset
-    )
-    helpers.assert_vjp_matches(
-      fn, autodiff, (x, s), key=kc, atol=1e-5, rtol=1e-5
-    )
-
-  def test_layer_norm_custom_vjp_equals_autodiff(self, key):
-    kx, kp, kc = jax.random.split(key, 3)
-    x = common.normal(kx, (3, 4, 10), scale=2.0)
-    s, b = common.params(kp, 10)
-
-    def autodiff(x, s, b):
-      mu = jnp.mean(x, -1, keepdims=True)
-      var = jnp.mean(jnp.square(x - mu), -1, keepdims=True)
-      return (x - mu) * jax.lax.rsqrt(var + 1e-6) * (s + 1.0)[None, None] + b[
-        None, None
-      ]
-
-    fn = lambda x, s, b: norms.layer_norm(x, s, b, scale_offset=1.0)
-    helpers.assert_vjp_matches(
-      fn, autodiff, (x, s, b), key=kc, atol=1e-5, rtol=1e-5
-    )
+  @pytest.mark.parametrize(
+    "fn",
+    [
+      lambda x, s: norms.layer_norm(x, s, s, scale_offset=1.0),
+      lambda x, s: norms.rms_norm(x, s, scale_offset=1.0),
+      lambda x, s: norms.rms_norm(x, s, eps_mode="outside"),
+    ],
+  )
+  def test_reference_is_differentiated_by_autodiff(self, fn):
+    # No custom rule in what jax.grad differentiates: the hand-derived
+    # backward is the kernel's (pallas_kernels.norms), tested against
+    # autodiff of this reference.
+    jaxpr = str(jax.make_jaxpr(fn)(jnp.ones((3, 10)), jnp.ones(10)))
+    assert "custom_vjp" not in jaxpr and "custom_jvp" not in jaxpr
 
   @pytest.mark.parametrize(
     "fn",
     [
       lambda x, s: norms.layer_norm(x, s, s),
+      lambda x, s: norms.layer_norm(x, s, s, scale_offset=1.0),
       lambda x, s: norms.rms_norm(x, s),
+      lambda x, s: norms.rms_norm(x, s, scale_offset=1.0),
       lambda x, s: norms.rms_norm(x, s, eps_mode="outside"),
+      lambda x, s: norms.rms_norm(x, s, eps_mode="outside", scale_offset=1.0),
       lambda x, s: norms.rms_norm(x),
       lambda x, s: norms.layer_norm(x),
     ],
@@ -250,7 +228,8 @@ class TestCRMSNorm:
 
 
 def test_outside_mode_slope_at_zero():
-  # y = x / (rms(x) + eps) has slope 1/eps at x = 0, in every dtype.
+  # y = x / (rms(x) + eps) has slope 1/eps at x = 0, in every dtype (the
+  # guarded root: autodiff through a bare sqrt gives NaN there).
   grad = jax.grad(
     lambda x: jnp.sum(
       norms.rms_norm(x, eps=1e-3, eps_mode="outside").astype(jnp.float32)

@@ -1,5 +1,6 @@
 """Tests of `jaxnorm.norms.power_norm` against a NumPy float64 transcription
-of the official code, forward, backward and state over steps.
+of the official code, forward, backward and state over steps; and of its
+module `jaxnorm.nn.PowerNorm` (backward-pass state through ``nnx.grad``).
 """
 
 import functools
@@ -8,11 +9,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 from jax.sharding import PartitionSpec as P
 
+from jaxnorm import nn as jnn
 from jaxnorm import norms
 from tests import helpers
-from tests.norms import common
+from tests.norms import backward_stat, common
 from tests.oracles import norms_family_numpy as ref
 
 
@@ -262,3 +265,29 @@ class TestPowerNorm:
       norms.power_norm(jnp.ones(4), None, None, st, training=True)
     with pytest.raises(ValueError, match=r"num_features must be a positive"):
       norms.init_power_norm_state(0)
+
+
+class TestPowerNormModule:
+  def test_train_step_matches_function(self, key):
+    backward_stat.check_train_steps(
+      key,
+      "powernorm",
+      norms.power_norm,
+      ("grad_ema",),
+      num_groups=2,
+      warmup_iters=2,
+    )
+
+  def test_errors(self):
+    with pytest.raises(
+      ValueError,
+      match=r"PowerNorm: backward_stat must be "
+      r"one of",
+    ):
+      jnn.PowerNorm(4, backward_stat="paper", rngs=nnx.Rngs(0))
+    with pytest.raises(
+      ValueError,
+      match=r"PowerNorm: num_features=4 must be "
+      r"divisible by num_groups=3",
+    ):
+      jnn.PowerNorm(4, num_groups=3, rngs=nnx.Rngs(0))

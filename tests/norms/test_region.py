@@ -1,4 +1,6 @@
-"""Tests of `jaxnorm.norms.region`: RN closed form, RN-B, RN-L, masks."""
+"""Tests of `jaxnorm.norms.region` (RN closed form, RN-B, RN-L, masks) and
+of its modules `jaxnorm.nn.RegionNormB` / `RegionNormL`.
+"""
 
 import functools
 
@@ -6,8 +8,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 from jax.sharding import PartitionSpec as P
 
+from jaxnorm import nn as jnn
 from jaxnorm import norms
 from tests import helpers
 from tests.norms import common
@@ -208,3 +212,31 @@ class TestRegionNorm:
       r"positive integer",
     ):
       norms.resize_mask_nearest(x, (3, 0))
+
+
+class TestRegionNormModules:
+  def test_rn_b_mask_resized(self, key):
+    kx, km = jax.random.split(key)
+    module = jnn.RegionNormB(3, rngs=nnx.Rngs(0))
+    x = common.normal(kx, (2, 4, 4, 3))
+    mask = jax.random.bernoulli(km, 0.5, (2, 8, 8, 1)).astype(jnp.float32)
+    small = norms.resize_mask_nearest(mask, (4, 4))
+    helpers.assert_close(
+      module(x, mask), norms.region_norm(x, small), atol=1e-6
+    )
+    bn, _ = norms.batch_norm(
+      x, None, None, norms.init_batch_norm_state(3), training=True
+    )
+    helpers.assert_close(module(x), bn, atol=1e-5)
+
+  def test_rn_l_torch_init_bounds(self):
+    module = jnn.RegionNormL(4, kernel_size=3, rngs=nnx.Rngs(0))
+    assert module.mask_kernel[...].shape == (3, 3, 2, 1)
+    assert float(jnp.max(jnp.abs(module.mask_kernel[...]))) <= 1 / 18**0.5
+    assert float(jnp.max(jnp.abs(module.scale_kernel[...]))) <= 1 / 3
+    with pytest.raises(
+      ValueError,
+      match=r"RegionNormL: kernel_size must be "
+      r"odd",
+    ):
+      jnn.RegionNormL(4, kernel_size=4, rngs=nnx.Rngs(0))

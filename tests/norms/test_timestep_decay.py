@@ -1,4 +1,4 @@
-"""Tests of `jaxnorm.norms.timestep_decay_norm` (Gecko)."""
+"""Tests of `jaxnorm.norms.timestep_decay_norm` (Gecko) and its module."""
 
 import functools
 
@@ -6,7 +6,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 
+from jaxnorm import nn as jnn
 from jaxnorm import norms
 from tests import helpers
 from tests.norms import common
@@ -137,3 +139,25 @@ class TestTimestepDecayNorm:
       )
     with pytest.raises(ValueError, match=r"x must have rank 3"):
       norms.timestep_decay_norm(jnp.ones((3, 8)), num_groups=2)
+
+
+class TestTimestepDecayNormModule:
+  def test_streaming_through_module(self, key):
+    x = common.normal(key, (2, 6, 8))
+    module = jnn.TimestepDecayNorm(8, num_groups=2, rngs=nnx.Rngs(0))
+    full = module(x)
+    a, state = module(x[:, :3], return_state=True)
+    b = module(x[:, 3:], state=state)
+    helpers.assert_close(jnp.concatenate([a, b], 1), full, atol=1e-5)
+    with pytest.raises(
+      ValueError,
+      match=r"TimestepDecayNorm: num_groups "
+      r"must be < num_features=8",
+    ):
+      jnn.TimestepDecayNorm(8, num_groups=8, rngs=nnx.Rngs(0))
+    with pytest.raises(
+      ValueError,
+      match=r"num_features=8 must be divisible "
+      r"by num_groups=3",
+    ):
+      jnn.TimestepDecayNorm(8, num_groups=3, rngs=nnx.Rngs(0))

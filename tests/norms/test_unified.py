@@ -1,5 +1,5 @@
 """Tests of `jaxnorm.norms.unified`: UN over steps against NumPy float64, its
-claims and `fold_unified_norm`.
+claims and `fold_unified_norm`; and of its module `jaxnorm.nn.UnifiedNorm`.
 """
 
 import functools
@@ -8,11 +8,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 from jax.sharding import PartitionSpec as P
 
+from jaxnorm import nn as jnn
 from jaxnorm import norms
 from tests import helpers
-from tests.norms import common
+from tests.norms import backward_stat, common
 from tests.oracles import norms_family_numpy as ref
 
 
@@ -244,3 +246,32 @@ class TestUnifiedNorm:
       )
     with pytest.raises(ValueError, match=r"kernel must have rank 2"):
       norms.fold_unified_norm(None, None, jnp.ones(4), jnp.ones(4))
+
+
+class TestUnifiedNormModule:
+  def test_train_step_matches_function(self, key):
+    backward_stat.check_train_steps(
+      key,
+      "unifiednorm",
+      norms.unified_norm,
+      ("grad_ema", "buf_gz"),
+      window_size=2,
+      warmup_iters=1,
+    )
+
+  def test_unified_norm_fold(self, key):
+    kx, kw = jax.random.split(key)
+    module = jnn.UnifiedNorm(4, rngs=nnx.Rngs(0))
+    module(common.normal(kx, (3, 5, 4), scale=3.0))  # One training step.
+    module.eval()
+    x, w = common.normal(kx, (2, 4)), common.normal(kw, (4, 3))
+    fw, fb = module.fold(w)
+    helpers.assert_close(x @ fw + fb[None], module(x) @ w, atol=1e-5)
+
+  def test_errors(self):
+    with pytest.raises(
+      ValueError,
+      match=r"window_size must be an int or a "
+      r"pair",
+    ):
+      jnn.UnifiedNorm(4, window_size=(1, 2, 3), rngs=nnx.Rngs(0))

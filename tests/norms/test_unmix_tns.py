@@ -1,4 +1,6 @@
-"""Tests of `jaxnorm.norms.unmix_tns` against NumPy float64 and its claims."""
+"""Tests of `jaxnorm.norms.unmix_tns` against NumPy float64 and its claims,
+and of its module `jaxnorm.nn.UnMixTNS`.
+"""
 
 import functools
 
@@ -6,8 +8,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 from jax.sharding import PartitionSpec as P
 
+from jaxnorm import nn as jnn
 from jaxnorm import norms
 from tests import helpers
 from tests.norms import common
@@ -159,3 +163,23 @@ class TestUnMixTNS:
       )
     with pytest.raises(ValueError, match=r"batch_size must be a positive"):
       norms.unmix_tns_momentum(0)
+
+
+class TestUnMixTNSModule:
+  def test_from_batch_norm_and_updates(self, key):
+    bn = jnn.BatchNorm(5, rngs=nnx.Rngs(0))
+    bn(common.normal(key, (16, 5), scale=2.0, shift=1.0))
+    bn.scale[...] = jnp.linspace(0.5, 1.5, 5)
+    module = jnn.UnMixTNS.from_batch_norm(
+      bn, num_components=1, rngs=nnx.Rngs(1)
+    )
+    assert module.eps == bn.eps
+    helpers.assert_close(module.mean[...], bn.mean[...][None], atol=0)
+    x = common.normal(key, (4, 3, 3, 5))
+    helpers.assert_close(
+      module(x),
+      norms.instance_norm(x, bn.scale[...], bn.bias[...], eps=bn.eps),
+      atol=2e-5,
+    )
+    assert not np.allclose(module.mean[...], bn.mean[...][None])
+    assert isinstance(module.mean, nnx.BatchStat)

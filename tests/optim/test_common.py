@@ -148,12 +148,13 @@ def test_multisteps_averages_gradients(name, key):
   g2 = jax.tree.map(lambda x: -0.2 * x + 0.05, p)
   gm = jax.tree.map(lambda a, b: 0.5 * (a + b), g1, g2)
   base = FACTORIES[name](1e-2)
-  ref, _ = base.update(gm, base.init(p), p)
+  ref, _ = jax.jit(base.update)(gm, base.init(p), p)
   multi = optax.MultiSteps(FACTORIES[name](1e-2), every_k_schedule=2)
   s = multi.init(p)
   with jax.numpy_dtype_promotion("standard"):  # optax's own accumulator
-    u0, s = multi.update(g1, s, p)
-    u1, s = multi.update(g2, s, p)
+    update = jax.jit(multi.update)
+    u0, s = update(g1, s, p)
+    u1, s = update(g2, s, p)
   helpers.assert_close(u0, jax.tree.map(jnp.zeros_like, p), atol=0)
   helpers.assert_close(u1, ref, atol=1e-6)
 

@@ -7,7 +7,8 @@ H)`` and returns ``(B, T, N, H)``; with cross-attention (``inputs_k``) the
 keys and values have their own length ``S``, and in a decode step they are
 the whole cache. It owns the parameters and state its
 paper adds (sink logits, gates, running estimates) and calls one pure
-function of `jaxnorm.attention`.
+function of `jaxnorm.attention`. `FunctionCore` is the parameter-free core
+that only forwards to its pure function.
 """
 
 from __future__ import annotations
@@ -20,11 +21,15 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from jaxnorm import _checks
 from jaxnorm.attention import _core
 from jaxnorm.nn import _param
 
 # Arguments a core fills in itself; never user options.
 _DATA_ARGS = frozenset({"query", "key", "value", "bias", "mask", "is_causal"})
+
+# Named by the cores without a causal form when refusing is_causal=True.
+CAUSAL_ALTERNATIVES = "softmax, sink, gated or causal_linear"
 
 
 class HeadDims(NamedTuple):
@@ -107,6 +112,22 @@ def refuse_mask(who: str, mask: Any, bias: Any) -> None:
     )
 
 
+def require_full_heads(who: str, dims: HeadDims, why: str) -> None:
+  """Raises unless ``num_kv_heads == num_heads``."""
+  if dims.num_kv_heads != dims.num_heads:
+    raise ValueError(
+      f"{who}: {why}, so num_kv_heads must equal num_heads="
+      f"{dims.num_heads}, got num_kv_heads={dims.num_kv_heads}"
+    )
+
+
+def check_odd(who: str, name: str, value: Any) -> None:
+  """Raises unless ``value`` is a positive odd int (a SAME conv size)."""
+  _checks.check_positive_int(who, name, value)
+  if value % 2 == 0:
+    raise ValueError(f"{who}: {name} must be odd, got {name}={value}")
+
+
 def refuse_causal(who: str, is_causal: bool, alternatives: str) -> None:
   """Raises when a core without a causal form is asked to be causal."""
   if is_causal:
@@ -179,3 +200,44 @@ def call_structure(
 def cast_param(p: nnx.Variable, like: jax.Array) -> jax.Array:
   """A parameter's value in ``like``'s dtype."""
   return jnp.asarray(p[...]).astype(like.dtype)
+
+
+class FunctionCore(AttentionCore):
+  """A core without parameters: forwards to one pure function.
+
+  Subclasses set ``function`` (the pure attention function), ``masked``
+  (it takes ``bias``/``mask``/``is_causal``) and ``causal_form`` (it has a
+  causal form; when False, ``is_causal=True`` is refused).
+  """
+
+  function: ClassVar[Callable[..., jax.Array]]
+  masked: ClassVar[bool] = True
+  causal_form: ClassVar[bool] = True
+
+  def __init__(
+    self,
+    dims: HeadDims,
+    *,
+    is_causal: bool = False,
+    param_dtype: Any = jnp.float32,
+    rngs: nnx.Rngs,
+    **options: Any,
+  ):
+    del param_dtype, rngs  # No parameters.
+    who = type(self).__name__
+    if not self.causal_form:
+      refuse_causal(who, is_causal, CAUSAL_ALTERNATIVES)
+    self.dims, self.is_causal = dims, is_causal
+    self.options = check_options(who, type(self).function, options)
+
+  def __call__(
+    self, x, q, k, v, *, mask=None, bias=None, cached=False
+  ) -> jax.Array:
+    """``(B, T, N, H)`` output of the pure function on ``q, k, v``."""
+    del x
+    fn = type(self).function
+    if not self.masked:
+      refuse_mask(type(self).__name__, mask, bias)
+      return fn(q, k, v, **dict(self.options))
+    is_causal, options = call_structure(self, cached)
+    return fn(q, k, v, bias, mask, is_causal=is_causal, **options)

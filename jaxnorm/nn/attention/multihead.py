@@ -14,9 +14,20 @@ from flax import nnx
 
 from jaxnorm import _checks, sharding
 from jaxnorm import attention as attn
-from jaxnorm.nn import _param, registry
-from jaxnorm.nn.attention import _base, cores
-from jaxnorm.nn.cplx import attention as cplx_attention
+from jaxnorm.nn import _param, norms, registry
+from jaxnorm.nn.attention import (
+  _base,
+  affine_scaled,
+  lina,
+  linear,
+  mxfp4,
+  nala,
+  sinkhorn,
+  sinks,
+  soft,
+  softmax,
+)
+from jaxnorm.nn.cplx import _registry as cplx_attention
 
 AttentionName = Literal[
   "softmax",
@@ -55,61 +66,63 @@ def _soft_defaults(
 ATTENTIONS: Mapping[str, registry.AttentionSpec] = types.MappingProxyType(
   {
     "softmax": registry.AttentionSpec(
-      cores.SoftmaxAttention, "Vaswani et al., arXiv:1706.03762", kernel=True
+      softmax.SoftmaxAttention, "Vaswani et al., arXiv:1706.03762", kernel=True
     ),
     "off_by_one": registry.AttentionSpec(
-      cores.OffByOneAttention,
+      sinks.OffByOneAttention,
       "Miller, Attention Is Off By One (2023)",
       kernel=True,
     ),
     "sink": registry.AttentionSpec(
-      cores.SinkAttention, "OpenAI, arXiv:2508.10925", kernel=True
+      sinks.SinkAttention, "OpenAI, arXiv:2508.10925", kernel=True
     ),
     "gated": registry.AttentionSpec(
-      cores.GatedAttention, "Qiu et al., arXiv:2505.06708", kernel=True
+      sinks.GatedAttention, "Qiu et al., arXiv:2505.06708", kernel=True
     ),
     "affine_scaled": registry.AttentionSpec(
-      cores.AffineScaledAttention, "Bae et al., arXiv:2602.23057", kernel=True
+      affine_scaled.AffineScaledAttention,
+      "Bae et al., arXiv:2602.23057",
+      kernel=True,
     ),
     "soft": registry.AttentionSpec(
-      cores.SoftAttention,
+      soft.SoftAttention,
       "Lu et al., arXiv:2110.11945",
       defaults=_soft_defaults,
       causal=False,
       takes_mask=False,
     ),
     "nala": registry.AttentionSpec(
-      cores.NaLaAttention,
+      nala.NaLaAttention,
       "Meng et al., arXiv:2506.21137",
       causal=False,
       takes_mask=False,
     ),
     "lina": registry.AttentionSpec(
-      cores.LinaAttention,
+      lina.LinaAttention,
       "Wang et al., arXiv:2601.22630",
       defaults=_lina_defaults,
       causal=False,
       takes_mask=False,
     ),
     "causal_linear": registry.AttentionSpec(
-      cores.CausalLinearAttention,
+      linear.CausalLinearAttention,
       "Katharopoulos et al., arXiv:2006.16236",
       takes_mask=False,
       kernel=True,
     ),
     "mxfp4": registry.AttentionSpec(
-      cores.MXFP4Attention, "Yu et al., arXiv:2607.24377"
+      mxfp4.MXFP4Attention, "Yu et al., arXiv:2607.24377"
     ),
     "sinkhorn": registry.AttentionSpec(
-      cores.SinkhornAttention, "Freytes, arXiv:2601.11618"
+      sinkhorn.SinkhornAttention, "Freytes, arXiv:2601.11618"
     ),
     **cplx_attention.ATTENTION_SPECS,
   }
 )
 """Attention name -> `registry.AttentionSpec` (core class and capabilities).
 
-Adding a paper: its core class in `cores`, one entry here and its name in
-`AttentionName`."""
+Adding a paper: its core class in `jaxnorm/nn/attention/<paper>.py`, one
+entry here and its name in `AttentionName`."""
 
 ATTENTION_NAMES: tuple[str, ...] = tuple(ATTENTIONS)
 
@@ -160,8 +173,9 @@ class MultiHeadAttention(nnx.Module):
   ``kv_heads``, ``head_dim``), biases ``q_bias``, ``k_bias``, ``v_bias``,
   ``out_bias`` with ``use_bias``, norms ``q_norm``/``k_norm`` with
   ``qk_norm``, and the core's own parameters and state under ``core`` (e.g.
-  ``core.sinks``, ``core.alpha_ma``; table in `cores`). A core that ties keys
-  to queries (``ties_keys``, SOFT) gets no key kernel, bias or norm.
+  ``core.sinks``, ``core.alpha_ma``; table in `jaxnorm.nn.attention`). A
+  core that ties keys to queries (``ties_keys``, SOFT) gets no key kernel,
+  bias or norm.
   Projections are LeCun-normal (truncated).
 
   Train/eval behaviour lives in the cores (``use_running_average`` of
@@ -272,7 +286,6 @@ class MultiHeadAttention(nnx.Module):
     self.k_bias = None if ties else zeros((kv, h), kv_bias)
     self.v_bias = zeros((kv, h), kv_bias)
     self.out_bias = zeros((d,), ("embed",))
-    from jaxnorm.nn import norms  # Lazy: the norm family is independent.
 
     def qk(use: bool):  # A QK-norm over the head dim, or None.
       kw = dict(qk_norm_kwargs or {})

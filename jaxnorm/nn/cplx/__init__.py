@@ -9,10 +9,12 @@ maths and references live there. One module per family:
 * `jaxnorm.nn.cplx.norms`: `ComplexBatchNorm`, `ComplexLayerNorm`,
   `ComplexRMSNorm` (complex-native, or real pairs with
   ``real_pairs=True``) and their registry entries `NORM_SPECS`.
-* `jaxnorm.nn.cplx.attention`: the cores `BornAttention`,
-  `ComplexFormerAttention`, `PCTAttention` for `MultiHeadAttention`, their
-  registry entries `ATTENTION_SPECS`, and `ComplexMultiHeadAttention`
-  (Born, PCT or complex-softmax mixing, or CNet's causal Fourier mixing).
+* `jaxnorm.nn.cplx.born`, `jaxnorm.nn.cplx.complexformer`,
+  `jaxnorm.nn.cplx.pct`: the cores `BornAttention`,
+  `ComplexFormerAttention`, `PCTAttention` for `MultiHeadAttention`; their
+  registry entries `ATTENTION_SPECS` are in `jaxnorm.nn.cplx._registry`.
+* `jaxnorm.nn.cplx.multihead`: `ComplexMultiHeadAttention` (Born, PCT or
+  complex-softmax mixing, or CNet's causal Fourier mixing).
 * `jaxnorm.nn.cplx.models`: `ComplexLM` (CNet / PCT style language model)
   and `CVCNN` (the CV-CNN of the CNN vs CV-CNN study).
 
@@ -21,16 +23,9 @@ Complex parameters need conjugated gradients: train them with
 imaginary part).
 """
 
-from jaxnorm.nn.cplx.attention import (
-  ATTENTION_SPECS,
-  MIXERS,
-  BornAttention,
-  ComplexFormerAttention,
-  ComplexMultiHeadAttention,
-  Mixer,
-  PCTAttention,
-  complex_softmax_attention,
-)
+from jaxnorm.nn.cplx._registry import ATTENTION_SPECS
+from jaxnorm.nn.cplx.born import BornAttention
+from jaxnorm.nn.cplx.complexformer import ComplexFormerAttention
 from jaxnorm.nn.cplx.layers import (
   ComplexConv,
   ComplexDense,
@@ -47,12 +42,19 @@ from jaxnorm.nn.cplx.models import (
   CVCNNConfig,
   count_real_parameters,
 )
+from jaxnorm.nn.cplx.multihead import (
+  MIXERS,
+  ComplexMultiHeadAttention,
+  Mixer,
+  complex_softmax_attention,
+)
 from jaxnorm.nn.cplx.norms import (
   NORM_SPECS,
   ComplexBatchNorm,
   ComplexLayerNorm,
   ComplexRMSNorm,
 )
+from jaxnorm.nn.cplx.pct import PCTAttention
 
 __all__ = [
   "ATTENTION_SPECS",

@@ -16,13 +16,13 @@ from flax import nnx
 
 from jaxnorm import _checks, cplx
 from jaxnorm.nn import _param
-from jaxnorm.nn.cplx.attention import MIXERS, ComplexMultiHeadAttention
 from jaxnorm.nn.cplx.layers import (
   ComplexConv,
   ComplexDense,
   ModReLU,
   complex_glorot,
 )
+from jaxnorm.nn.cplx.multihead import MIXERS, ComplexMultiHeadAttention
 from jaxnorm.nn.cplx.norms import (
   ComplexBatchNorm,
   ComplexLayerNorm,

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxnorm import _checks, cplx
-from jaxnorm.nn import registry
+from jaxnorm.nn import _norm_keys, _param, registry
 from jaxnorm.nn.cplx.layers import Names
 
 
@@ -48,25 +48,13 @@ def _whitening_dtype_rows(param_dtype: Any, axis_names: Names):
   return cdt, rows
 
 
-def _norm_common() -> types.ModuleType:
-  """`jaxnorm.nn.norms._common`, imported on use.
-
-  The norm family's conventions (two keys drawn per norm, mesh-agnostic
-  parameter names) live there; the norm registry imports this module, so a
-  top-level import would be a cycle.
-  """
-  from jaxnorm.nn.norms import _common
-
-  return _common
-
-
 def _init(who: str, num_features: int, real_pairs: bool, rngs) -> int:
   """The complex width, checked; draws the norm family's two keys.
 
   The init is constant, so the keys stay unused; drawing them keeps the
   initialization of later layers independent of the norm chosen.
   """
-  _norm_common().draw_keys(rngs)
+  _norm_keys.draw_keys(rngs)
   return _pairs(who, num_features, real_pairs)
 
 
@@ -77,7 +65,7 @@ def _whitening_scale(
   if not use_scale:
     return None
   _, rows = _whitening_dtype_rows(param_dtype, axis_names)
-  return _norm_common().param(cplx.init_whitening_scale(c, param_dtype), rows)
+  return _param.param(cplx.init_whitening_scale(c, param_dtype), rows)
 
 
 def _complex_bias(
@@ -87,7 +75,7 @@ def _complex_bias(
   if not use_bias:
     return None
   cdt, _ = _whitening_dtype_rows(param_dtype, axis_names)
-  return _norm_common().param(jnp.zeros((c,), cdt), axis_names)
+  return _param.param(jnp.zeros((c,), cdt), axis_names)
 
 
 class ComplexBatchNorm(nnx.Module):
@@ -101,8 +89,8 @@ class ComplexBatchNorm(nnx.Module):
   real ``(..., 2C)`` input and output (split halves).
 
   This module does not subclass `jaxnorm.nn.norms`' ``RunningAverage``:
-  importing the norm package here would make an import cycle once the
-  norm registry lists this module.
+  importing the norm package here would be an import cycle, as the norm
+  registry lists this module.
   """
 
   dtype_kind: ClassVar[str] = "complex"
@@ -129,9 +117,8 @@ class ComplexBatchNorm(nnx.Module):
     self.scale = _whitening_scale(c, use_scale, param_dtype, axis_names)
     self.bias = _complex_bias(c, use_bias, param_dtype, axis_names)
     state = cplx.init_complex_batch_norm_state(c, cdt)
-    param = _norm_common().param
-    self.mean = param(state.mean, axis_names, nnx.BatchStat)
-    self.cov = param(state.cov, rows, nnx.BatchStat)
+    self.mean = _param.param(state.mean, axis_names, nnx.BatchStat)
+    self.cov = _param.param(state.cov, rows, nnx.BatchStat)
 
   def set_view(self, use_running_average: bool | None = None) -> None:
     """Hook of ``nnx.view``: sets ``use_running_average`` when given.
@@ -234,7 +221,7 @@ class ComplexRMSNorm(nnx.Module):
     c = _init("ComplexRMSNorm", num_features, real_pairs, rngs)
     self.real_pairs, self.eps = real_pairs, eps
     self.scale = (
-      _norm_common().param(jnp.ones((c,), param_dtype), axis_names)
+      _param.param(jnp.ones((c,), param_dtype), axis_names)
       if use_scale
       else None
     )

@@ -26,11 +26,19 @@ statistics from the valid elements only).
 Modules with running statistics follow flax's train/eval protocol
 (``use_running_average``, ``model.eval()``, ``nnx.view``). `NORMS` maps each
 name to its `jaxnorm.nn.registry.NormSpec` and `make_norm` builds any of
-them by name. Files: `layer` (per-token norms), `batch` (batch and group
-statistics), `backward` (backward-pass state), `region` (image-only norms),
-`scale_vectors`, `timestep`, `iwd` (IWD decay masks).
+them by name. One file per paper, named as its pure function's file in
+`jaxnorm.norms`: `layer` (LayerNorm, RMSNorm, CRMSNorm), `batch` (BatchNorm,
+GroupNorm, InstanceNorm), `dyt`, `seednorm`, `scalenorm`, `evonorm`,
+`powernorm`, `unified`, `region`, `unmix_tns`, `l1`, `scale_vectors`, `cls`
+and `timestep_decay`; `iwd` holds the scale-vector paper's weight-decay
+masks, `_backward` the backward-pass state of PowerNorm and Unified Norm.
 """
 
+from jaxnorm.nn.norms._backward import (
+  BACKWARD_DIFF,
+  BackwardStat,
+  apply_backward_updates,
+)
 from jaxnorm.nn.norms._registry import (
   FLAX_NORMS,
   NORMS,
@@ -38,44 +46,30 @@ from jaxnorm.nn.norms._registry import (
   make_norm,
   norm_decay,
 )
-from jaxnorm.nn.norms.backward import (
-  BACKWARD_DIFF,
-  BackwardStat,
-  PowerNorm,
-  UnifiedNorm,
-  apply_backward_updates,
-)
-from jaxnorm.nn.norms.batch import (
-  BatchNorm,
-  EvoNormB0,
-  EvoNormS0,
-  GroupNorm,
-  InstanceNorm,
-  L1BatchNorm,
-)
+from jaxnorm.nn.norms.batch import BatchNorm, GroupNorm, InstanceNorm
+from jaxnorm.nn.norms.cls import CLSNorm
+from jaxnorm.nn.norms.dyt import DyT
+from jaxnorm.nn.norms.evonorm import EvoNormB0, EvoNormS0
 from jaxnorm.nn.norms.iwd import (
   OUTPUT_NORM_PATTERN,
   WeightDecayRule,
   weight_decay_mask,
 )
-from jaxnorm.nn.norms.layer import (
-  CRMSNorm,
-  DyT,
-  L1LayerNorm,
-  LayerNorm,
-  RMSNorm,
-  SeeDNorm,
-)
-from jaxnorm.nn.norms.region import RegionNormB, RegionNormL, UnMixTNS
+from jaxnorm.nn.norms.l1 import L1BatchNorm, L1LayerNorm
+from jaxnorm.nn.norms.layer import CRMSNorm, LayerNorm, RMSNorm
+from jaxnorm.nn.norms.powernorm import PowerNorm
+from jaxnorm.nn.norms.region import RegionNormB, RegionNormL
 from jaxnorm.nn.norms.scale_vectors import (
   NORM_ROLES,
-  CLSNorm,
   DualScaledLinear,
   NormRole,
   ScaleVectorNorm,
 )
 from jaxnorm.nn.norms.scalenorm import ScaleNorm
-from jaxnorm.nn.norms.timestep import TimestepDecayNorm
+from jaxnorm.nn.norms.seednorm import SeeDNorm
+from jaxnorm.nn.norms.timestep_decay import TimestepDecayNorm
+from jaxnorm.nn.norms.unified import UnifiedNorm
+from jaxnorm.nn.norms.unmix_tns import UnMixTNS
 
 __all__ = [
   "BACKWARD_DIFF",

@@ -12,27 +12,20 @@ from flax import nnx
 from jaxnorm import _checks
 from jaxnorm.nn import registry
 from jaxnorm.nn.cplx import norms as cplx_norms
-from jaxnorm.nn.norms.backward import PowerNorm, UnifiedNorm
-from jaxnorm.nn.norms.batch import (
-  BatchNorm,
-  EvoNormB0,
-  EvoNormS0,
-  GroupNorm,
-  InstanceNorm,
-  L1BatchNorm,
-)
-from jaxnorm.nn.norms.layer import (
-  CRMSNorm,
-  DyT,
-  L1LayerNorm,
-  LayerNorm,
-  RMSNorm,
-  SeeDNorm,
-)
-from jaxnorm.nn.norms.region import RegionNormB, RegionNormL, UnMixTNS
-from jaxnorm.nn.norms.scale_vectors import CLSNorm, ScaleVectorNorm
+from jaxnorm.nn.norms.batch import BatchNorm, GroupNorm, InstanceNorm
+from jaxnorm.nn.norms.cls import CLSNorm
+from jaxnorm.nn.norms.dyt import DyT
+from jaxnorm.nn.norms.evonorm import EvoNormB0, EvoNormS0
+from jaxnorm.nn.norms.l1 import L1BatchNorm, L1LayerNorm
+from jaxnorm.nn.norms.layer import CRMSNorm, LayerNorm, RMSNorm
+from jaxnorm.nn.norms.powernorm import PowerNorm
+from jaxnorm.nn.norms.region import RegionNormB, RegionNormL
+from jaxnorm.nn.norms.scale_vectors import ScaleVectorNorm
 from jaxnorm.nn.norms.scalenorm import ScaleNorm
-from jaxnorm.nn.norms.timestep import TimestepDecayNorm
+from jaxnorm.nn.norms.seednorm import SeeDNorm
+from jaxnorm.nn.norms.timestep_decay import TimestepDecayNorm
+from jaxnorm.nn.norms.unified import UnifiedNorm
+from jaxnorm.nn.norms.unmix_tns import UnMixTNS
 
 NormName = Literal[
   "layernorm",

@@ -1,4 +1,4 @@
-"""Scale-vector norms (HG, dual placement) and the [CLS]-specialized norm."""
+"""Scale-vector modules (HG, dual placement) and the IWD norm roles."""
 
 from __future__ import annotations
 
@@ -9,16 +9,15 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxnorm import _checks, norms
+from jaxnorm.nn._norm_keys import draw_keys
 from jaxnorm.nn.norms._common import (
   Initializer,
   Names,
   cast,
-  draw_keys,
   maybe,
   param,
   promote,
 )
-from jaxnorm.nn.norms.layer import LayerNorm, RMSNorm
 
 NormRole = Literal["input", "output"]
 NORM_ROLES: tuple[str, ...] = ("input", "output")
@@ -158,120 +157,5 @@ class DualScaledLinear(nnx.Module):
       maybe(self.scale_out),
       dnp=self.dnp,
       eps=self.eps,
-    )
-    return cast(y, self)
-
-
-class CLSNorm(nnx.Module):
-  """[CLS]-specialized LayerNorm/RMSNorm (`norms.specialized_layer_norm`).
-
-  Parameters ``scale_cls``, ``scale_patch`` (1) and, for
-  ``kind="layer"``, ``bias_cls``, ``bias_patch`` (0). Token types come
-  from the call's ``token_type`` or, by default, from the layout
-  ``[CLS] * num_cls_tokens, registers, patches`` along axis -2
-  (`jaxnorm.norms.cls_token_type`). `from_shared` clones a trained shared
-  norm, so the specialized model starts equal to it.
-  """
-
-  def __init__(
-    self,
-    num_features: int,
-    *,
-    kind: Literal["layer", "rms"] = "layer",
-    eps: float = 1e-6,
-    num_cls_tokens: int = 1,
-    num_registers: int = 0,
-    registers_with: norms.RegistersWith = "patch",
-    role: NormRole = "input",
-    dtype: Any = None,
-    param_dtype: Any = jnp.float32,
-    axis_names: Names = ("norm",),
-    rngs: nnx.Rngs,
-  ):
-    who = "CLSNorm"
-    _checks.check_positive_int(who, "num_features", num_features)
-    _checks.check_choice(who, "kind", kind, ("layer", "rms"))
-    _checks.check_choice(
-      who, "registers_with", registers_with, ("patch", "cls")
-    )
-    _checks.check_choice(who, "role", role, NORM_ROLES)
-    draw_keys(rngs)  # Constant initialization: drawn, unused.
-    self.num_features, self.kind, self.eps = num_features, kind, eps
-    self.num_cls_tokens, self.num_registers = num_cls_tokens, num_registers
-    self.registers_with, self.role, self.dtype = registers_with, role, dtype
-
-    # A fresh array per parameter: a train step donates every buffer.
-    def ones():
-      return jnp.ones((num_features,), param_dtype)
-
-    def zeros():
-      return jnp.zeros((num_features,), param_dtype)
-
-    self.scale_cls = param(ones(), axis_names)
-    self.scale_patch = param(ones(), axis_names)
-    use_bias = kind == "layer"
-    self.bias_cls = param(zeros(), axis_names) if use_bias else None
-    self.bias_patch = param(zeros(), axis_names) if use_bias else None
-
-  @classmethod
-  def from_shared(cls, norm: LayerNorm | RMSNorm, **kwargs: Any) -> CLSNorm:
-    """Both copies cloned from a shared `LayerNorm` or `RMSNorm`."""
-    if not isinstance(norm, (LayerNorm, RMSNorm)):
-      raise TypeError(
-        "CLSNorm.from_shared: norm must be a LayerNorm or "
-        f"RMSNorm, got {type(norm).__name__}"
-      )
-    kind = "layer" if isinstance(norm, LayerNorm) else "rms"
-    if norm.scale is None or norm.scale_offset:
-      raise ValueError(
-        "CLSNorm.from_shared: the shared norm must have a "
-        "scale and scale_offset=0"
-      )
-    if kind == "layer" and norm.bias is None:
-      raise ValueError(
-        "CLSNorm.from_shared: the shared LayerNorm must have a bias"
-      )
-    if kind == "rms" and norm.eps_mode != "inside":
-      raise ValueError(
-        "CLSNorm.from_shared: the shared RMSNorm must use eps_mode='inside'"
-      )
-    module = cls(
-      norm.num_features,
-      kind=kind,
-      eps=norm.eps,
-      dtype=norm.dtype,
-      param_dtype=norm.scale[...].dtype,
-      rngs=nnx.Rngs(0),
-      **kwargs,
-    )
-    module.scale_cls[...] = norm.scale[...]
-    module.scale_patch[...] = norm.scale[...]
-    if kind == "layer":
-      module.bias_cls[...] = norm.bias[...]
-      module.bias_patch[...] = norm.bias[...]
-    return module
-
-  def __call__(
-    self, x: jax.Array, token_type: jax.Array | None = None
-  ) -> jax.Array:
-    """Normalizes ``(..., seq, d)`` tokens with per-type affines."""
-    _checks.check_ndim("CLSNorm", "x", x, minimum=2)
-    x = promote(x, self)
-    if token_type is None:
-      token_type = norms.cls_token_type(
-        x.shape[-2],
-        num_cls_tokens=self.num_cls_tokens,
-        num_registers=self.num_registers,
-        registers_with=self.registers_with,
-      )
-    y = norms.specialized_layer_norm(
-      x,
-      token_type,
-      self.scale_cls[...],
-      maybe(self.bias_cls),
-      self.scale_patch[...],
-      maybe(self.bias_patch),
-      eps=self.eps,
-      kind=self.kind,
     )
     return cast(y, self)

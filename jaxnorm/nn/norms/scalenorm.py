@@ -10,9 +10,9 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxnorm import _checks, norms
+from jaxnorm.nn._norm_keys import draw_keys
 from jaxnorm.nn.norms._common import (
   cast,
-  draw_keys,
   flax_spelling,
   param,
   promote,

@@ -13,21 +13,26 @@ The output is the residual stream before the model's final norm and head
 `jaxnorm.residual`; these modules only declare parameters (with logical axis
 names ``embed``, ``streams``, ``norm``) and call it.
 
-`RESIDUALS` maps each name to a `jaxnorm.nn.registry.ResidualSpec` (builder,
-paper, defaults as a function of ``(num_sublayers, sublayers_per_layer)``,
-whether the scheme places norms, weight-decay exceptions); `make_residual`
-applies the spec's defaults under the caller's options. For an
-``nnx.scan`` over layers, `make_residual_step` builds one layer's steps by
-name (`SCAN_RESIDUALS`: every scheme whose state is a fixed-size carry).
-Every step module draws exactly one ``params`` key from ``rngs`` whatever
-its norm and options, so swapping a norm never shifts the initialization of
-later modules.
+`RESIDUALS` maps each name to a `jaxnorm.nn.registry.ResidualSpec`: its
+network builder, its step builder (the step module of the sublayer at a
+`Placement`), paper, defaults as a function of ``(num_sublayers,
+sublayers_per_layer)``, its capabilities (places norms, runs norm-free,
+shares a layer's step, fuses the residual add into the norm, scans over
+layers or why not) and weight-decay exceptions; `make_residual` applies the
+spec's defaults under the caller's options and refuses the options its
+capabilities exclude. For an ``nnx.scan`` over layers, `make_residual_step`
+builds one layer's steps with the same step builder (`SCAN_RESIDUALS`: every
+scheme whose state is a fixed-size carry). Every step module draws exactly
+one ``params`` key from ``rngs`` whatever its norm and options, so swapping
+a norm never shifts the initialization of later modules.
 
-Files: `steps` (single-stream steps), `streams` (HC, mHC, oHC, iHC steps),
-`stacks` (networks of steps), `attnres` (Attention Residuals), `depth`
-(DeepNorm and KEEL steps, DeepNorm's init gain) and
-`_registry` (`RESIDUALS`, `make_residual`, `make_residual_step`); this
-package re-exports every public name.
+Files, named as those of `jaxnorm.residual`, each with the builders its
+schemes' specs carry: `wiring` (single-stream steps and `ResidualStack`),
+`hyper` (HC's step and `StreamStack`), `manifold` (mHC, oHC, iHC steps),
+`attnres` (Attention Residuals), `depth` (DeepNorm, KEEL, depth-muP,
+CompleteP; DeepNorm's init gain) and `_registry` (`RESIDUALS`,
+`make_residual`, `make_residual_step`); this package re-exports every
+public name but the builders (reach them through `RESIDUALS`).
 
 Schemes (`RESIDUALS`):
 
@@ -90,7 +95,12 @@ completep          1.00    branches weighted 1/24 (base depth 1)
 The slow test recomputes every entry and checks it within 10%.
 """
 
-from jaxnorm.nn.residual._common import LayerIndex, NormSpec, Sublayer
+from jaxnorm.nn.residual._common import (
+  LayerIndex,
+  NormSpec,
+  Placement,
+  Sublayer,
+)
 from jaxnorm.nn.residual._registry import (
   NORM_FREE,
   NORM_FREE_SCHEMES,
@@ -108,15 +118,16 @@ from jaxnorm.nn.residual.depth import (
   keel_step,
   scale_branch_init,
 )
-from jaxnorm.nn.residual.stacks import ResidualStack, StreamStack
-from jaxnorm.nn.residual.steps import (
+from jaxnorm.nn.residual.hyper import HyperConnection, StreamStack
+from jaxnorm.nn.residual.manifold import ManifoldHyperConnection
+from jaxnorm.nn.residual.wiring import (
   GatedResidual,
   PostNormResidual,
   PreNormResidual,
+  ResidualStack,
   SandwichNormResidual,
   ScaledResidual,
 )
-from jaxnorm.nn.residual.streams import HyperConnection, ManifoldHyperConnection
 
 __all__ = [
   "NORM_FREE",
@@ -131,6 +142,7 @@ __all__ = [
   "LayerIndex",
   "ManifoldHyperConnection",
   "NormSpec",
+  "Placement",
   "PostNormResidual",
   "PreNormResidual",
   "ResidualLayer",

@@ -1,9 +1,14 @@
-"""Shared types, RNG, norm and input-check helpers of the residual modules."""
+"""Shared types, RNG, norm and input-check helpers of the residual modules.
+
+Also the placement of a step in its stack (`Placement`) and the loops that
+make a stack's or a layer's steps with a scheme's step builder (the ``step``
+of its `jaxnorm.nn.registry.ResidualSpec`).
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -15,6 +20,33 @@ from jaxnorm.nn import norms as nn_norms
 
 Sublayer = Callable[[jax.Array], jax.Array]
 NormSpec = str | None
+
+
+class Placement(NamedTuple):
+  """Where a residual step sits: what a scheme's depth rules read.
+
+  Attributes:
+    layer: 0-based layer (a Python integer, or an integer scalar array when
+      the layers are created under ``nnx.vmap`` for ``nnx.scan``).
+    sublayer: 0-based sublayer over the whole stack (same types).
+    num_sublayers: sublayers of the whole stack.
+    sublayers_per_layer: consecutive sublayers that form one layer.
+  """
+
+  layer: residual.IndexLike
+  sublayer: residual.IndexLike
+  num_sublayers: int
+  sublayers_per_layer: int
+
+  @property
+  def num_layers(self) -> int:
+    """Layers of the whole stack (the last one may be partial)."""
+    return residual.num_layers_of(self.num_sublayers, self.sublayers_per_layer)
+
+
+StepBuilder = Callable[..., nnx.Module]
+"""``step(num_features, place, *, rngs, **options)``: the step module of the
+sublayer at `Placement` ``place`` (a scheme's ``ResidualSpec.step``)."""
 
 
 class LayerIndex(nnx.Variable):
@@ -125,3 +157,45 @@ def check_blocks(who: str, blocks: Sequence[Sublayer]) -> list[Sublayer]:
         f"(..., d), got blocks[{i}] of type {type(b).__name__}"
       )
   return blocks
+
+
+def layer_steps(
+  step: StepBuilder,
+  num_features: int,
+  places: Sequence[Placement],
+  *,
+  rngs: nnx.Rngs,
+  shared: bool = False,
+  **options: Any,
+) -> list[nnx.Module]:
+  """The step modules of one layer, one per placement in ``places``.
+
+  With ``shared=True`` (ReZero's official placement, or SkipInit on
+  request: the schemes whose spec is ``shareable``) one module, built at
+  the first placement, serves every sublayer of the layer.
+  """
+  if shared:
+    return [step(num_features, places[0], rngs=rngs, **options)] * len(places)
+  return [step(num_features, p, rngs=rngs, **options) for p in places]
+
+
+def stack_steps(
+  step: StepBuilder,
+  num_features: int,
+  num_sublayers: int,
+  *,
+  sublayers_per_layer: int,
+  rngs: nnx.Rngs,
+  **options: Any,
+) -> list[nnx.Module]:
+  """Steps of every sublayer, grouped ``sublayers_per_layer`` to a layer."""
+  per_layer = sublayers_per_layer
+  _checks.check_positive_int("make_residual", "sublayers_per_layer", per_layer)
+  steps = []
+  for layer, first in enumerate(range(0, num_sublayers, per_layer)):
+    places = [
+      Placement(layer, k, num_sublayers, per_layer)
+      for k in range(first, min(first + per_layer, num_sublayers))
+    ]
+    steps += layer_steps(step, num_features, places, rngs=rngs, **options)
+  return steps

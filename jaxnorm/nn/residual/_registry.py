@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import types
-import typing
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
 import jax
@@ -12,213 +12,14 @@ from flax import nnx
 
 from jaxnorm import _checks, residual
 from jaxnorm.nn import registry
-from jaxnorm.nn.residual._common import Sublayer, check_blocks, check_input
-from jaxnorm.nn.residual.attnres import AttnResStack
-from jaxnorm.nn.residual.depth import (
-  ScaledPostNormResidual,
-  keel_step,
-  scale_branch_init,
+from jaxnorm.nn.residual import attnres, depth, hyper, manifold, wiring
+from jaxnorm.nn.residual._common import (
+  Placement,
+  Sublayer,
+  check_blocks,
+  check_input,
+  layer_steps,
 )
-from jaxnorm.nn.residual.stacks import ResidualStack, StreamStack
-from jaxnorm.nn.residual.steps import (
-  GatedResidual,
-  PostNormResidual,
-  PreNormResidual,
-  SandwichNormResidual,
-  ScaledResidual,
-)
-from jaxnorm.nn.residual.streams import HyperConnection, ManifoldHyperConnection
-
-_GATED = ("skipinit", "rezero")
-_STREAM_MAPS: Mapping[str, residual.ResidualMap] = types.MappingProxyType(
-  {"mhc": "sinkhorn", "ohc": "quaternion", "ihc": "identity"}
-)
-
-
-def _step(
-  name: str,
-  num_features: int,
-  *,
-  layer: residual.IndexLike,
-  sublayer: residual.IndexLike,
-  num_sublayers: int,
-  per_layer: int,
-  rngs: nnx.Rngs,
-  kwargs: Mapping[str, Any],
-) -> nnx.Module:
-  """The step module of scheme ``name`` around one sublayer."""
-  d = num_features
-  num_layers = residual.num_layers_of(num_sublayers, per_layer)
-  if name == "deepnorm":
-    alpha = residual.deepnorm_alpha(num_layers)
-    return ScaledPostNormResidual(d, alpha=alpha, rngs=rngs, **kwargs)
-  if name == "keel":
-    return keel_step(
-      d,
-      sublayer=sublayer,
-      sublayers_per_layer=per_layer,
-      num_layers=num_layers,
-      rngs=rngs,
-      **kwargs,
-    )
-  if name in residual.DEPTH_EXPONENTS:
-    kwargs = dict(kwargs)
-    scale = residual.depth_scale(
-      num_layers, kwargs.pop("base_depth"), residual.DEPTH_EXPONENTS[name]
-    )
-    return ScaledResidual(
-      d, num_residuals=num_sublayers, scale=scale, rngs=rngs, **kwargs
-    )
-  if name == "prenorm":
-    return PreNormResidual(d, rngs=rngs, **kwargs)
-  if name == "lns":
-    return PreNormResidual(d, layer_index=layer, rngs=rngs, **kwargs)
-  if name == "postnorm":
-    return PostNormResidual(d, rngs=rngs, **kwargs)
-  if name == "sandwich":
-    return SandwichNormResidual(d, rngs=rngs, **kwargs)
-  if name == "scaled":
-    return ScaledResidual(d, num_residuals=num_sublayers, rngs=rngs, **kwargs)
-  if name in _GATED:
-    return GatedResidual(d, shape="scalar", rngs=rngs, **kwargs)
-  if name == "layerscale":
-    return GatedResidual(d, shape="vector", rngs=rngs, **kwargs)
-  if name == "hc":
-    return HyperConnection(d, layer_index=sublayer, rngs=rngs, **kwargs)
-  return ManifoldHyperConnection(
-    d,
-    residual_map=_STREAM_MAPS[name],
-    layer_index=sublayer,
-    rngs=rngs,
-    **kwargs,
-  )
-
-
-def _layer_steps(
-  name: str,
-  num_features: int,
-  *,
-  layer: residual.IndexLike,
-  sublayers: Sequence[residual.IndexLike],
-  num_sublayers: int,
-  per_layer: int,
-  rngs: nnx.Rngs,
-  kwargs: Mapping[str, Any],
-) -> list[nnx.Module]:
-  """The step modules of one layer, one per sublayer index in ``sublayers``.
-
-  With ``shared=True`` (ReZero's official placement, or SkipInit on
-  request) one module serves every sublayer of the layer.
-  """
-  kwargs = dict(kwargs)
-  shared = kwargs.pop("shared", False)
-  if shared and name not in _GATED:
-    raise ValueError(
-      f"make_residual: shared applies to {', '.join(_GATED)} only, got {name!r}"
-    )
-
-  def build(sublayer: residual.IndexLike) -> nnx.Module:
-    return _step(
-      name,
-      num_features,
-      layer=layer,
-      sublayer=sublayer,
-      num_sublayers=num_sublayers,
-      per_layer=per_layer,
-      rngs=rngs,
-      kwargs=kwargs,
-    )
-
-  if shared:
-    return [build(sublayers[0])] * len(sublayers)
-  return [build(k) for k in sublayers]
-
-
-def _all_steps(
-  name: str, num_sublayers: int, num_features: int, rngs: nnx.Rngs, kwargs: dict
-) -> list[nnx.Module]:
-  """Steps of every sublayer, grouped ``sublayers_per_layer`` to a layer."""
-  per_layer = kwargs.pop("sublayers_per_layer")
-  _checks.check_positive_int("make_residual", "sublayers_per_layer", per_layer)
-  steps = []
-  for layer, first in enumerate(range(0, num_sublayers, per_layer)):
-    steps += _layer_steps(
-      name,
-      num_features,
-      layer=layer,
-      sublayers=range(first, min(first + per_layer, num_sublayers)),
-      num_sublayers=num_sublayers,
-      per_layer=per_layer,
-      rngs=rngs,
-      kwargs=kwargs,
-    )
-  return steps
-
-
-def _build_single(
-  name: str, blocks: list, num_features: int, rngs: nnx.Rngs, kwargs: dict
-) -> nnx.Module:
-  who = "make_residual"
-  fused = kwargs.pop("fused_implementation", None)
-  if fused is not None:
-    if name != "prenorm":
-      raise ValueError(
-        f"{who}: fused_implementation applies to 'prenorm' only, got {name!r}"
-      )
-    _checks.check_choice(who, "fused_implementation", fused, ("xla", "pallas"))
-    # The norms' own implementation runs the fused add (add_and_norm).
-    norm_kwargs = dict(kwargs.get("norm_kwargs") or {})
-    if norm_kwargs.setdefault("implementation", fused) != fused:
-      raise ValueError(
-        f"{who}: fused_implementation={fused!r} conflicts with "
-        f"norm_kwargs implementation={norm_kwargs['implementation']!r}"
-      )
-    kwargs["norm_kwargs"] = norm_kwargs
-  steps = _all_steps(name, len(blocks), num_features, rngs, kwargs)
-  return ResidualStack(
-    blocks, steps, num_features=num_features, fused=fused is not None
-  )
-
-
-def _build_deepnorm(
-  name: str, blocks: list, num_features: int, rngs: nnx.Rngs, kwargs: dict
-) -> nnx.Module:
-  """DeepNorm: the steps, and (``init_gain``) the branch init gain beta."""
-  if kwargs.pop("init_gain"):
-    num_layers = residual.num_layers_of(
-      len(blocks), kwargs["sublayers_per_layer"]
-    )
-    scale_branch_init(blocks, residual.deepnorm_beta(num_layers))
-  return _build_single(name, blocks, num_features, rngs, kwargs)
-
-
-def _build_streams(
-  name: str, blocks: list, num_features: int, rngs: nnx.Rngs, kwargs: dict
-) -> nnx.Module:
-  readout = kwargs.pop("readout")
-  num_streams = kwargs["num_streams"]
-  steps = _all_steps(name, len(blocks), num_features, rngs, kwargs)
-  return StreamStack(
-    blocks,
-    steps,
-    num_features=num_features,
-    num_streams=num_streams,
-    readout=readout,
-  )
-
-
-def _build_attnres(
-  name: str, blocks: list, num_features: int, rngs: nnx.Rngs, kwargs: dict
-) -> nnx.Module:
-  del kwargs["sublayers_per_layer"]  # Sources are sublayers, not layers.
-  if name == "block_attnres":
-    num_blocks = kwargs.pop("num_blocks")
-    _checks.check_positive_int("make_residual", "num_blocks", num_blocks)
-    _checks.check_divisible(
-      "make_residual", "len(blocks)", len(blocks), "num_blocks", num_blocks
-    )
-    kwargs["block_size"] = len(blocks) // num_blocks
-  return AttnResStack(blocks, num_features=num_features, rngs=rngs, **kwargs)
 
 
 def _per_layer(num_sublayers: int, sublayers_per_layer: int) -> dict:
@@ -235,8 +36,8 @@ def _rezero(num_sublayers: int, sublayers_per_layer: int) -> dict:
 
 def _layerscale(num_sublayers: int, sublayers_per_layer: int) -> dict:
   """LayerScale: CaiT's init by depth (0.1 to 18 layers, 1e-5 to 24, 1e-6)."""
-  depth = -(-num_sublayers // sublayers_per_layer)
-  init = 0.1 if depth <= 18 else 1e-5 if depth <= 24 else 1e-6
+  layers = residual.num_layers_of(num_sublayers, sublayers_per_layer)
+  init = 0.1 if layers <= 18 else 1e-5 if layers <= 24 else 1e-6
   return {"init_value": init, "norm": "rmsnorm"}
 
 
@@ -295,106 +96,161 @@ _ATTNRES = "Kimi Team, Attention Residuals, arXiv:2603.15031"
 # b_res is a vector or absent, so it changes nothing for them).
 _HC_DECAY = types.MappingProxyType({"static_alpha": False})
 _MHC_DECAY = types.MappingProxyType({"b_res": False})
-_MANIFOLD = (ManifoldHyperConnection,)
+_MANIFOLD = (manifold.ManifoldHyperConnection,)
+_NO_CARRY = "has no fixed-size scan carry"
+
+
+def _gated(shape: str) -> Callable[..., nnx.Module]:
+  return functools.partial(wiring.make_gated_step, shape=shape)
+
+
+def _manifold(residual_map: residual.ResidualMap) -> Callable[..., nnx.Module]:
+  return functools.partial(
+    manifold.make_manifold_step, residual_map=residual_map
+  )
+
+
+def _depth_scaled(exponent: float) -> Callable[..., nnx.Module]:
+  return functools.partial(depth.make_depth_scaled_step, exponent=exponent)
+
+
 RESIDUALS: Mapping[str, registry.ResidualSpec] = types.MappingProxyType(
   {
     "prenorm": registry.ResidualSpec(
-      _build_single, "Xiong et al., arXiv:2002.04745"
+      wiring.make_residual_stack,
+      "Xiong et al., arXiv:2002.04745",
+      step=wiring.make_prenorm_step,
+      norm_free=True,
+      fused=True,
     ),
     "postnorm": registry.ResidualSpec(
-      _build_single, "Vaswani et al., arXiv:1706.03762"
+      wiring.make_residual_stack,
+      "Vaswani et al., arXiv:1706.03762",
+      step=wiring.make_postnorm_step,
     ),
     "sandwich": registry.ResidualSpec(
-      _build_single, "Ding et al., CogView, arXiv:2105.13290"
+      wiring.make_residual_stack,
+      "Ding et al., CogView, arXiv:2105.13290",
+      step=wiring.make_sandwich_step,
     ),
     "lns": registry.ResidualSpec(
-      _build_single,
+      wiring.make_residual_stack,
       "Sun et al., The Curse of Depth, arXiv:2502.05795",
+      step=wiring.make_lns_step,
       defaults=_per_layer,
     ),
     "scaled": registry.ResidualSpec(
-      _build_single,
+      wiring.make_residual_stack,
       "Dherin & Munn, On residual network depth, arXiv:2510.03470",
+      step=wiring.make_scaled_step,
+      norm_free=True,
     ),
     "skipinit": registry.ResidualSpec(
-      _build_single, "De & Smith, arXiv:2002.10444", uses_norm=False
+      wiring.make_residual_stack,
+      "De & Smith, arXiv:2002.10444",
+      step=_gated("scalar"),
+      uses_norm=False,
+      shareable=True,
     ),
     "rezero": registry.ResidualSpec(
-      _build_single,
+      wiring.make_residual_stack,
       "Bachlechner et al., ReZero, arXiv:2003.04887",
+      step=_gated("scalar"),
       defaults=_rezero,
       uses_norm=False,
+      shareable=True,
     ),
     "layerscale": registry.ResidualSpec(
-      _build_single,
+      wiring.make_residual_stack,
       "Touvron et al., CaiT, arXiv:2103.17239",
+      step=_gated("vector"),
       defaults=_layerscale,
+      norm_free=True,
     ),
     "hc": registry.ResidualSpec(
-      _build_streams,
+      hyper.make_stream_stack,
       _HC,
+      step=hyper.make_hc_step,
       defaults=_streams,
       decay=_HC_DECAY,
-      modules=(HyperConnection,),
+      modules=(hyper.HyperConnection,),
     ),
     "mhc": registry.ResidualSpec(
-      _build_streams,
+      hyper.make_stream_stack,
       _MHC,
+      step=_manifold("sinkhorn"),
       defaults=_streams,
       decay=_MHC_DECAY,
       modules=_MANIFOLD,
     ),
     "ohc": registry.ResidualSpec(
-      _build_streams,
+      hyper.make_stream_stack,
       _OHC,
+      step=_manifold("quaternion"),
       defaults=_streams,
       decay=_MHC_DECAY,
       modules=_MANIFOLD,
     ),
     "ihc": registry.ResidualSpec(
-      _build_streams,
+      hyper.make_stream_stack,
       _OHC,
+      step=_manifold("identity"),
       defaults=_streams,
       decay=_MHC_DECAY,
       modules=_MANIFOLD,
     ),
-    "attnres": registry.ResidualSpec(_build_attnres, _ATTNRES),
+    "attnres": registry.ResidualSpec(
+      attnres.make_attnres_stack, _ATTNRES, scan_refusal=_NO_CARRY
+    ),
     "block_attnres": registry.ResidualSpec(
-      _build_attnres, _ATTNRES, defaults=_blocks
+      attnres.make_block_attnres_stack,
+      _ATTNRES,
+      defaults=_blocks,
+      scan_refusal=_NO_CARRY,
     ),
     "deepnorm": registry.ResidualSpec(
-      _build_deepnorm,
+      depth.make_deepnorm_stack,
       "Wang et al., DeepNet, arXiv:2203.00555",
+      step=depth.make_deepnorm_step,
       defaults=_deepnorm,
     ),
-    "keel": registry.ResidualSpec(_build_single, "KEEL, arXiv:2601.19895"),
+    "keel": registry.ResidualSpec(
+      wiring.make_residual_stack,
+      "KEEL, arXiv:2601.19895",
+      step=depth.make_keel_step,
+      scan_refusal="wires its first layer differently from the others",
+    ),
     "depth_mup": registry.ResidualSpec(
-      _build_single,
+      wiring.make_residual_stack,
       "Yang et al., Tensor Programs VI (Depth-muP), arXiv:2310.02244",
+      step=_depth_scaled(residual.DEPTH_EXPONENTS["depth_mup"]),
       defaults=_base_depth,
+      norm_free=True,
     ),
     "completep": registry.ResidualSpec(
-      _build_single,
+      wiring.make_residual_stack,
       "Dey et al., CompleteP, arXiv:2505.01618",
+      step=_depth_scaled(residual.DEPTH_EXPONENTS["completep"]),
       defaults=_base_depth,
+      norm_free=True,
     ),
   }
 )
 
 
+def _names(capable: Callable[[registry.ResidualSpec], bool]) -> list[str]:
+  """The registered names whose spec has the capability ``capable``."""
+  return [name for name, spec in RESIDUALS.items() if capable(spec)]
+
+
 NORM_FREE = "none"
 """The ``norm`` of a norm-free stack: steps without any norm module.
 
-With ``prenorm`` the stack is ``x + f(x)``; the schemes of
-`NORM_FREE_SCHEMES` accept it (models build no final norm either)."""
-NORM_FREE_SCHEMES: tuple[str, ...] = (
-  "prenorm",
-  "scaled",
-  "layerscale",
-  "depth_mup",
-  "completep",
-)
-"""Schemes that place norms but run without one (``norm=NORM_FREE``)."""
+With ``prenorm`` the stack is ``x + f(x)``; the schemes whose spec is
+``norm_free`` accept it (models build no final norm either)."""
+NORM_FREE_SCHEMES: tuple[str, ...] = tuple(_names(lambda s: s.norm_free))
+"""Schemes that place norms but run without one (``norm=NORM_FREE``): the
+names whose spec is ``norm_free``."""
 
 
 def _options(
@@ -403,24 +259,38 @@ def _options(
   sublayers_per_layer: int,
   kwargs: Mapping[str, Any],
 ) -> dict[str, Any]:
-  """The spec's defaults of ``name`` under the user's ``kwargs``."""
+  """The spec's defaults of ``name`` under the user's ``kwargs``.
+
+  Refuses the options that the spec's capabilities exclude (``norm="none"``,
+  ``shared``, ``fused_implementation``).
+  """
+  who = "make_residual"
   if name not in RESIDUALS:
     raise ValueError(
-      f"make_residual: unknown residual scheme {name!r}; "
+      f"{who}: unknown residual scheme {name!r}; "
       f"valid names are {', '.join(sorted(RESIDUALS))}"
     )
+  spec = RESIDUALS[name]
   if kwargs.get("norm") == NORM_FREE:
-    if name not in NORM_FREE_SCHEMES:
+    if not spec.norm_free:
       raise ValueError(
-        f"make_residual: norm={NORM_FREE!r} (no norm) needs a scheme that "
+        f"{who}: norm={NORM_FREE!r} (no norm) needs a scheme that "
         f"runs without one, got {name!r}; choose one of "
         f"{', '.join(NORM_FREE_SCHEMES)}"
       )
     kwargs = {**kwargs, "norm": None}
-  _checks.check_positive_int(
-    "make_residual", "sublayers_per_layer", sublayers_per_layer
-  )
-  options = dict(RESIDUALS[name].defaults(num_sublayers, sublayers_per_layer))
+  if kwargs.get("shared") and not spec.shareable:
+    raise ValueError(
+      f"{who}: shared applies to "
+      f"{', '.join(_names(lambda s: s.shareable))} only, got {name!r}"
+    )
+  if kwargs.get("fused_implementation") is not None and not spec.fused:
+    fused = ", ".join(repr(n) for n in _names(lambda s: s.fused))
+    raise ValueError(
+      f"{who}: fused_implementation applies to {fused} only, got {name!r}"
+    )
+  _checks.check_positive_int(who, "sublayers_per_layer", sublayers_per_layer)
+  options = dict(spec.defaults(num_sublayers, sublayers_per_layer))
   options.setdefault("sublayers_per_layer", sublayers_per_layer)
   options.update(kwargs)
   return options
@@ -483,7 +353,10 @@ def make_residual(
   _checks.check_positive_int("make_residual", "num_features", num_features)
   blocks = check_blocks("make_residual", blocks)
   options = _options(name, len(blocks), sublayers_per_layer, kwargs)
-  return RESIDUALS[name].build(name, blocks, num_features, rngs, options)
+  spec = RESIDUALS[name]
+  return spec.build(
+    blocks, spec.step, num_features=num_features, rngs=rngs, **options
+  )
 
 
 # ---------------------------------------------------------------------------
@@ -539,17 +412,9 @@ class ResidualLayer(nnx.Module):
     return carry
 
 
-# Why a scheme cannot be scanned over layers.
-_NO_SCAN: Mapping[str, str] = types.MappingProxyType(
-  {
-    "attnres": "has no fixed-size scan carry",
-    "block_attnres": "has no fixed-size scan carry",
-    "keel": "wires its first layer differently from the others",
-  }
-)
-SCAN_RESIDUALS: tuple[str, ...] = tuple(
-  name for name in typing.get_args(ResidualName) if name not in _NO_SCAN
-)
+SCAN_RESIDUALS: tuple[str, ...] = tuple(_names(lambda s: s.scannable))
+"""Schemes `make_residual_step` builds: the names whose spec is
+``scannable`` (no ``scan_refusal``)."""
 
 
 def make_residual_step(
@@ -608,8 +473,9 @@ def make_residual_step(
       option.
   """
   who = "make_residual_step"
-  if name not in SCAN_RESIDUALS:
-    reason = _NO_SCAN.get(name, "is unknown")
+  spec = RESIDUALS.get(name)
+  if spec is None or not spec.scannable:
+    reason = "is unknown" if spec is None else spec.scan_refusal
     raise ValueError(
       f"{who}: residual scheme {name!r} {reason}; "
       f"valid names are {', '.join(SCAN_RESIDUALS)}"
@@ -629,16 +495,11 @@ def make_residual_step(
   options.pop("init_gain", None)
   readout = options.pop("readout", "sum")
   first = layer_index * sublayers_per_layer
-  steps = _layer_steps(
-    name,
-    num_features,
-    layer=layer_index,
-    sublayers=[first + j for j in range(sublayers_per_layer)],
-    num_sublayers=num_sublayers,
-    per_layer=sublayers_per_layer,
-    rngs=rngs,
-    kwargs=options,
-  )
+  places = [
+    Placement(layer_index, first + j, num_sublayers, sublayers_per_layer)
+    for j in range(sublayers_per_layer)
+  ]
+  steps = layer_steps(spec.step, num_features, places, rngs=rngs, **options)
   return ResidualLayer(
     steps,
     num_features=num_features,

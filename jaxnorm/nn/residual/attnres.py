@@ -1,4 +1,8 @@
-"""Attention Residuals modules: per-sublayer pseudo-queries and the stack."""
+"""Attention Residuals modules: per-sublayer pseudo-queries and the stack.
+
+With the stack builders of the Full and Block AttnRes specs (AttnRes has no
+per-sublayer step: one module attends over depth).
+"""
 
 from __future__ import annotations
 
@@ -13,6 +17,7 @@ from jaxnorm import _checks, residual
 from jaxnorm.nn import _param
 from jaxnorm.nn.residual._common import (
   NormSpec,
+  StepBuilder,
   Sublayer,
   build_norm,
   check_blocks,
@@ -144,3 +149,48 @@ class AttnResStack(nnx.Module):
     else:
       out = jnp.sum(slots.astype(jnp.float32), axis=0).astype(x.dtype)
     return (out, jnp.stack(hidden)) if return_hidden else out
+
+
+def make_attnres_stack(
+  blocks: list[Sublayer],
+  step: StepBuilder | None,
+  *,
+  num_features: int,
+  rngs: nnx.Rngs,
+  sublayers_per_layer: int,
+  **options: Any,
+) -> AttnResStack:
+  """Full AttnRes: one source per sublayer (``block_size=1``).
+
+  ``step`` (None: AttnRes has no step modules) and
+  ``sublayers_per_layer`` are unused: the sources are sublayers, not
+  layers.
+  """
+  del step, sublayers_per_layer
+  return AttnResStack(blocks, num_features=num_features, rngs=rngs, **options)
+
+
+def make_block_attnres_stack(
+  blocks: list[Sublayer],
+  step: StepBuilder | None,
+  *,
+  num_features: int,
+  rngs: nnx.Rngs,
+  sublayers_per_layer: int,
+  num_blocks: int,
+  **options: Any,
+) -> AttnResStack:
+  """Block AttnRes: ``num_blocks`` blocks, which must divide the sublayers."""
+  del step, sublayers_per_layer
+  who = "make_residual"
+  _checks.check_positive_int(who, "num_blocks", num_blocks)
+  _checks.check_divisible(
+    who, "len(blocks)", len(blocks), "num_blocks", num_blocks
+  )
+  return AttnResStack(
+    blocks,
+    num_features=num_features,
+    block_size=len(blocks) // num_blocks,
+    rngs=rngs,
+    **options,
+  )

@@ -1,8 +1,14 @@
-"""DeepNorm and KEEL steps, and DeepNorm's branch initialization gain."""
+"""DepthBench's depth-aware residuals: DeepNorm, KEEL, depth-muP, CompleteP.
+
+The DeepNorm and KEEL steps, DeepNorm's branch initialization gain, and the
+builders their specs carry (depth-muP and CompleteP build the scaled
+residual step of `jaxnorm.nn.residual.wiring` with a depth rule).
+"""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import jax
 from flax import nnx
@@ -10,12 +16,19 @@ from flax import nnx
 from jaxnorm import _checks, residual
 from jaxnorm.nn.residual._common import (
   NormSpec,
+  Placement,
+  StepBuilder,
   Sublayer,
   build_norm,
   check_input,
   params_key,
 )
-from jaxnorm.nn.residual.steps import PreNormResidual
+from jaxnorm.nn.residual.wiring import (
+  PreNormResidual,
+  ResidualStack,
+  ScaledResidual,
+  make_residual_stack,
+)
 
 QUERY_KEY: tuple[str, ...] = ("q_kernel", "k_kernel")
 """Parameter names that `scale_branch_init` leaves alone: the query and key
@@ -121,3 +134,73 @@ def scale_branch_init(blocks: Sequence[Sublayer], gain: float) -> None:
         and str(path[-1]) not in QUERY_KEY
       ):
         param[...] = param[...] * jax.numpy.asarray(gain, param.dtype)
+
+
+# ---------------------------------------------------------------------------
+# Builders of the specs: ``step(num_features, place, *, rngs, **options)``.
+
+
+def make_deepnorm_step(
+  num_features: int, place: Placement, *, rngs: nnx.Rngs, **options: Any
+) -> ScaledPostNormResidual:
+  """DeepNorm's step: ``alpha`` of the whole stack's depth."""
+  alpha = residual.deepnorm_alpha(place.num_layers)
+  return ScaledPostNormResidual(num_features, alpha=alpha, rngs=rngs, **options)
+
+
+def make_keel_step(
+  num_features: int, place: Placement, *, rngs: nnx.Rngs, **options: Any
+) -> nnx.Module:
+  """`keel_step` at ``place`` (its first layer is wired differently)."""
+  return keel_step(
+    num_features,
+    sublayer=place.sublayer,
+    sublayers_per_layer=place.sublayers_per_layer,
+    num_layers=place.num_layers,
+    rngs=rngs,
+    **options,
+  )
+
+
+def make_depth_scaled_step(
+  num_features: int,
+  place: Placement,
+  *,
+  exponent: float,
+  base_depth: int,
+  rngs: nnx.Rngs,
+  **options: Any,
+) -> ScaledResidual:
+  """Depth-muP's or CompleteP's step: ``(L / base_depth)^(-exponent)``."""
+  scale = residual.depth_scale(place.num_layers, base_depth, exponent)
+  return ScaledResidual(
+    num_features,
+    num_residuals=place.num_sublayers,
+    scale=scale,
+    rngs=rngs,
+    **options,
+  )
+
+
+def make_deepnorm_stack(
+  blocks: list[Sublayer],
+  step: StepBuilder,
+  *,
+  num_features: int,
+  rngs: nnx.Rngs,
+  sublayers_per_layer: int,
+  init_gain: bool,
+  **options: Any,
+) -> ResidualStack:
+  """DeepNorm's stack; ``init_gain`` first scales the branches by beta."""
+  if init_gain:
+    num_layers = residual.num_layers_of(len(blocks), sublayers_per_layer)
+    scale_branch_init(blocks, residual.deepnorm_beta(num_layers))
+  return make_residual_stack(
+    blocks,
+    step,
+    num_features=num_features,
+    rngs=rngs,
+    sublayers_per_layer=sublayers_per_layer,
+    **options,
+  )

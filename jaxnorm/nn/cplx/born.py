@@ -1,0 +1,70 @@
+"""CNet's Born attention core for `jaxnorm.nn.MultiHeadAttention`.
+
+The maths is `jaxnorm.cplx.born_attention` (`jaxnorm.cplx.born`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from jaxnorm import cplx
+from jaxnorm.nn.attention import _base
+from jaxnorm.nn.cplx import _common
+
+
+class BornAttention(_base.AttentionCore):
+  """CNet Born attention, `jaxnorm.cplx.born_attention`.
+
+  Complex-valued (``dtype_kind = "complex"``): the heads ``q, k, v (B, T,
+  N, H)`` are complex, as `MultiHeadAttention` projects them with a complex
+  ``param_dtype`` from a complex input. With ``real_pairs=True`` the real
+  heads ``(B, T, N, 2h)`` are read as complex ``(B, T, N, h)`` split halves
+  and the output returns as ``[Re | Im]`` (a real projection of a real
+  input is a widely-linear complex projection). Takes boolean masks, not
+  additive biases (Born weights have no logits). Causal form:
+  ``is_causal=True``. No parameters.
+
+  References:
+    Crasmaru, *CNet* (code ``crasmarum/CNet``).
+  """
+
+  dtype_kind: ClassVar[str] = "complex"
+
+  def __init__(
+    self,
+    dims: _base.HeadDims,
+    *,
+    is_causal: bool = False,
+    real_pairs: bool = False,
+    param_dtype: Any = jnp.float32,
+    rngs: nnx.Rngs,
+    **options: Any,
+  ):
+    del param_dtype, rngs
+    who = type(self).__name__
+    if real_pairs:
+      _common.even_head(who, dims)
+    self.is_causal, self.real_pairs = is_causal, real_pairs
+    self.options = _base.check_options(who, cplx.born_attention, options)
+
+  def __call__(self, x, q, k, v, *, mask=None, bias=None) -> jax.Array:
+    """``(B, T, N, H)``: Born attention of the heads."""
+    del x
+    if bias is not None:
+      raise ValueError(
+        f"{type(self).__name__}: Born attention has no logits, so it takes "
+        "no additive bias; pass a boolean mask instead"
+      )
+    return _common.heads(
+      self,
+      lambda q, k, v: cplx.born_attention(
+        q, k, v, mask, is_causal=self.is_causal, **dict(self.options)
+      ),
+      q,
+      k,
+      v,
+    )

@@ -1,0 +1,124 @@
+"""L1 LayerNorm and L1 BatchNorm modules; maths in `jaxnorm.norms.l1`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from jaxnorm import _checks, norms
+from jaxnorm.nn._norm_keys import draw_keys
+from jaxnorm.nn.norms._common import (
+  Names,
+  RunningAverage,
+  cast,
+  maybe,
+  param,
+  promote,
+)
+
+
+class L1LayerNorm(nnx.Module):
+  """L1 LayerNorm over the last axis; see `jaxnorm.norms.l1_layer_norm`."""
+
+  def __init__(
+    self,
+    num_features: int,
+    *,
+    eps: float = 1e-5,
+    kappa: float = norms.L1_KAPPA,
+    eps_mode: norms.EpsMode = "outside",
+    use_scale: bool = True,
+    use_bias: bool = True,
+    dtype: Any = None,
+    param_dtype: Any = jnp.float32,
+    axis_names: Names = ("norm",),
+    rngs: nnx.Rngs,
+  ):
+    _checks.check_positive_int("L1LayerNorm", "num_features", num_features)
+    _checks.check_choice("L1LayerNorm", "eps_mode", eps_mode, norms.EPS_MODES)
+    draw_keys(rngs)  # Constant initialization: drawn, unused.
+    self.num_features, self.eps, self.kappa = num_features, eps, kappa
+    self.eps_mode, self.dtype = eps_mode, dtype
+    shape = (num_features,)
+    self.scale = (
+      param(jnp.ones(shape, param_dtype), axis_names) if use_scale else None
+    )
+    self.bias = (
+      param(jnp.zeros(shape, param_dtype), axis_names) if use_bias else None
+    )
+
+  def __call__(self, x: jax.Array) -> jax.Array:
+    """Normalizes ``x`` (features last) with this module's parameters."""
+    x = promote(x, self)
+    y = norms.l1_layer_norm(
+      x,
+      maybe(self.scale),
+      maybe(self.bias),
+      eps=self.eps,
+      kappa=self.kappa,
+      eps_mode=self.eps_mode,
+    )
+    return cast(y, self)
+
+
+class L1BatchNorm(RunningAverage):
+  """L1 BatchNorm (features last); see `jaxnorm.norms.l1_batch_norm`.
+
+  `nnx.BatchStat` ``mean`` and ``dev``; ``use_running_average`` selects
+  inference, as in `BatchNorm`.
+  """
+
+  def __init__(
+    self,
+    num_features: int,
+    *,
+    momentum: float = 0.99,
+    eps: float = 1e-5,
+    kappa: float = norms.L1_KAPPA,
+    eps_mode: norms.EpsMode = "outside",
+    use_running_average: bool = False,
+    axis_name: str | None = None,
+    dtype: Any = None,
+    param_dtype: Any = jnp.float32,
+    axis_names: Names = ("norm",),
+    rngs: nnx.Rngs,
+  ):
+    _checks.check_positive_int("L1BatchNorm", "num_features", num_features)
+    _checks.check_choice("L1BatchNorm", "eps_mode", eps_mode, norms.EPS_MODES)
+    draw_keys(rngs)  # Constant initialization: drawn, unused.
+    self.num_features, self.momentum, self.eps = num_features, momentum, eps
+    self.kappa, self.eps_mode = kappa, eps_mode
+    self.use_running_average, self.axis_name = use_running_average, axis_name
+    self.dtype = dtype
+    shape = (num_features,)
+    state = norms.init_l1_batch_norm_state(num_features, param_dtype)
+    self.scale = param(jnp.ones(shape, param_dtype), axis_names)
+    self.bias = param(jnp.zeros(shape, param_dtype), axis_names)
+    self.mean = param(state.mean, axis_names, nnx.BatchStat)
+    self.dev = param(state.dev, axis_names, nnx.BatchStat)
+
+  def __call__(
+    self, x: jax.Array, *, use_running_average: bool | None = None
+  ) -> jax.Array:
+    """Normalizes ``x``; in training mode also updates ``mean``/``dev``."""
+    x = promote(x, self)
+    eval_mode = self.eval_mode(use_running_average)
+    y, new = norms.l1_batch_norm(
+      x,
+      self.scale[...],
+      self.bias[...],
+      norms.L1BatchNormState(self.mean[...], self.dev[...]),
+      training=not eval_mode,
+      momentum=self.momentum,
+      eps=self.eps,
+      kappa=self.kappa,
+      eps_mode=self.eps_mode,
+      axis_name=self.axis_name,
+    )
+    if not eval_mode:
+      self.mean[...] = new.mean
+      self.dev[...] = new.dev
+    return cast(y, self)

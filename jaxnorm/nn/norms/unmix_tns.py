@@ -1,0 +1,108 @@
+"""UnMix-TNS module; maths in `jaxnorm.norms.unmix_tns`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from jaxnorm import _checks, norms
+from jaxnorm.nn._norm_keys import draw_keys
+from jaxnorm.nn.norms._common import (
+  Names,
+  cast,
+  param,
+  promote,
+)
+from jaxnorm.nn.norms.batch import BatchNorm
+
+
+class UnMixTNS(nnx.Module):
+  """UnMix-TNS test-time normalization; see `jaxnorm.norms.unmix_tns`.
+
+  Parameters ``scale``/``bias`` (the replaced BatchNorm's); `nnx.BatchStat`
+  components ``mean`` and ``var`` of shape ``(K, C)``, initialized from
+  ``source_mean``/``source_var`` (default 0 and 1) with noise from the
+  first of the module's two keys. Every call updates the components unless
+  ``update_stats=False``. `from_batch_norm` replaces a trained `BatchNorm`.
+  """
+
+  def __init__(
+    self,
+    num_features: int,
+    *,
+    num_components: int = 16,
+    spread: float = 0.5,
+    temperature: float = 0.07,
+    momentum: float | None = None,
+    eps: float = 1e-5,
+    update_stats: bool = True,
+    source_mean: jax.Array | None = None,
+    source_var: jax.Array | None = None,
+    axis_name: str | None = None,
+    dtype: Any = None,
+    param_dtype: Any = jnp.float32,
+    axis_names: Names = ("norm",),
+    rngs: nnx.Rngs,
+  ):
+    _checks.check_positive_int("UnMixTNS", "num_features", num_features)
+    self.num_features, self.temperature = num_features, temperature
+    self.momentum, self.eps, self.update_stats = momentum, eps, update_stats
+    self.axis_name, self.dtype = axis_name, dtype
+    shape = (num_features,)
+    mean = jnp.zeros(shape) if source_mean is None else source_mean
+    var = jnp.ones(shape) if source_var is None else source_var
+    state = norms.init_unmix_tns_state(
+      mean,
+      var,
+      draw_keys(rngs)[0],
+      num_components=num_components,
+      spread=spread,
+      dtype=param_dtype,
+    )
+    comp_names = None if axis_names is None else (None, *axis_names)
+    self.scale = param(jnp.ones(shape, param_dtype), axis_names)
+    self.bias = param(jnp.zeros(shape, param_dtype), axis_names)
+    self.mean = param(state.mean, comp_names, nnx.BatchStat)
+    self.var = param(state.var, comp_names, nnx.BatchStat)
+
+  @classmethod
+  def from_batch_norm(
+    cls, bn: BatchNorm, *, rngs: nnx.Rngs, **kwargs: Any
+  ) -> UnMixTNS:
+    """An UnMix-TNS layer with ``bn``'s affine, eps and source statistics."""
+    kwargs.setdefault("eps", bn.eps)
+    module = cls(
+      bn.num_features,
+      source_mean=bn.mean[...],
+      source_var=bn.var[...],
+      param_dtype=bn.mean[...].dtype,
+      rngs=rngs,
+      **kwargs,
+    )
+    if bn.scale is not None:
+      module.scale[...] = bn.scale[...]
+    if bn.bias is not None:
+      module.bias[...] = bn.bias[...]
+    return module
+
+  def __call__(self, x: jax.Array) -> jax.Array:
+    """Normalizes NHWC ``x``; updates the components (``update_stats``)."""
+    x = promote(x, self)
+    y, new = norms.unmix_tns(
+      x,
+      self.scale[...],
+      self.bias[...],
+      norms.UnMixTNSState(self.mean[...], self.var[...]),
+      momentum=self.momentum,
+      temperature=self.temperature,
+      eps=self.eps,
+      update=self.update_stats,
+      axis_name=self.axis_name,
+    )
+    if self.update_stats:
+      self.mean[...] = new.mean
+      self.var[...] = new.var
+    return cast(y, self)

@@ -1,0 +1,285 @@
+r"""GRPO and Dr.GRPO: group-normalized advantages and the clipped loss.
+
+GRPO normalizes each response's reward by its group's statistics (one group
+= the ``G`` responses sampled for one prompt); Dr.GRPO drops the division by
+the standard deviation.
+
+References:
+  Shao et al., *DeepSeekMath: Pushing the Limits of Mathematical Reasoning in
+  Open Language Models*, arXiv:2402.03300 (2024).
+  Liu et al., *Understanding R1-Zero-Like Training: A Critical Perspective*
+  (Dr.GRPO), arXiv:2503.20783 (2025).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, ArrayLike, Bool, Float, Int
+
+from jaxnorm import _checks
+from jaxnorm.rl import _common
+
+Singleton = Literal["zero", "verl"]
+Aggregation = Literal[
+  "token_mean",
+  "seq_mean_token_mean",
+  "seq_mean_token_sum",
+  "seq_mean_token_sum_norm",
+]
+SINGLETONS = ("zero", "verl")
+AGGREGATIONS = (
+  "token_mean",
+  "seq_mean_token_mean",
+  "seq_mean_token_sum",
+  "seq_mean_token_sum_norm",
+)
+
+
+def grpo_advantages(
+  rewards: Float[ArrayLike, "... G"],
+  *,
+  eps: float = 1e-6,
+  ddof: int = 1,
+  scale_by_std: bool = True,
+  singleton: Singleton = "zero",
+) -> Float[Array, "... G"]:
+  r"""GRPO outcome advantages: rewards normalized within each group.
+
+  .. math::
+    \hat A_i = \frac{r_i - \mathrm{mean}_G(r)}
+                    {\mathrm{std}_G(r;\,\mathrm{ddof}) + \epsilon}
+
+  broadcast by the caller to every token of response ``i``. With
+  ``scale_by_std=False`` the division is dropped (Dr.GRPO):
+  :math:`\hat A_i = r_i - \mathrm{mean}_G(r)`.
+
+  Convention (verl ``compute_grpo_outcome_advantage``, read in the CorrGRPO
+  repository): ``torch.std`` (``ddof=1``) with ``eps`` outside the std. A
+  group of one (``G == 1``) has an undefined ``ddof=1`` std; verl then uses
+  mean 0 and std 1 (``singleton="verl"``: the raw reward over ``1 + eps``,
+  or the raw reward without the std), jaxnorm defaults to an advantage of 0
+  (``singleton="zero"``), which a lone sample carries no comparison for.
+
+  Unverified: the paper's equations are recalled, not re-read; the
+  convention above is the reference implementation's.
+
+  Args:
+    rewards: scalar reward per response, groups on the last axis.
+    eps: added to the std (outside the square root).
+    ddof: delta degrees of freedom of the std (1 = verl, 0 = population).
+    scale_by_std: divide by the std (GRPO) or not (Dr.GRPO).
+    singleton: ``"zero"`` or ``"verl"``, the rule for ``G == 1``.
+
+  Returns:
+    Advantages of the shape of ``rewards``, in the compute dtype.
+
+  Raises:
+    TypeError: for non-floating rewards.
+    ValueError: for a scalar input, a bad ``singleton``, a negative ``eps``
+      or a ``ddof`` outside ``[0, G)`` for ``G > 1``.
+
+  References:
+    Shao et al., arXiv:2402.03300 (2024); Liu et al., arXiv:2503.20783
+    (2025).
+  """
+  who = "grpo_advantages"
+  _checks.check_ndim(who, "rewards", rewards, minimum=1)
+  _checks.check_choice(who, "singleton", singleton, SINGLETONS)
+  _checks.check_nonnegative(who, "eps", eps)
+  r = _common.as_float(who, "rewards", rewards)
+  g = r.shape[-1]
+  if g == 1:
+    if singleton == "zero":
+      return jnp.zeros_like(r)
+    return r / (1.0 + eps) if scale_by_std else r
+  if not 0 <= ddof < g:
+    raise ValueError(
+      f"{who}: ddof must be in [0, G) for groups of G={g}, got {ddof=}"
+    )
+  centred = r - jnp.mean(r, axis=-1, keepdims=True)
+  if not scale_by_std:
+    return centred
+  std = jnp.sqrt(
+    jnp.sum(centred * centred, axis=-1, keepdims=True) / (g - ddof)
+  )
+  return centred / (std + eps)
+
+
+def grpo_process_advantages(
+  step_rewards: Float[ArrayLike, "... G S"],
+  step_mask: Bool[ArrayLike, "... G S"],
+  step_token_index: Int[ArrayLike, "... G S"],
+  *,
+  num_tokens: int,
+  eps: float = 1e-6,
+  ddof: int = 1,
+) -> Float[Array, "... G T"]:
+  r"""GRPO process-supervision advantages (one reward per reasoning step).
+
+  .. math::
+    \tilde r_{i,j} = \frac{r_{i,j} - \mathrm{mean}(R)}{\mathrm{std}(R) +
+      \epsilon},\qquad
+    \hat A_{i,t} = \sum_{j:\ \mathrm{index}(j) \ge t} \tilde r_{i,j}
+
+  where :math:`R` holds every valid step reward of the group's ``G``
+  responses and :math:`\mathrm{index}(j)` is the token at which step
+  ``j`` ends. Padded steps (``step_mask`` false) neither enter the
+  statistics nor the sums.
+
+  Deviation: the paper writes the plain std; ``eps`` (outside) and
+  ``ddof=1`` follow the outcome convention, so a group whose step rewards
+  are all equal gets zero advantages instead of NaN.
+
+  Args:
+    step_rewards: reward of step ``j`` of response ``i``.
+    step_mask: which steps exist.
+    step_token_index: end-token index of each step, in ``[0, num_tokens)``.
+    num_tokens: response length ``T`` of the output.
+    eps: added to the std.
+    ddof: delta degrees of freedom of the std over the valid steps.
+
+  Returns:
+    ``(..., G, T)`` token advantages in the compute dtype.
+
+  Raises:
+    TypeError: for non-floating rewards or a non-integer index.
+    ValueError: for mismatched shapes, rank < 2 or a non-positive
+      ``num_tokens``.
+
+  References:
+    Shao et al., arXiv:2402.03300 (2024), section 4.1.3.
+  """
+  who = "grpo_process_advantages"
+  _checks.check_ndim(who, "step_rewards", step_rewards, minimum=2)
+  _checks.check_shape(who, "step_mask", step_mask, jnp.shape(step_rewards))
+  _checks.check_shape(
+    who, "step_token_index", step_token_index, jnp.shape(step_rewards)
+  )
+  _checks.check_positive_int(who, "num_tokens", num_tokens)
+  _checks.check_nonnegative(who, "eps", eps)
+  index = jnp.asarray(step_token_index)
+  if not jnp.issubdtype(index.dtype, jnp.integer):
+    raise TypeError(
+      f"{who}: step_token_index must have an integer dtype, got "
+      f"step_token_index.dtype={index.dtype}"
+    )
+  r = _common.as_float(who, "step_rewards", step_rewards)
+  m = jnp.asarray(step_mask, bool)
+  w = m.astype(r.dtype)
+  axes = (-2, -1)
+  n = jnp.sum(w, axis=axes, keepdims=True)
+  mean = jnp.sum(r * w, axis=axes, keepdims=True) / jnp.maximum(n, 1.0)
+  dev = (r - mean) * w
+  var = jnp.sum(dev * dev, axis=axes, keepdims=True) / jnp.maximum(
+    n - ddof, 1.0
+  )
+  normed = dev / (jnp.sqrt(var) + eps)
+  t = jnp.arange(num_tokens, dtype=index.dtype)
+  t = t.reshape((1,) * (index.ndim - 1) + (num_tokens, 1))
+  after = index[..., None, :] >= t  # (..., G, T, S)
+  return jnp.sum(jnp.where(after, normed[..., None, :], 0.0), axis=-1)
+
+
+def grpo_policy_loss(
+  logp: Float[ArrayLike, "B T"],
+  old_logp: Float[ArrayLike, "B T"],
+  ref_logp: Float[ArrayLike, "B T"] | None,
+  advantages: Float[ArrayLike, "B ..."],
+  mask: Bool[ArrayLike, "B T"],
+  *,
+  clip_eps: float = 0.2,
+  kl_coef: float = 0.04,
+  agg: Aggregation = "seq_mean_token_mean",
+  norm_length: int | None = None,
+) -> Float[Array, ""]:
+  r"""The GRPO clipped surrogate with a k3 KL penalty, as a loss to minimize.
+
+  .. math::
+    \ell_{i,t} = -\min(\rho_{i,t}\hat A_{i,t},
+      \mathrm{clip}(\rho_{i,t}, 1-\varepsilon, 1+\varepsilon)\hat A_{i,t})
+      + \beta\,k_3(\pi_\theta, \pi_{ref})_{i,t},\quad
+    \rho = e^{\log\pi_\theta - \log\pi_{old}}
+
+  aggregated over the valid tokens as verl's ``agg_loss``:
+
+  * ``"seq_mean_token_mean"`` (the paper's :math:`\frac1G\sum_i
+    \frac1{|o_i|}\sum_t`);
+  * ``"token_mean"``: one mean over every valid token (DAPO);
+  * ``"seq_mean_token_sum"``: per-sequence sums, averaged;
+  * ``"seq_mean_token_sum_norm"``: per-sequence sums over a constant
+    ``norm_length`` (default ``T``), averaged (Dr.GRPO).
+
+  Gradients flow through ``logp`` only (``old_logp``, ``ref_logp`` and the
+  advantages are stopped). A sequence without valid tokens contributes 0 to
+  ``seq_mean_token_mean``.
+
+  Args:
+    logp: ``(B, T)`` log-probabilities of the sampled tokens, current policy.
+    old_logp: the same under the policy that sampled them.
+    ref_logp: the same under the reference policy, or ``None`` (no KL).
+    advantages: ``(B,)`` per response or ``(B, T)`` per token.
+    mask: ``(B, T)`` valid response tokens.
+    clip_eps: :math:`\varepsilon`.
+    kl_coef: :math:`\beta` (ignored without ``ref_logp``).
+    agg: aggregation mode (above).
+    norm_length: the constant of ``"seq_mean_token_sum_norm"``.
+
+  Returns:
+    Scalar loss in the compute dtype.
+
+  Raises:
+    TypeError: for non-floating log-probabilities or advantages.
+    ValueError: for ranks/shapes that do not match, a bad ``agg``, negative
+      ``clip_eps`` or ``kl_coef``, or a non-positive ``norm_length``.
+
+  References:
+    Shao et al., arXiv:2402.03300 (2024), eq. 3; Liu et al.,
+    arXiv:2503.20783 (2025); verl ``agg_loss`` (CorrGRPO repository).
+  """
+  who = "grpo_policy_loss"
+  _checks.check_choice(who, "agg", agg, AGGREGATIONS)
+  _checks.check_nonnegative(who, "clip_eps", clip_eps)
+  _checks.check_nonnegative(who, "kl_coef", kl_coef)
+  _checks.check_ndim(who, "logp", logp, expected=2)
+  shape = jnp.shape(logp)
+  _checks.check_shape(who, "old_logp", old_logp, shape)
+  _checks.check_shape(who, "mask", mask, shape)
+  if jnp.shape(advantages) not in (shape, shape[:1]):
+    raise ValueError(
+      f"{who}: advantages must have shape {shape} (per token) or "
+      f"{shape[:1]} (per response), got advantages.shape="
+      f"{jnp.shape(advantages)}"
+    )
+  if norm_length is not None:
+    _checks.check_positive_int(who, "norm_length", norm_length)
+  lp = _common.as_float(who, "logp", logp)
+  dt = lp.dtype
+  old = jax.lax.stop_gradient(
+    _common.as_float(who, "old_logp", old_logp).astype(dt)
+  )
+  adv = jax.lax.stop_gradient(
+    _common.as_float(who, "advantages", advantages).astype(dt)
+  )
+  if adv.ndim == 1:
+    adv = adv[:, None]
+  ratio = jnp.exp(lp - old)
+  clipped = jnp.clip(ratio, 1.0 - clip_eps, 1.0 + clip_eps)
+  loss = -jnp.minimum(ratio * adv, clipped * adv)
+  if ref_logp is not None:
+    _checks.check_shape(who, "ref_logp", ref_logp, shape)
+    ref = jax.lax.stop_gradient(_common.as_float(who, "ref_logp", ref_logp))
+    loss = loss + kl_coef * _common.kl_k3(lp, ref.astype(dt))
+  m = jnp.asarray(mask, bool)
+  w = m.astype(dt)
+  loss = jnp.where(m, loss, 0.0)
+  if agg == "token_mean":
+    return jnp.sum(loss) / jnp.maximum(jnp.sum(w), 1.0)
+  seq = jnp.sum(loss, axis=-1)
+  if agg == "seq_mean_token_mean":
+    seq = seq / jnp.maximum(jnp.sum(w, axis=-1), 1.0)
+  elif agg == "seq_mean_token_sum_norm":
+    seq = seq / (shape[1] if norm_length is None else norm_length)
+  return jnp.mean(seq)
