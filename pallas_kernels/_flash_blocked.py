@@ -2,7 +2,7 @@
 
 The blocked FlashAttention-2 kernels behind `pallas_kernels.attention` on
 Triton and Mosaic TPU (the Mosaic GPU kernels are in
-`pallas_kernels.mosaic_gpu_attention`): one program per (batch, head, query
+`pallas_kernels.mosaic_gpu_flash`): one program per (batch, head, query
 block) slices the whole key/value sequence of its head from one block and
 streams it with an online softmax; the backward recomputes the
 probabilities from the saved statistics, one kernel per query block for

@@ -21,7 +21,7 @@ each GQA group outside); ``delta = rowsum(dO * O)`` and the sink gradient
 ``-sum exp(s_h - lse) * delta`` are small jnp reductions.
 
 Lowerings (``backend=``, as for the norm kernels, `_rows.row_lowering`):
-``"mosaic_gpu"``, the GPU default (`pallas_kernels.mosaic_gpu_attention`:
+``"mosaic_gpu"``, the GPU default (`pallas_kernels.mosaic_gpu_flash`:
 the same online softmax on warpgroup MMAs with TMA-fed, double-buffered
 key/value tiles, and the same two backward kernels; where the backward's
 tiles exceed shared memory (head dims of 256) the backward is the jnp
@@ -58,6 +58,7 @@ from jaxnorm.attention import softmax as softmax_ref
 from pallas_kernels import _flash_blocked as blocked
 from pallas_kernels import _flash_tiling, _rows, sharding
 from pallas_kernels import mosaic_gpu_attention as mga
+from pallas_kernels import mosaic_gpu_flash as mgf
 
 # K/V of one head live in one block: 2 * S * H elements; beyond this many
 # bytes (per head, input dtype) the kernel would need a key grid axis. On
@@ -109,7 +110,7 @@ def attention_block_heuristic(
   `mosaic_gpu_attention.SMEM_BUDGET` (200 of the 227 KiB of an H100/H200
   block), else keys stream in blocks of 64 (head dims 256). The backward
   kernels tile themselves within these padded lengths
-  (`mosaic_gpu_attention.flash_backward_blocks`): ``dk``/``dv`` carry two
+  (`mosaic_gpu_flash.flash_backward_blocks`): ``dk``/``dv`` carry two
   accumulators, so they take 64 x 64 tiles, and ``dq`` keeps 128 keys only
   up to head dim 64 (the register arithmetic is there).
 
@@ -127,7 +128,7 @@ def attention_block_heuristic(
   """
   if lowering == "mosaic_gpu":
     bq = block_q or 64
-    fits = mga.flash_smem_bytes(bq, 128, *head_dims, itemsize)
+    fits = mgf.flash_smem_bytes(bq, 128, *head_dims, itemsize)
     wide = kv_len > 64 and fits <= mga.SMEM_BUDGET
     bk = block_k or (128 if wide else 64)
   elif lowering == "triton":
@@ -149,7 +150,7 @@ def _mosaic_flash(q, k, v, sink, mask, st):
 
 def _mosaic_config(st):
   t = st.tiling
-  return mga.FlashConfig(
+  return mgf.FlashConfig(
     block_q=t.block_q,
     block_k=t.block_k,
     scale=st.scale,
@@ -176,7 +177,7 @@ def _mosaic_flash_fwd(q, k, v, sink, mask, st):
   if st.has_sink:
     n = q.shape[2]
     rows = jnp.broadcast_to(sink.astype(jnp.float32)[:, None], (n, t.block_q))
-  out, m, norm = mga.flash_forward(
+  out, m, norm = mgf.flash_forward(
     _pad_seq(q, t.q_len),
     _pad_seq(k, t.kv_len),
     _pad_seq(v, t.kv_len),
@@ -194,14 +195,14 @@ def _mosaic_flash_bwd(st, res, do):
   t = st.tiling
   size = q.dtype.itemsize
   h, hv = q.shape[-1], v.shape[-1]
-  blocks = mga.flash_backward_blocks(t.block_k, h)
-  if mga.flash_bwd_smem_bytes(blocks, h, hv, size) > mga.SMEM_BUDGET:
+  blocks = mgf.flash_backward_blocks(t.block_k, h)
+  if mgf.flash_bwd_smem_bytes(blocks, h, hv, size) > mga.SMEM_BUDGET:
     return _reference_bwd(st, q, k, v, sink, mask, do)
   delta = jnp.sum(
     do.astype(jnp.float32) * out.astype(jnp.float32), axis=-1
   ).transpose(0, 2, 1)  # (B, N, T)
   delta = jnp.pad(delta, ((0, 0), (0, 0), (0, t.q_len - st.q_len)))
-  dq, dk, dv = mga.flash_backward(
+  dq, dk, dv = mgf.flash_backward(
     _pad_seq(q, t.q_len),
     _pad_seq(k, t.kv_len),
     _pad_seq(v, t.kv_len),
@@ -337,7 +338,7 @@ def _attention(
   if lowering == "mosaic_gpu":
     mga.check_smem(
       who,
-      mga.flash_smem_bytes(tiling.block_q, tiling.block_k, h, hv, size),
+      mgf.flash_smem_bytes(tiling.block_q, tiling.block_k, h, hv, size),
       f"block_q={tiling.block_q}, block_k={tiling.block_k}, head dims "
       f"{h}, {hv}",
     )

@@ -16,7 +16,7 @@ pass reads ``q, k, v`` once. The feature map is applied in the wrapper
 after the map, so they add nothing.
 
 Lowerings (``backend=``, `_rows.row_lowering`): ``"mosaic_gpu"``, the GPU
-default (`pallas_kernels.mosaic_gpu_attention.linear_forward`: the same
+default (`pallas_kernels.mosaic_gpu_linear.linear_forward`: the same
 recurrence on warpgroup MMAs, chunks streamed by TMA, the key chunk fed
 transposed so both of its products take it as a plain operand);
 ``"triton"`` while the installed JAX has it, behind that explicit choice;
@@ -45,6 +45,7 @@ from jaxnorm import _checks
 from jaxnorm.attention import linear as reference
 from pallas_kernels import _rows, sharding
 from pallas_kernels import mosaic_gpu_attention as mga
+from pallas_kernels import mosaic_gpu_linear as mgl
 
 # q, k, v of one head sit in one block (the kernel slices the chunks).
 MAX_HEAD_BYTES = 8 << 20
@@ -212,23 +213,23 @@ def causal_linear_attention_pallas(
   if lowering == "mosaic_gpu":
     mga.check_supported(who, query.dtype, {"head_dim": h, "value head_dim": hv})
     mga.check_interpreter(who, interpret)
-    if h > mga.LINEAR_MAX_HEAD_DIM:
+    if h > mgl.LINEAR_MAX_HEAD_DIM:
       raise NotImplementedError(
         f"{who}: the mosaic_gpu kernel keeps an (head_dim, 64) float32 state "
         f"in registers and supports head_dim up to "
-        f"{mga.LINEAR_MAX_HEAD_DIM} (ptxas spills at 256), got head_dim={h}; "
+        f"{mgl.LINEAR_MAX_HEAD_DIM} (ptxas spills at 256), got head_dim={h}; "
         "use the reference (implementation='xla')"
       )
     size = query.dtype.itemsize
     # Chunks of 128 where their tiles fit shared memory and, with the
     # (F, 64) state and normalizer, the registers: a (128, 128) score tile
     # is 128 float32 per thread, which spills beside F = 128 (ptxas).
-    wide = mga.linear_smem_bytes(128, h, hv, size) <= mga.SMEM_BUDGET
+    wide = mgl.linear_smem_bytes(128, h, hv, size) <= mga.SMEM_BUDGET
     wide = wide and h <= mga.HEAD_DIM_UNIT
     c = 128 if c > 64 and wide else 64
     mga.check_smem(
       who,
-      mga.linear_smem_bytes(c, h, hv, size),
+      mgl.linear_smem_bytes(c, h, hv, size),
       f"chunk={c}, head dims {h}, {hv}",
     )
   elif lowering == "triton":
@@ -279,7 +280,7 @@ def _linear(query, key, value, feature_map, chunk_size, static):
   if st["lowering"] == "mosaic_gpu":
     # keys transposed to (B, K, F, Tp): the kernel's plain matmul operand
     fkt = jnp.swapaxes(prep(key, True), 2, 3)
-    out = mga.linear_forward(
+    out = mgl.linear_forward(
       jnp.swapaxes(prep(query, True), 1, 2),
       fkt,
       jnp.swapaxes(prep(value, False), 1, 2),

@@ -41,7 +41,7 @@ from jax.sharding import PartitionSpec as P  # noqa: E402
 
 from jaxnorm import aot, attention, fused_norms, norms  # noqa: E402
 from pallas_kernels import _rows, dyt_seed  # noqa: E402
-from pallas_kernels import mosaic_gpu_attention as mga  # noqa: E402
+from pallas_kernels import mosaic_gpu_linear as mgl  # noqa: E402
 from pallas_kernels import norms as pk  # noqa: E402
 from tests.pallas_kernels import _common as c  # noqa: E402
 
@@ -241,7 +241,7 @@ def _attention_args(variant, b, t, n, k, h, dtype):
 def _attention_has_kernel(chip, variant, h, dtype, t):
   lowering = _lowering(chip)
   if lowering == "mosaic_gpu":
-    wide = variant == "linear" and h > mga.LINEAR_MAX_HEAD_DIM
+    wide = variant == "linear" and h > mgl.LINEAR_MAX_HEAD_DIM
     return dtype != "float32" and not wide
   if lowering == "triton":
     return _rows.triton_available() and t * 2 * h * jnp.dtype(

@@ -25,7 +25,7 @@ from jaxnorm import attention as ref
 from pallas_kernels import _rows, mosaic_gpu_rows
 from pallas_kernels import attention as pa
 from pallas_kernels import linear_attention as pla
-from pallas_kernels import mosaic_gpu_attention as mga
+from pallas_kernels import mosaic_gpu_flash as mgf
 from tests import helpers
 
 INTERPRETER = pytest.mark.skipif(
@@ -238,9 +238,9 @@ def test_heuristic_blocks():
   assert (t.block_q, t.block_k, t.q_len, t.kv_len) == (64, 64, 64, 64)
   # The backward's own tiles: dq keeps 128 keys up to head dim 64, dk/dv
   # take 64 x 64.
-  assert mga.flash_backward_blocks(128, 64) == ((64, 128), (64, 64))
-  assert mga.flash_backward_blocks(128, 128) == ((64, 64), (64, 64))
-  assert mga.flash_backward_blocks(64, 64) == ((64, 64), (64, 64))
+  assert mgf.flash_backward_blocks(128, 64) == ((64, 128), (64, 64))
+  assert mgf.flash_backward_blocks(128, 128) == ((64, 64), (64, 64))
+  assert mgf.flash_backward_blocks(64, 64) == ((64, 64), (64, 64))
 
 
 @pytest.mark.skipif(
