@@ -7,10 +7,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 
 from jaxnorm import attention as attn
+from jaxnorm.nn import attention as nn_attn
 from tests import helpers
 from tests.attention import _common
+from tests.attention._common import D, N
 
 ORACLES = pathlib.Path(__file__).parent.parent / "oracles"
 _qkv = _common.qkv
@@ -149,3 +152,32 @@ def test_affine_errors(key):
     attn.affine_scaled_attention(
       q[0], k[0], v[0], alpha=jnp.ones((5, 4)), alpha_ma=jnp.zeros(4)
     )
+
+
+# ---------------------------------------------------------------------------
+# The module (jaxnorm.nn.attention.affine_scaled).
+
+
+def test_affine_scaled_state_updates_and_eval(key):
+  m = nn_attn.make_attention("affine_scaled", D, N, rngs=nnx.Rngs(0))
+  x = _common.tokens(key)
+  assert float(jnp.abs(m.core.alpha_ma[...]).max()) == 0.0
+  m(x)
+  alpha = attn.linear_clipping(
+    jnp.einsum("btd,dn->btn", x, m.core.alpha_kernel[...])
+  )
+  helpers.assert_close(
+    m.core.alpha_ma[...], 0.1 * alpha.mean(axis=(0, 1)), atol=1e-6
+  )
+  before = m.core.alpha_ma[...]
+  m.eval()
+  assert m.core.use_running_average
+  m(x)
+  helpers.assert_close(m.core.alpha_ma[...], before, atol=0)
+  m.train()
+  assert not m.core.use_running_average
+  layer = nn_attn.make_attention(
+    "affine_scaled", D, N, ema_axes="per_layer", rngs=nnx.Rngs(0)
+  )
+  assert layer.core.alpha_ma.shape == ()
+  assert isinstance(m.core.alpha_ma, nn_attn.AffineScaleEMA)

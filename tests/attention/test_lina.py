@@ -7,10 +7,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 
 from jaxnorm import attention as attn
+from jaxnorm.nn import attention as nn_attn
 from tests import helpers
 from tests.attention import _common
+from tests.attention._common import D, K, N
 
 ORACLES = pathlib.Path(__file__).parent.parent / "oracles"
 _qkv = functools.partial(_common.qkv, t=6)
@@ -111,3 +114,20 @@ def test_lina_depthwise_conv(key):
     attn.lina_depthwise_conv(x, kern, grid_shape=(4, 5))
   with pytest.raises(ValueError, match=r"kernel must have shape"):
     attn.lina_depthwise_conv(x, kern[..., :2], grid_shape=(4, 4), num_prefix=3)
+
+
+# ---------------------------------------------------------------------------
+# The module (jaxnorm.nn.attention.lina).
+
+
+def test_lina_module_matches_function_up_to_max_len(key):
+  m = nn_attn.make_attention(
+    "lina", D, N, num_kv_heads=K, max_len=8, rngs=nnx.Rngs(0)
+  )
+  x = _common.tokens(key)
+  q, k, v = _common.project_qkv(m, x)
+  helpers.assert_close(
+    m(x), _common.project_out(m, attn.lina_attention(q, k, v)), atol=1e-5
+  )
+  with pytest.raises(ValueError, match="exceeds max_len=8"):
+    m(_common.tokens(key, t=9))

@@ -6,10 +6,13 @@ import pathlib
 import jax
 import jax.numpy as jnp
 import pytest
+from flax import nnx
 
 from jaxnorm import attention as attn
+from jaxnorm.nn import attention as nn_attn
 from tests import helpers
 from tests.attention import _common
+from tests.attention._common import D, N
 
 ORACLES = pathlib.Path(__file__).parent.parent / "oracles"
 _qkv = functools.partial(_common.qkv, t=6)
@@ -49,3 +52,17 @@ def test_causal_linear_explicit_and_grad(key):
     attn.causal_linear_attention(q, k[:, :3], v[:, :3])
   with pytest.raises(ValueError, match=r"chunk_size must be a positive"):
     attn.causal_linear_attention(q, k, v, chunk_size=0)
+
+
+# ---------------------------------------------------------------------------
+# The module (jaxnorm.nn.attention.linear).
+
+
+def test_causal_linear_module_matches_function(key):
+  x = _common.tokens(key)
+  cl = nn_attn.make_attention(
+    "causal_linear", D, N, feature_map="relu", rngs=nnx.Rngs(0)
+  )
+  q, k, v = _common.project_qkv(cl, x)
+  want = attn.causal_linear_attention(q, k, v, feature_map="relu")
+  helpers.assert_close(cl(x), _common.project_out(cl, want), atol=1e-5)

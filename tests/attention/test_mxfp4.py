@@ -8,10 +8,13 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
+from flax import nnx
 
 from jaxnorm import attention as attn
+from jaxnorm.nn import attention as nn_attn
 from tests import helpers
 from tests.attention import _common
+from tests.attention._common import D, N
 
 ORACLES = pathlib.Path(__file__).parent.parent / "oracles"
 _qkv = functools.partial(_common.qkv, t=6)
@@ -160,3 +163,26 @@ def test_mxfp4_attention_full_method(key):
     attn.mxfp4_attention(q, k, v, p_quant="exact")
   with pytest.raises(ValueError, match="qmax must be > 0"):
     attn.mxfp4_attention(q, k, v, qmax=0.0)
+
+
+# ---------------------------------------------------------------------------
+# The module (jaxnorm.nn.attention.mxfp4).
+
+
+def test_mxfp4_module_matches_function(key):
+  x = _common.tokens(key)
+  mx = nn_attn.make_attention(
+    "mxfp4",
+    D,
+    N,
+    rngs=nnx.Rngs(0),
+    attention_kwargs={"p_quant": "direct", "hadamard": "plain"},
+  )
+  q, k, v = _common.project_qkv(mx, x)
+  helpers.assert_close(
+    mx(x),
+    _common.project_out(
+      mx, attn.mxfp4_attention(q, k, v, p_quant="direct", hadamard="plain")
+    ),
+    atol=1e-5,
+  )

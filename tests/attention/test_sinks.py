@@ -6,10 +6,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 
 from jaxnorm import attention as attn
+from jaxnorm.nn import attention as nn_attn
 from tests import helpers
 from tests.attention import _common
+from tests.attention._common import D, N
 
 ORACLES = pathlib.Path(__file__).parent.parent / "oracles"
 _qkv = _common.qkv
@@ -110,3 +113,32 @@ def test_sinks_and_gates_live_x_transformers():
   stored = _oracle("attention_sinks_xtransformers")
   for name, value in live.items():
     np.testing.assert_allclose(value, stored[name], atol=1e-6, err_msg=name)
+
+
+# ---------------------------------------------------------------------------
+# The module (jaxnorm.nn.attention.sinks).
+
+
+def test_sink_module_matches_function(key):
+  x = _common.tokens(key)
+  s = nn_attn.make_attention("sink", D, N, rngs=nnx.Rngs(0))
+  sinks = jnp.arange(N, dtype=jnp.float32)
+  s.core.sinks[...] = sinks
+  q, k, v = _common.project_qkv(s, x)
+  helpers.assert_close(
+    s(x),
+    _common.project_out(s, attn.sink_attention(q, k, v, sinks=sinks)),
+    atol=1e-5,
+  )
+
+
+def test_gated_module_matches_function(key):
+  x = _common.tokens(key)
+  g = nn_attn.make_attention("gated", D, N, headwise=True, rngs=nnx.Rngs(0))
+  assert g.core.gate_kernel.shape == (D, N, 1)
+  q, k, v = _common.project_qkv(g, x)
+  gl = jnp.einsum("btd,dnh->btnh", x, g.core.gate_kernel[...])
+  want = _common.project_out(
+    g, attn.gated_attention_output(attn.dot_product_attention(q, k, v), gl)
+  )
+  helpers.assert_close(g(x), want, atol=1e-5)

@@ -1,18 +1,25 @@
-"""SOFT: Gaussian kernel, Newton inverse, soft_attention."""
+"""SOFT: Gaussian kernel, Newton inverse, soft_attention, the module."""
 
 import functools
+import math
 import pathlib
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 
 from jaxnorm import attention as attn
+from jaxnorm.nn import attention as nn_attn
 from tests import helpers
 from tests.attention import _common
+from tests.attention._common import GRID, D
+from tests.attention._common import GRID_H as H
+from tests.attention._common import GRID_N as N
 
 ORACLES = pathlib.Path(__file__).parent.parent / "oracles"
+# N heads of size H: the map layer's (`_common.grid_mha`).
 _qkv = functools.partial(_common.qkv, t=6)
 
 
@@ -232,7 +239,7 @@ def test_soft_norm_two_landmarks_boundary():
 
 # ---------------------------------------------------------------------------
 # The layer on a token map (`soft_conv_landmarks`, `soft_local_conv`); the
-# module's official transcription is in tests/nn/test_vision_modules.py.
+# module's official transcription is below.
 
 
 def test_grid_errors():
@@ -257,3 +264,140 @@ def test_grid_errors():
     )
   with pytest.raises(ValueError, match=r"with odd k"):
     attn.soft_local_conv(q, jnp.ones((2, 2, 2)), grid_shape=grid, num_prefix=1)
+
+
+# ---------------------------------------------------------------------------
+# The module (jaxnorm.nn.attention.soft).
+
+# The map layer against a NumPy float64 transcription of the official one
+# (``fudan-zvg/SOFT models/softmax_free_transformer.py``
+# ``SoftmaxFreeAttention`` + ``SOFT/kernel/inverse.py``; see _common).
+
+_erf = np.vectorize(math.erf)
+
+
+def _soft_np(m, x, prefix):
+  """``SoftmaxFreeAttention.forward`` (ratio > 1 path, ``use_conv``)."""
+  core = m.core
+  b, t, _ = x.shape
+  q = _common.linear_np(x, m.q_kernel, m.q_bias)
+  q = q.reshape(b, t, N, H).transpose(0, 2, 1, 3)
+  v = _common.linear_np(x, m.v_kernel, m.v_bias)
+  v = v.reshape(b, t, N, H).transpose(0, 2, 1, 3)
+  q = q / math.sqrt(math.sqrt(H))
+  # Qlandmark_op: Conv2d(H, H, r, stride=r, bias=False), torch weight
+  # (out, in, r, r) is our (r, r, in, out) transposed.
+  w = _common.np64(core.landmark_kernel[...]).transpose(3, 2, 0, 1)
+  r = w.shape[-1]
+  img = q[:, :, prefix:].reshape(b * N, *GRID, H).transpose(0, 3, 1, 2)
+  mh, mw = GRID[0] // r, GRID[1] // r
+  lm = np.zeros((b * N, H, mh, mw))
+  for i in range(mh):
+    for j in range(mw):
+      patch = img[:, :, i * r : (i + 1) * r, j * r : (j + 1) * r]
+      lm[:, :, i, j] = np.einsum("bcuv,ocuv->bo", patch, w)
+  lm = lm.reshape(b * N, H, -1).transpose(0, 2, 1).reshape(b, N, -1, H)
+  lm = _common.layer_norm_np(
+    lm,
+    _common.np64(core.landmark_scale[...]),
+    _common.np64(core.landmark_bias[...]),
+    1e-5,
+  )
+  lm = 0.5 * lm * (1 + _erf(lm / math.sqrt(2)))  # nn.GELU(): exact.
+
+  def kernel(a, c):
+    sq = (a**2).sum(-1)[..., :, None] + (c**2).sum(-1)[..., None, :]
+    return np.exp(-(sq - 2 * a @ np.swapaxes(c, -1, -2)) / 2)
+
+  k1, k2 = kernel(q, lm), kernel(lm, lm)
+  out = (k1 @ _official_soft_newton(k2, 20)) @ (np.swapaxes(k1, -1, -2) @ v)
+  # self.conv: Conv2d(N, N, k, groups=N, bias=False) on each value channel.
+  wl = _common.np64(core.local_kernel[...]).transpose(2, 0, 1)[:, None]
+  vimg = v[:, :, prefix:].reshape(b, N, *GRID, H).transpose(0, 4, 1, 2, 3)
+  loc = _common.dwconv_np(vimg.reshape(b * H, N, *GRID), wl)
+  loc = loc.reshape(b, H, N, -1).transpose(0, 2, 3, 1)
+  out[:, :, prefix:] += loc
+  out[:, :, :prefix] += v[:, :, :prefix]  # Prefix convention: passthrough.
+  return _common.out_np(m, out.transpose(0, 2, 1, 3).reshape(b, t, D))
+
+
+@pytest.mark.parametrize("prefix", [0, 1])
+def test_soft_layer_matches_official_transcription(prefix):
+  m = _common.grid_mha("soft", prefix, ratio=2, conv_size=3)
+  _common.randomize(m, 0)
+  x = _common.grid_tokens_np(1, prefix)
+  y = nnx.jit(lambda m, x: m(x))(m, jnp.asarray(x, jnp.float32))
+  helpers.assert_close(y, _soft_np(m, x, prefix), atol=1e-5, rtol=1e-5)
+
+
+def _soft_pair(s, x):
+  """The SOFT core's output and the pure function's, same parameters."""
+  q, _, v = _common.project_qkv_biased(s, x)
+  c = s.core
+  want = attn.soft_grid_attention(
+    q,
+    v,
+    landmark_kernel=c.landmark_kernel[...],
+    landmark_scale=c.landmark_scale[...],
+    landmark_bias=c.landmark_bias[...],
+    local_kernel=c.local_kernel[...],
+    grid_shape=GRID,
+    num_prefix=1,
+    num_iters=12,
+  )
+  return c(x, q, None, v), want
+
+
+def test_soft_core_calls_the_pure_function(key):
+  x = jax.random.normal(key, (2, 13, D))
+  s = _common.grid_mha("soft", 1, num_iters=12)
+  got, want = nnx.jit(_soft_pair)(s, x)
+  helpers.assert_close(got, want, atol=0)
+
+
+def test_soft_grid_init_and_token_form():
+  s = _common.grid_mha("soft", 1, ratio=2, conv_size=5).core
+  assert s.landmark_kernel.shape == (2, 2, H, H)
+  assert s.local_kernel.shape == (5, 5, N)
+  bound = 1 / math.sqrt(H * 4)
+  assert 0.5 * bound < np.abs(s.landmark_kernel[...]).max() <= bound
+  assert 0.5 / 5 < np.abs(s.local_kernel[...]).max() <= 1 / 5
+  assert _common.grid_mha("soft", 0, conv_size=0).core.local_kernel is None
+  # Token form: no parameters, the bare kernel.
+  tok = nn_attn.make_attention("soft", D, N, rngs=nnx.Rngs(0))
+  assert tok.core.grid_shape is None
+  assert not nnx.state(tok.core, nnx.Param)
+
+
+def test_soft_all_zero_rows_have_finite_gradients():
+  m = _common.grid_mha("soft", 1)
+  x = jnp.zeros((1, 13, D)).at[0, 5].set(1.0)
+  g = nnx.jit(nnx.grad(lambda m: m(x).sum()))(m)
+  assert helpers.all_finite(g)
+
+
+def test_soft_core_errors():
+  with pytest.raises(ValueError, match=r"ratio=4 must fit the grid \(4, 3\)"):
+    _common.grid_mha("soft", 1, ratio=4)
+  with pytest.raises(
+    ValueError, match=r"conv_size must be odd, got conv_size=4"
+  ):
+    _common.grid_mha("soft", 1, conv_size=4)
+  with pytest.raises(ValueError, match=r"SoftAttention: grid_shape must be"):
+    nn_attn.make_attention("soft", D, N, grid_shape=(4,), rngs=nnx.Rngs(0))
+
+
+def test_vit_builds_the_soft_layer_and_trains():
+  _common.check_vit_builds_the_map_layer_and_trains("soft")
+
+
+# The token form in the module tests' MultiHeadAttention (`_common.tokens`).
+
+
+def test_soft_module_ties_keys_and_matches_function(key):
+  x = _common.tokens(key)
+  s = nn_attn.make_attention("soft", D, _common.N, rngs=nnx.Rngs(0))
+  assert s.k_kernel is None and s.k_norm is None
+  q, _, v = _common.project_qkv(s, x)
+  want = attn.soft_attention(q, v, attn.soft_landmarks(q, 2))
+  helpers.assert_close(s(x), _common.project_out(s, want), atol=1e-5)

@@ -6,10 +6,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 
 from jaxnorm import attention as attn
+from jaxnorm.nn import attention as nn_attn
 from tests import helpers
 from tests.attention import _common
+from tests.attention._common import D, H, K, N
 
 ORACLES = pathlib.Path(__file__).parent.parent / "oracles"
 _qkv = _common.qkv
@@ -176,3 +179,21 @@ def test_soft_cap_and_window_errors(key):
   for bad in (-1, (1, 2, 3), (1.5, 2), True):
     with pytest.raises(ValueError, match="local_window_size must be an int"):
       f(q, k, v, local_window_size=bad)
+
+
+# ---------------------------------------------------------------------------
+# The module (jaxnorm.nn.attention.softmax).
+
+
+def test_softmax_module_matches_function(key):
+  m = nn_attn.MultiHeadAttention(
+    D, N, num_kv_heads=K, is_causal=True, rngs=nnx.Rngs(0)
+  )
+  x = _common.tokens(key)
+  q, k, v = _common.project_qkv(m, x)
+  want = _common.project_out(
+    m, attn.dot_product_attention(q, k, v, is_causal=True)
+  )
+  helpers.assert_close(m(x), want, atol=1e-5)
+  assert m.k_kernel.shape == (D, K, H)
+  helpers.assert_jit_matches_eager(lambda x: m(x), x, atol=1e-5)

@@ -1,3 +1,9 @@
+"""The registry-driven attention module tests, and MultiHeadAttention's own.
+
+Each paper's module tests are in tests/attention/test_<paper>.py.
+"""
+
+import inspect
 import typing
 
 import jax
@@ -11,15 +17,11 @@ from jaxnorm import norms, sharding
 from jaxnorm.nn import attention as nn_attn
 from jaxnorm.nn import registry
 from tests import helpers
+from tests.attention import _common
+from tests.attention._common import D, H, K, N
 
-D, N, K, H = 16, 4, 2, 4
 # Options each core needs to run on a length-6 sequence.
 _RUN_OPTIONS = {"lina": {"max_len": 8}}
-
-
-def _x(key, t=6, name="softmax"):
-  x = jax.random.normal(key, (2, t, D))
-  return helpers.as_dtype_kind(x, nn_attn.ATTENTIONS[name].dtype_kind)
 
 
 def _kind_kwargs(name):
@@ -27,21 +29,6 @@ def _kind_kwargs(name):
   if nn_attn.ATTENTIONS[name].dtype_kind == "complex":
     return {"param_dtype": jnp.complex64}
   return {}
-
-
-def _proj(m, x):
-  q = jnp.einsum("btd,dnh->btnh", x, m.q_kernel[...])
-  k = (
-    None
-    if m.k_kernel is None
-    else jnp.einsum("btd,dnh->btnh", x, m.k_kernel[...])
-  )
-  v = jnp.einsum("btd,dnh->btnh", x, m.v_kernel[...])
-  return q, k, v
-
-
-def _out(m, y):
-  return jnp.einsum("btnh,nhd->btd", y, m.out_kernel[...])
 
 
 def test_literal_equals_registry():
@@ -54,27 +41,15 @@ def test_literal_equals_registry():
   assert len(set(cores)) == len(cores)  # One core class per paper.
 
 
-def test_softmax_module_matches_function(key):
-  m = nn_attn.MultiHeadAttention(
-    D, N, num_kv_heads=K, is_causal=True, rngs=nnx.Rngs(0)
-  )
-  x = _x(key)
-  q, k, v = _proj(m, x)
-  want = _out(m, attn.dot_product_attention(q, k, v, is_causal=True))
-  helpers.assert_close(m(x), want, atol=1e-5)
-  assert m.k_kernel.shape == (D, K, H)
-  helpers.assert_jit_matches_eager(lambda x: m(x), x, atol=1e-5)
-
-
 def test_rope_and_qk_norm(key):
   m = nn_attn.MultiHeadAttention(
     D, N, use_rope=True, qk_norm="rmsnorm", use_bias=True, rngs=nnx.Rngs(1)
   )
-  x = _x(key)
-  q, k, v = _proj(m, x)
+  x = _common.tokens(key)
+  q, k, v = _common.project_qkv(m, x)
   q = attn.rope(norms.rms_norm(q, m.q_norm.scale[...], eps=m.q_norm.eps))
   k = attn.rope(norms.rms_norm(k, m.k_norm.scale[...], eps=m.k_norm.eps))
-  want = _out(m, attn.dot_product_attention(q, k, v))
+  want = _common.project_out(m, attn.dot_product_attention(q, k, v))
   helpers.assert_close(m(x), want, atol=1e-5)
   ln = nn_attn.MultiHeadAttention(D, N, qk_norm="layernorm", rngs=nnx.Rngs(1))
   assert helpers.all_finite(ln(x))
@@ -93,7 +68,7 @@ def test_every_core_builds_runs_and_is_finite(key, name):
     **_RUN_OPTIONS.get(name, {}),
     **_kind_kwargs(name),
   )
-  x = _x(key, name=name)
+  x = _common.tokens(key, name=name)
   call = nnx.jit(lambda m, x: m(x))
   y = call(m, x)
   assert y.shape == x.shape and helpers.all_finite(y)
@@ -115,7 +90,7 @@ def test_spec_capabilities_match_the_core(key, name):
     m = nn_attn.make_attention(
       name, D, N, is_causal=True, rngs=nnx.Rngs(0), **_kind_kwargs(name)
     )
-    x = _x(key, name=name)
+    x = _common.tokens(key, name=name)
     y = nnx.clone(m)(x)  # Each call from the same state.
     y2 = nnx.clone(m)(x.at[:, -1].add(1.0))
     helpers.assert_close(y2[:, :-1], y[:, :-1], atol=1e-6)
@@ -125,10 +100,10 @@ def test_spec_capabilities_match_the_core(key, name):
   m = nn_attn.make_attention(name, D, N, rngs=nnx.Rngs(0), **kw)
   mask = jnp.tril(jnp.ones((6, 6), bool))[None, None]
   if spec.takes_mask:
-    assert helpers.all_finite(m(_x(key, name=name), mask=mask))
+    assert helpers.all_finite(m(_common.tokens(key, name=name), mask=mask))
   else:
     with pytest.raises(ValueError, match=r"takes no mask or bias"):
-      m(_x(key, name=name), mask=mask)
+      m(_common.tokens(key, name=name), mask=mask)
 
 
 @pytest.mark.parametrize("name", nn_attn.ATTENTION_NAMES)
@@ -145,46 +120,16 @@ def test_spec_kernel_means_implementation_option(key, name):
   ref = nn_attn.make_attention(
     name, D, N, rngs=nnx.Rngs(0), **_RUN_OPTIONS.get(name, {})
   )
-  x = _x(key)
+  x = _common.tokens(key)
   helpers.assert_close(m(x), ref(x), atol=1e-6)
 
 
-def test_core_modules_match_functions(key):
-  x = _x(key)
-  s = nn_attn.make_attention("sink", D, N, rngs=nnx.Rngs(0))
-  sinks = jnp.arange(N, dtype=jnp.float32)
-  s.core.sinks[...] = sinks
-  q, k, v = _proj(s, x)
-  helpers.assert_close(
-    s(x), _out(s, attn.sink_attention(q, k, v, sinks=sinks)), atol=1e-5
-  )
-  g = nn_attn.make_attention("gated", D, N, headwise=True, rngs=nnx.Rngs(0))
-  assert g.core.gate_kernel.shape == (D, N, 1)
-  q, k, v = _proj(g, x)
-  gl = jnp.einsum("btd,dnh->btnh", x, g.core.gate_kernel[...])
-  want = _out(
-    g, attn.gated_attention_output(attn.dot_product_attention(q, k, v), gl)
-  )
-  helpers.assert_close(g(x), want, atol=1e-5)
-  mx = nn_attn.make_attention(
-    "mxfp4",
-    D,
-    N,
-    rngs=nnx.Rngs(0),
-    attention_kwargs={"p_quant": "direct", "hadamard": "plain"},
-  )
-  q, k, v = _proj(mx, x)
-  helpers.assert_close(
-    mx(x),
-    _out(mx, attn.mxfp4_attention(q, k, v, p_quant="direct", hadamard="plain")),
-    atol=1e-5,
-  )
-  cl = nn_attn.make_attention(
-    "causal_linear", D, N, feature_map="relu", rngs=nnx.Rngs(0)
-  )
-  q, k, v = _proj(cl, x)
-  want = attn.causal_linear_attention(q, k, v, feature_map="relu")
-  helpers.assert_close(cl(x), _out(cl, want), atol=1e-5)
+@pytest.mark.parametrize("name", nn_attn.ATTENTION_NAMES)
+def test_needs_grid_flag_is_consistent(name):
+  spec = nn_attn.ATTENTIONS[name]
+  assert spec.needs_grid is bool(getattr(spec.core, "needs_grid", False))
+  params = inspect.signature(spec.core.__init__).parameters
+  assert ({"grid_shape", "num_prefix"} <= set(params)) == spec.needs_grid
 
 
 def test_parameter_paths():
@@ -218,31 +163,6 @@ def test_projections_do_not_depend_on_the_core():
       np.testing.assert_array_equal(getattr(a, p)[...], getattr(b, p)[...])
 
 
-def test_affine_scaled_state_updates_and_eval(key):
-  m = nn_attn.make_attention("affine_scaled", D, N, rngs=nnx.Rngs(0))
-  x = _x(key)
-  assert float(jnp.abs(m.core.alpha_ma[...]).max()) == 0.0
-  m(x)
-  alpha = attn.linear_clipping(
-    jnp.einsum("btd,dn->btn", x, m.core.alpha_kernel[...])
-  )
-  helpers.assert_close(
-    m.core.alpha_ma[...], 0.1 * alpha.mean(axis=(0, 1)), atol=1e-6
-  )
-  before = m.core.alpha_ma[...]
-  m.eval()
-  assert m.core.use_running_average
-  m(x)
-  helpers.assert_close(m.core.alpha_ma[...], before, atol=0)
-  m.train()
-  assert not m.core.use_running_average
-  layer = nn_attn.make_attention(
-    "affine_scaled", D, N, ema_axes="per_layer", rngs=nnx.Rngs(0)
-  )
-  assert layer.core.alpha_ma.shape == ()
-  assert isinstance(m.core.alpha_ma, nn_attn.AffineScaleEMA)
-
-
 class _Mixed(nnx.Module):
   """A flax/jaxnorm model: nnx.Linear, nnx.BatchNorm, jaxnorm attention."""
 
@@ -260,7 +180,7 @@ class _Mixed(nnx.Module):
 
 def test_view_protocol_in_a_mixed_flax_model(key):
   model = _Mixed(nnx.Rngs(0, dropout=1))
-  x = _x(key)
+  x = _common.tokens(key)
   model(x)  # Training: both running statistics move.
   bn_mean, alpha_ma = model.bn.mean[...], model.attn.core.alpha_ma[...]
   assert float(jnp.abs(alpha_ma).max()) > 0
@@ -273,32 +193,16 @@ def test_view_protocol_in_a_mixed_flax_model(key):
   # Eval output: the pure function with the stored estimate.
   h = view.bn(view.inp(x))
   m = view.attn
-  q, k, v = _proj(m, h)
+  q, k, v = _common.project_qkv(m, h)
   alpha = attn.linear_clipping(
     jnp.einsum("btd,dn->btn", h, m.core.alpha_kernel[...])
   )
   want, _ = attn.affine_scaled_attention(
     q, k, v, alpha=alpha, alpha_ma=alpha_ma, is_causal=True, training=False
   )
-  helpers.assert_close(y, _out(m, want), atol=1e-5)
+  helpers.assert_close(y, _common.project_out(m, want), atol=1e-5)
   info = nnx.view_info(model)
   assert "AffineScaledAttention" in info and "use_running_average" in info
-
-
-def test_lina_gates_and_soft(key):
-  m = nn_attn.make_attention(
-    "lina", D, N, num_kv_heads=K, max_len=8, rngs=nnx.Rngs(0)
-  )
-  x = _x(key)
-  q, k, v = _proj(m, x)
-  helpers.assert_close(m(x), _out(m, attn.lina_attention(q, k, v)), atol=1e-5)
-  with pytest.raises(ValueError, match="exceeds max_len=8"):
-    m(_x(key, t=9))
-  s = nn_attn.make_attention("soft", D, N, rngs=nnx.Rngs(0))
-  assert s.k_kernel is None and s.k_norm is None
-  q, _, v = _proj(s, x)
-  want = attn.soft_attention(q, v, attn.soft_landmarks(q, 2))
-  helpers.assert_close(s(x), _out(s, want), atol=1e-5)
 
 
 def test_spec_defaults():
@@ -354,7 +258,7 @@ def test_partition_specs_and_sharded_output(key):
     assert tuple(spec["q_kernel"].get_value()) == ("fsdp", "tensor", None)
     assert tuple(spec["out_kernel"].get_value()) == ("tensor", None, "fsdp")
     assert tuple(spec["core"]["sinks"].get_value()) == ("tensor",)
-    x = _x(key)
+    x = _common.tokens(key)
     y = jax.jit(lambda x: m(x))(x)
   ref = nn_attn.MultiHeadAttention(
     D, N, num_kv_heads=N, attention="sink", rngs=nnx.Rngs(0)
