@@ -8,11 +8,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 
 from jaxnorm import residual as R
+from jaxnorm.nn import residual as nn_res
 from tests import helpers
 from tests.oracles import hc_golden
 from tests.residual import _common as common
+from tests.residual._common import Linear
 
 HC_GOLDEN = pathlib.Path(hc_golden.__file__).with_name("hc_golden.npz")
 
@@ -197,3 +200,53 @@ def test_hc_errors(key):
     R.expand_streams(h, 0)
   with pytest.raises(ValueError, match="readout must be one of"):
     R.reduce_streams(h, readout="max")
+
+
+# ---------------------------------------------------------------------------
+# The modules (jaxnorm.nn.residual.hyper).
+
+
+def test_hc_module_matches_golden_and_function():
+  data = np.load(HC_GOLDEN)
+  for case in ("dynamic", "dynamic_notanh", "static"):
+    x = jnp.asarray(data[f"hc/{case}/x"])
+    d = x.shape[-1]
+    blocks = [Linear(data[f"hc/{case}/w{k}"].T) for k in range(2)]
+    net = nn_res.make_residual(
+      "hc",
+      blocks,
+      num_features=d,
+      rngs=nnx.Rngs(0),
+      norm=None,
+      tanh=case != "dynamic_notanh",
+      readout="sum",  # lucidrains' reduce sums the streams.
+    )
+    for k, step in enumerate(net.steps):
+      p = lambda n, k=k: jnp.asarray(data[f"hc/{case}/p{k}/{n}"])  # noqa
+      step.static_alpha[...] = p("static_alpha")
+      step.static_beta[...] = p("static_beta")
+      step.dynamic_alpha[...] = p("dynamic_alpha_fn")
+      step.dynamic_beta[...] = p("dynamic_beta_fn")
+      step.alpha_scale[...] = p("dynamic_alpha_scale")
+      step.beta_scale[...] = p("dynamic_beta_scale")
+      step.norm_scale[...] = p("norm.gamma")
+    helpers.assert_close(net(x), data[f"hc/{case}/y"], atol=1e-5)
+  h = jax.random.normal(jax.random.key(0), (2, 4, d))
+  step = net.steps[1]
+  maps = R.hc_maps(
+    h,
+    static_alpha=step.static_alpha[...],
+    static_beta=step.static_beta[...],
+    dynamic_alpha=step.dynamic_alpha[...],
+    dynamic_beta=step.dynamic_beta[...],
+    alpha_scale=step.alpha_scale[...],
+    beta_scale=step.beta_scale[...],
+    norm_scale=step.norm_scale[...],
+  )
+  helpers.assert_close(
+    step(h, jnp.tanh),
+    R.hyper_connection(
+      h, jnp.tanh, h_pre=maps[0], h_post=maps[1], h_res=maps[2]
+    ),
+    atol=1e-6,
+  )

@@ -10,11 +10,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 
 from jaxnorm import residual as R
+from jaxnorm.nn import residual as nn_res
 from tests import helpers
 from tests.oracles import mhc_sinkhorn
 from tests.residual import _common as common
+from tests.residual._common import _net
 
 SK_GOLDEN = pathlib.Path(mhc_sinkhorn.__file__).with_name("mhc_sinkhorn.npz")
 
@@ -389,4 +392,47 @@ def test_focused_read_separates_the_streams():
   focused = _stream_gradients(focused=True)
   assert float(jnp.max(focused) - jnp.min(focused)) > 1e-2 * float(
     jnp.max(jnp.abs(focused))
+  )
+
+
+# ---------------------------------------------------------------------------
+# The modules (jaxnorm.nn.residual.manifold).
+
+
+@pytest.mark.parametrize("residual_map", ["sinkhorn", "quaternion"])
+def test_mhc_module_matches_function(residual_map):
+  d = 8
+  m = nn_res.ManifoldHyperConnection(
+    d, residual_map=residual_map, phi_init_std=0.1, norm=None, rngs=nnx.Rngs(3)
+  )
+  h = jax.random.normal(jax.random.key(1), (2, 4, d))
+  maps = R.mhc_maps(
+    h,
+    phi_pre=m.phi_pre[...],
+    phi_post=m.phi_post[...],
+    phi_res=m.phi_res[...],
+    b_pre=m.b_pre[...],
+    b_post=m.b_post[...],
+    b_res=m.b_res[...],
+    residual=residual_map,
+  )
+  helpers.assert_close(
+    m(h, jnp.sin),
+    R.hyper_connection(
+      h, jnp.sin, h_pre=maps[0], h_post=maps[1], h_res=maps[2]
+    ),
+    atol=1e-6,
+  )
+  assert float(jnp.std(m.phi_res[...])) > 0.05  # phi_init_std is used
+
+
+def test_ihc_streams_equal_plain_residual_stream():
+  d, x = 16, jax.random.normal(jax.random.key(0), (2, 5, 16))
+  net = _net("ihc", 2, d)
+  plain = _net("prenorm", 2, d)(x)
+  h = R.expand_streams(x, 4)
+  for block, step in zip(net.blocks, net.steps):
+    h = step(h, block)
+  helpers.assert_close(
+    h, jnp.broadcast_to(plain[..., None, :], h.shape), atol=1e-5
   )

@@ -10,11 +10,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 
 from jaxnorm import norms
 from jaxnorm import residual as R
+from jaxnorm.nn import residual as nn_res
 from tests import helpers
 from tests.residual import _common as common
+from tests.residual._common import Linear
 
 # ---------------------------------------------------------------------------
 # Wiring and LayerNorm Scaling.
@@ -222,3 +225,79 @@ def test_fused_pre_norm_equals_unfused_stack(key):
     ValueError, match="fused_pre_norm: need at least one sublayer and one"
   ):
     R.fused_pre_norm(x, fs, norm_k[0], add_k[:1])
+
+
+# ---------------------------------------------------------------------------
+# The modules (jaxnorm.nn.residual.wiring).
+
+
+def test_scaled_and_gated_modules():
+  d = 8
+  x = jax.random.normal(jax.random.key(0), (3, d))
+  f = Linear(jax.random.normal(jax.random.key(1), (d, d)))
+  blocks = [f, f, f, f]
+  # Spec 5 test 3: ScaledResidual('1/n') = plain residual with branch / n.
+  net = nn_res.make_residual(
+    "scaled", blocks, num_features=d, rngs=nnx.Rngs(0), norm=None
+  )
+  expected = x
+  for _ in range(4):
+    expected = expected + f(expected) / 4
+  helpers.assert_close(net(x), expected, atol=1e-6)
+  # SkipInit / ReZero: identity network at init (spec 6 test 1).
+  for name in ("skipinit", "rezero"):
+    net = nn_res.make_residual(name, blocks, num_features=d, rngs=nnx.Rngs(0))
+    helpers.assert_close(net(x), x, atol=0)
+    assert all(step.norm is None for step in net.steps)
+  ls = nn_res.make_residual(
+    "layerscale", blocks, num_features=d, rngs=nnx.Rngs(0)
+  )
+  assert ls.steps[0].gate[...].shape == (d,)
+  np.testing.assert_allclose(ls.steps[0].gate[...], 0.1)  # CaiT, depth 2.
+
+
+def test_rezero_shares_one_gate_per_layer_as_the_official_code():
+  # majumderb/rezero RZTXEncoderLayer: one `resweight` multiplies both the
+  # attention and the feed-forward branch of a layer.
+  d = 8
+  x = jax.random.normal(jax.random.key(0), (3, d))
+  fs = [
+    Linear(jax.random.normal(jax.random.key(k), (d, d)) / d) for k in range(4)
+  ]
+  net = nn_res.make_residual("rezero", fs, num_features=d, rngs=nnx.Rngs(0))
+  assert net.steps[0] is net.steps[1] and net.steps[2] is net.steps[3]
+  assert net.steps[1] is not net.steps[2]
+  assert len(jax.tree.leaves(nnx.state(net, nnx.Param))) == 4 + 2
+  net.steps[0].gate[...] = jnp.array([0.5])
+  net.steps[2].gate[...] = jnp.array([-0.25])
+  want = x
+  for f, a in zip(fs, (0.5, 0.5, -0.25, -0.25)):
+    want = want + a * f(want)
+  helpers.assert_close(net(x), want, atol=1e-6)
+  # SkipInit keeps one gate per residual branch (official skipinit_gain).
+  skip = nn_res.make_residual("skipinit", fs, num_features=d, rngs=nnx.Rngs(0))
+  assert len({id(step) for step in skip.steps}) == 4
+  per_branch = nn_res.make_residual(
+    "rezero", fs, num_features=d, rngs=nnx.Rngs(0), shared=False
+  )
+  assert len({id(step) for step in per_branch.steps}) == 4
+
+
+def test_lns_scales_per_layer_by_default():
+  # Curse of Depth official code: both norms of layer l scale by 1/sqrt(l).
+  d = 8
+  fs = [
+    Linear(jax.random.normal(jax.random.key(k), (d, d)) / d) for k in range(6)
+  ]
+  net = nn_res.make_residual("lns", fs, num_features=d, rngs=nnx.Rngs(0))
+  assert [s.layer_index for s in net.steps] == [0, 0, 1, 1, 2, 2]
+  x = jax.random.normal(jax.random.key(9), (3, d))
+  want = x
+  for k, f in enumerate(fs):
+    normed = want / jnp.sqrt(jnp.mean(want**2, -1, keepdims=True) + 1e-6)
+    want = want + f(normed / math.sqrt(k // 2 + 1))
+  helpers.assert_close(net(x), want, atol=1e-5)
+  resnet = nn_res.make_residual(
+    "lns", fs, num_features=d, rngs=nnx.Rngs(0), sublayers_per_layer=1
+  )
+  assert [s.layer_index for s in resnet.steps] == list(range(6))
