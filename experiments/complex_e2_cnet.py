@@ -80,7 +80,7 @@ def build(run: str, c: dict, seed: int) -> tuple[nnx.Module, Any]:
     if run == "d_real_fnet":
       cc.replace_cores(model, RealCausalFourier, rope=False)
     return model, cc.softmax_lm_loss
-  mixer = "born" if run == "b_born" else "fourier"
+  attention = "born" if run == "b_born" else ncplx.FOURIER
   model = ncplx.ComplexLM(
     ncplx.ComplexLMConfig(
       vocab_size=256,
@@ -88,7 +88,7 @@ def build(run: str, c: dict, seed: int) -> tuple[nnx.Module, Any]:
       depth=c["depth"],
       num_heads=1,
       max_len=c["seq"],
-      mixer=mixer,
+      attention=attention,
       embed_init="gauss",
     ),
     rngs=nnx.Rngs(seed),

@@ -10,13 +10,15 @@ Task: 8 key -> value pairs (32 keys, 32 values), random filler, then the 8
 keys again in random order, each followed by its value; the loss and the
 accuracy are on the queried values (chance 1/32). T=64 and a long length
 with more filler between pairs and queries.
-Models: complex PCT LM (`jaxnorm.nn.cplx.ComplexLM`, ``mixer="pct"``,
-modReLU² FFN, complex RoPE, real readout) per gate; complex softmax on
-``Re<q,k>/sqrt(H)``; a real softmax ``DecoderLM`` at width × sqrt 2; PCT
-sigmoid at a larger depth. Deviations (CPU budget of 10 minutes for 39
-runs): 8 pairs (spec 16: no model learns 16 pairs in this budget), complex
-width 16 with 2 heads (spec 64 and 4), 220 steps (spec 800), depth 4 for
-the depth check (spec 6) and the long length ``--long`` 96 (spec 256).
+Models: complex PCT LM (`jaxnorm.nn.cplx.ComplexLM`,
+``attention="pct"``, the gate in ``attention_kwargs``, modReLU² FFN,
+complex RoPE, real readout) per gate; complex softmax
+(``attention="complex_softmax"``) on ``Re<q,k>/sqrt(H)``; a real softmax
+``DecoderLM`` at width × sqrt 2; PCT sigmoid at a larger depth.
+Deviations (CPU budget of 10 minutes for 39 runs): 8 pairs (spec 16: no
+model learns 16 pairs in this budget), complex width 16 with 2 heads (spec
+64 and 4), 220 steps (spec 800), depth 4 for the depth check (spec 6) and
+the long length ``--long`` 96 (spec 256).
 
     python -m experiments.complex_e5_pct [--quick] [--seeds 3]
 """
@@ -93,7 +95,8 @@ def build(run: str, c: dict, length: int, seed: int) -> nnx.Module:
     width = step * round(c["width"] * math.sqrt(2) / step)
     return _real(width, c, length, seed)
   gate = run.removeprefix("pct_").removesuffix("_deep")
-  mixer = "softmax" if run == "complex_softmax" else "pct"
+  attention = "complex_softmax" if run == "complex_softmax" else "pct"
+  options = (("gate", gate),) if attention == "pct" else ()
   depth = c["deep"] if run.endswith("_deep") else c["depth"]
   return ncplx.ComplexLM(
     ncplx.ComplexLMConfig(
@@ -102,9 +105,9 @@ def build(run: str, c: dict, length: int, seed: int) -> nnx.Module:
       depth=depth,
       num_heads=c["heads"],
       max_len=length,
-      mixer=mixer,
-      gate=gate if mixer == "pct" else "sigmoid",
-      norm="rms",
+      attention=attention,
+      attention_kwargs=options,
+      norm="complexrmsnorm",
       activation="modrelu",
       readout="real",
       embed_init="glorot",

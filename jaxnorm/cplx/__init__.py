@@ -19,7 +19,7 @@ Modules, one per paper or family: `basics` (layout and safe kinks),
 conversion), `born` (CNet's Born rule: probabilities, cross-entropy,
 attention), `cnet` (CNet's causal Fourier mixing), `complexformer`
 (ComplexFormer attention), `pct` (Phase-Coherent Transformer attention and
-gates) and `fairy2i` (PhaseQuant).
+gates), `softmax` (complex softmax attention) and `fairy2i` (PhaseQuant).
 """
 
 from jaxnorm.cplx.activations import (
@@ -75,6 +75,7 @@ from jaxnorm.cplx.norms import (
   init_whitening_scale,
 )
 from jaxnorm.cplx.pct import PCT_GATES, pct_attention
+from jaxnorm.cplx.softmax import complex_softmax_attention
 
 __all__ = [
   "ACTIVATIONS",
@@ -95,6 +96,7 @@ __all__ = [
   "complex_power",
   "complex_rms_norm",
   "complex_rope",
+  "complex_softmax_attention",
   "complexformer_attention",
   "complexformer_logits",
   "crelu",

@@ -4,8 +4,9 @@ Layouts follow `jaxnorm.attention`: ``query (B, T, N, H)`` (or unbatched
 ``(T, N, H)``), ``key``/``value`` ``(B, S, K, H)`` with ``N % K == 0``
 (grouped-query), boolean ``mask`` broadcastable to ``(B, N, T, S)`` (True
 attends), ``is_causal`` lets query ``i`` see keys ``j <= i``. Born
-(`jaxnorm.cplx.born`) and PCT (`jaxnorm.cplx.pct`) attention take complex
-q, k, v (``H`` complex dims); ComplexFormer (`jaxnorm.cplx.complexformer`)
+(`jaxnorm.cplx.born`), PCT (`jaxnorm.cplx.pct`) and complex softmax
+(`jaxnorm.cplx.softmax`) attention take complex q, k, v (``H`` complex
+dims); ComplexFormer (`jaxnorm.cplx.complexformer`)
 takes real q, k, v whose head dim is split into halves ``[Re | Im]``.
 Statistics in float32 / complex64 (64-bit inputs stay 64-bit); outputs in
 the query's dtype. Pallas has no complex support: there is no kernel.

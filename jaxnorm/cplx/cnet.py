@@ -3,7 +3,9 @@
 Complex in, complex out, along any axis. Pallas has no complex
 support: there is no kernel. CNet's Born rule (attention and
 cross-entropy) is `jaxnorm.cplx.born`; its TokenNorm is
-`jaxnorm.cplx.complex_rms_norm`.
+`jaxnorm.cplx.complex_rms_norm`. `jaxnorm.nn.cplx.ComplexLM` mixes with it
+in place of attention under ``attention="fourier"`` (no projections, not
+an attention core).
 """
 
 from __future__ import annotations

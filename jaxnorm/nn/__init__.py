@@ -2,8 +2,9 @@
 
 Every family has one registry whose entries carry capabilities
 (`jaxnorm.nn.registry`): `NORMS`, `ATTENTIONS`, `RESIDUALS`; `make_norm`,
-`make_attention` and `make_residual` build a part by name, and `decay_mask`
-applies the one weight-decay policy to any model.
+`make_attention` (token attention), `make_image_attention` (NHWC attention)
+and `make_residual` build a part by name, and `decay_mask` applies the one
+weight-decay policy to any model.
 """
 
 from jaxnorm.nn import registry
@@ -35,6 +36,7 @@ from jaxnorm.nn.attention import (
   SoftAttention,
   SoftmaxAttention,
   make_attention,
+  make_image_attention,
 )
 from jaxnorm.nn.decay import decay_mask
 from jaxnorm.nn.norms import (
@@ -170,6 +172,7 @@ __all__ = [
   "apply_backward_updates",
   "decay_mask",
   "make_attention",
+  "make_image_attention",
   "make_norm",
   "make_residual",
   "make_residual_step",

@@ -27,14 +27,31 @@ _COMPLEX_REFUSAL = (
   "the complex models are jaxnorm.nn.cplx.ComplexLM and CVCNN (runner "
   "--model clm, cvcnn)"
 )
+_REAL_REFUSAL = (
+  "is real-valued, and this model is complex-valued (complex inputs and "
+  "outputs): it takes the complex parts only"
+)
+
+
+def _kind_refusal(kind: str, dtype_kind: str) -> str | None:
+  """Why a model of ``dtype_kind`` refuses a part of ``kind``, or None."""
+  if kind == dtype_kind:
+    return None
+  return _COMPLEX_REFUSAL if dtype_kind == "real" else _REAL_REFUSAL
 
 
 def _norm_refusal(
-  spec: registry.NormSpec, layout: str, causal: bool, allow_batch_stats: bool
+  spec: registry.NormSpec,
+  layout: str,
+  causal: bool,
+  allow_batch_stats: bool,
+  *,
+  dtype_kind: str = "real",
 ) -> str | None:
   """Why a model of ``layout`` (causal or not) refuses a norm, or None."""
-  if spec.dtype_kind != "real":
-    return _COMPLEX_REFUSAL
+  kind = _kind_refusal(spec.dtype_kind, dtype_kind)
+  if kind is not None:
+    return kind
   if layout not in spec.layouts:
     return (
       f"does not normalize the {layout} layout (it supports "
@@ -46,36 +63,58 @@ def _norm_refusal(
       "use later positions)"
     )
   if causal and spec.batch_stats and not allow_batch_stats:
+    # The complex LM has no opt-in: it takes no batch statistics.
+    fix = (
+      "; set allow_batch_stats=True in the config to accept this"
+      if dtype_kind == "real"
+      else ""
+    )
     return (
       "takes batch statistics in training mode (over batch and sequence, so "
-      "position t sees later tokens); set allow_batch_stats=True in the "
-      "config to accept this"
+      f"position t sees later tokens){fix}"
     )
   return None
 
 
 def valid_norms(
-  layout: str, causal: bool, allow_batch_stats: bool
+  layout: str,
+  causal: bool,
+  allow_batch_stats: bool,
+  *,
+  dtype_kind: str = "real",
 ) -> tuple[str, ...]:
-  """The sorted norm names a model of ``layout`` (causal or not) accepts."""
+  """The sorted norm names a model of ``layout`` (causal or not) accepts.
+
+  ``dtype_kind`` is the kind of the model: ``"real"`` admits the real norms,
+  ``"complex"`` the complex ones (`jaxnorm.nn.cplx.NORM_SPECS`).
+  """
   return tuple(
     sorted(
       name
       for name, spec in nn_norms.NORMS.items()
-      if _norm_refusal(spec, layout, causal, allow_batch_stats) is None
+      if _norm_refusal(
+        spec, layout, causal, allow_batch_stats, dtype_kind=dtype_kind
+      )
+      is None
     )
   )
 
 
-def valid_attentions(layout: str, causal: bool) -> tuple[str, ...]:
-  """The sorted attention names a model of ``layout`` (causal or not) takes."""
+def valid_attentions(
+  layout: str, causal: bool, *, dtype_kind: str = "real"
+) -> tuple[str, ...]:
+  """The sorted attention names a model of ``layout`` (causal or not) takes.
+
+  ``dtype_kind`` is the kind of the model: ``"real"`` admits the real cores,
+  ``"complex"`` the complex ones (`jaxnorm.nn.cplx.ATTENTION_SPECS`).
+  """
   return tuple(
     sorted(
       name
       for name, spec in nn_attention.ATTENTIONS.items()
       if layout in spec.layouts
       and (spec.causal or not causal)
-      and spec.dtype_kind == "real"
+      and spec.dtype_kind == dtype_kind
     )
   )
 
@@ -88,6 +127,8 @@ def check_parts(
   norm: str | None = None,
   attention: str | None = None,
   allow_batch_stats: bool = False,
+  dtype_kind: str = "real",
+  extra_attentions: tuple[str, ...] = (),
 ) -> None:
   """Refuses, before anything is built, parts a model cannot run faithfully.
 
@@ -102,47 +143,59 @@ def check_parts(
       norm).
     attention: the attention name (None: the model has no attention).
     allow_batch_stats: the explicit opt-in for batch-statistics norms.
+    dtype_kind: the kind of the model, ``"real"`` or ``"complex"``: its
+      norms and attention cores must be of the same kind (a spec's
+      ``dtype_kind``).
+    extra_attentions: names the model accepts besides the registry's
+      (`ComplexLM`'s ``"fourier"`` mixing): accepted as they are, and
+      listed among the valid choices.
 
   Raises:
     ValueError: naming the part, the reason and the valid alternatives.
   """
-  if attention is not None:
-    valid = valid_attentions(layout, causal)
+  if attention is not None and attention not in extra_attentions:
+    valid = ", ".join(
+      sorted(
+        valid_attentions(layout, causal, dtype_kind=dtype_kind)
+        + tuple(extra_attentions)
+      )
+    )
     if attention not in nn_attention.ATTENTIONS:
       raise ValueError(
-        f"{who}: unknown attention {attention!r}; valid names are "
-        f"{', '.join(valid)}"
+        f"{who}: unknown attention {attention!r}; valid names are {valid}"
       )
     spec = nn_attention.ATTENTIONS[attention]
-    if spec.dtype_kind != "real":
+    kind = _kind_refusal(spec.dtype_kind, dtype_kind)
+    if kind is not None:
       raise ValueError(
-        f"{who}: attention {attention!r} {_COMPLEX_REFUSAL}; choose one of "
-        f"{', '.join(valid)}"
+        f"{who}: attention {attention!r} {kind}; choose one of {valid}"
       )
     if layout not in spec.layouts:
       raise ValueError(
         f"{who}: attention {attention!r} does not act on the {layout} "
-        f"layout; choose one of {', '.join(valid)}"
+        f"layout; choose one of {valid}"
       )
     if causal and not spec.causal:
       raise ValueError(
         f"{who}: attention {attention!r} has no causal form, so a decoder "
-        f"would see future tokens; choose one of {', '.join(valid)}"
+        f"would see future tokens; choose one of {valid}"
       )
   if norm is None or norm == nn_residual.NORM_FREE:
     return
-  valid = valid_norms(layout, causal, allow_batch_stats)
+  valid = ", ".join(
+    valid_norms(layout, causal, allow_batch_stats, dtype_kind=dtype_kind)
+  )
   if norm not in nn_norms.NORMS:
-    raise ValueError(
-      f"{who}: unknown norm {norm!r}; valid names are {', '.join(valid)}"
-    )
+    raise ValueError(f"{who}: unknown norm {norm!r}; valid names are {valid}")
   reason = _norm_refusal(
-    nn_norms.NORMS[norm], layout, causal, allow_batch_stats
+    nn_norms.NORMS[norm],
+    layout,
+    causal,
+    allow_batch_stats,
+    dtype_kind=dtype_kind,
   )
   if reason is not None:
-    raise ValueError(
-      f"{who}: norm {norm!r} {reason}; choose one of {', '.join(valid)}"
-    )
+    raise ValueError(f"{who}: norm {norm!r} {reason}; choose one of {valid}")
 
 
 # ---------------------------------------------------------------------------

@@ -14,8 +14,9 @@ parts, so a variant is one flag away:
 * ``activation``: any name of `ACTIVATIONS`.
 
 This file reads the parts' specs, never their names: which parts a model
-accepts follows from their capabilities (`registries`, and the check each
-model runs first, `jaxnorm.nn._common.check_parts`): the decoder LM needs
+accepts follows from their capabilities (the model's ``layout`` and
+``causal``, read by `jaxnorm.nn.model_registry.registries` and by the check
+each model runs first, `jaxnorm.nn._common.check_parts`): the decoder LM needs
 causal attention and norms that are causal in the tokens layout
 (batch-statistics norms only with ``allow_batch_stats=True``), the ViT the
 tokens layout, the CNN the images layout. A refusal is a ``ValueError``
@@ -29,8 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import types
-from typing import Any
+from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -137,14 +137,17 @@ class DecoderLM(nnx.Module):
   and keys inside attention, ``"none"`` relies on causality alone.
   """
 
+  layout: ClassVar[str] = "tokens"
+  causal: ClassVar[bool] = True
+
   def __init__(
     self, config: LMConfig, *, dtype: Any = jnp.float32, rngs: nnx.Rngs
   ):
     c = self.config = config
     _common.check_parts(
       "DecoderLM",
-      layout="tokens",
-      causal=True,
+      layout=self.layout,
+      causal=self.causal,
       norm=c.norm,
       attention=c.attention,
       allow_batch_stats=c.allow_batch_stats,
@@ -305,12 +308,18 @@ class ViTConfig:
 class ViT(nnx.Module):
   """Patch embedding, [CLS] token, learned positions, blocks, CLS head."""
 
+  layout: ClassVar[str] = "tokens"
+
   def __init__(
     self, config: ViTConfig, *, dtype: Any = jnp.float32, rngs: nnx.Rngs
   ):
     c = self.config = config
     _common.check_parts(
-      "ViT", layout="tokens", causal=False, norm=c.norm, attention=c.attention
+      "ViT",
+      layout=self.layout,
+      causal=False,
+      norm=c.norm,
+      attention=c.attention,
     )
     h, w, ch = c.image_shape
     if h % c.patch_size or w % c.patch_size:
@@ -399,6 +408,21 @@ class CNNConfig:
 
   ``norm`` must support the ``images`` layout; ``norm_kwargs`` are
   ``(name, value)`` pairs over its spec's defaults.
+
+  ``block_attention`` is ``"none"`` or an ``images`` attention of
+  `jaxnorm.nn.attention.ATTENTIONS` (``IMAGE_ATTENTIONS``: ``"ela"``,
+  ``"psa"``), built at ``width`` channels with its defaults by
+  `make_image_attention`, one per `ConvBlock`, at the end of the block's
+  residual branch (after the second conv, before the residual add). ELA
+  (Xu & Wan, arXiv:2403.01123; no official code) is presented as a drop-in
+  for Coordinate Attention in ResNet, and Coordinate Attention, as SE,
+  gates the residual branch's output before the addition. Deviation: PSA's
+  official ResNet-style block (DeLightCMU/PSA, ``network/hrnetv2.py``,
+  ``BasicBlock``) puts PSA mid-branch, ``conv-bn-relu -> PSA -> conv-bn``,
+  then the add; the papers differ and we follow ELA for every attention.
+  The field is not named ``attention``: the runner copies its
+  ``--attention`` (a token attention, default ``softmax``) into every model
+  config field of that name.
   """
 
   num_classes: int = 10
@@ -409,13 +433,26 @@ class CNNConfig:
   residual: str = "prenorm"
   activation: str = "relu"
   norm_kwargs: tuple[tuple[str, Any], ...] = ()
+  block_attention: str = "none"
 
 
 class ConvBlock(nnx.Module):
-  """The residual branch ``conv3x3(act(conv3x3(x)))`` at constant width."""
+  """The residual branch ``attn(conv3x3(act(conv3x3(x))))`` at constant width.
+
+  ``attn`` is the ``images`` attention ``attention`` (`make_image_attention`)
+  at the end of the branch, before the residual add (placement: `CNNConfig`),
+  or the identity for ``"none"``; it is built after the convs, so they keep
+  their initialization whichever attention is chosen.
+  """
 
   def __init__(
-    self, width: int, *, activation: str, dtype: Any, rngs: nnx.Rngs
+    self,
+    width: int,
+    *,
+    activation: str,
+    dtype: Any,
+    rngs: nnx.Rngs,
+    attention: str = "none",
   ):
     spec = nn_activations.ACTIVATIONS[activation]
     if not spec.elementwise:
@@ -426,26 +463,48 @@ class ConvBlock(nnx.Module):
       self.act = spec.fn
     self.conv1 = layers.Conv(width, width, dtype=dtype, rngs=rngs)
     self.conv2 = layers.Conv(width, width, dtype=dtype, rngs=rngs)
+    self.attn = (
+      None
+      if attention == "none"
+      else nn_attention.make_image_attention(
+        attention, width, dtype=dtype, rngs=rngs
+      )
+    )
 
   def __call__(self, x: jax.Array) -> jax.Array:
     """Applies the branch to NHWC ``x``."""
-    return self.conv2(self.act(self.conv1(x)))
+    y = self.conv2(self.act(self.conv1(x)))
+    return y if self.attn is None else self.attn(y)
 
 
 class CNN(nnx.Module):
   """ResNet-style classifier; norms normalize the channel (last) axis."""
 
+  layout: ClassVar[str] = "images"
+
   def __init__(
     self, config: CNNConfig, *, dtype: Any = jnp.float32, rngs: nnx.Rngs
   ):
     c = self.config = config
-    _common.check_parts("CNN", layout="images", causal=False, norm=c.norm)
+    _common.check_parts(
+      "CNN",
+      layout=self.layout,
+      causal=False,
+      norm=c.norm,
+      attention=None if c.block_attention == "none" else c.block_attention,
+    )
     ch = c.image_shape[-1]
     stride = 2 if min(c.image_shape[:2]) >= 16 else 1
     self.stem = layers.Conv(ch, c.width, stride=stride, dtype=dtype, rngs=rngs)
     norm_kwargs = {"layout": "images", **dict(c.norm_kwargs)}
     blocks = [
-      ConvBlock(c.width, activation=c.activation, dtype=dtype, rngs=rngs)
+      ConvBlock(
+        c.width,
+        activation=c.activation,
+        dtype=dtype,
+        rngs=rngs,
+        attention=c.block_attention,
+      )
       for _ in range(c.depth)
     ]
     self.net = _common.residual(
@@ -542,50 +601,3 @@ class SNN(nnx.Module):
           x, deterministic=False, key=jax.random.fold_in(rngs, i)
         )
     return self.head(x)
-
-
-# ---------------------------------------------------------------------------
-# Registry used by the runner.
-
-
-# Each model's (layout, causal, has attention).
-_MODEL_PARTS = types.MappingProxyType(
-  {
-    "lm": ("tokens", True, True),
-    "vit": ("tokens", False, True),
-    "cnn": ("images", False, False),
-  }
-)
-
-
-def registries(
-  model: str = "lm", *, allow_batch_stats: bool = False
-) -> dict[str, tuple[str, ...]]:
-  """Valid part names per config field for ``model``, from the part specs.
-
-  ``lm``: attentions with a causal form; norms that support the ``tokens``
-  layout and are causal there (batch-statistics norms only with
-  ``allow_batch_stats``). ``vit``: attentions and norms of the ``tokens``
-  layout. ``cnn``: norms of the ``images`` layout. A model without a part
-  (the CNN's attention, the MLP's norm) accepts every name: it ignores it.
-
-  Args:
-    model: ``lm``, ``vit``, ``cnn`` or ``mlp``.
-    allow_batch_stats: the LM's opt-in for batch-statistics norms.
-
-  Returns:
-    ``{"norm", "attention", "residual", "activation"} -> sorted names``.
-  """
-  norms = tuple(sorted(nn_norms.NORMS))
-  attention = tuple(sorted(nn_attention.ATTENTIONS))
-  if model in _MODEL_PARTS:
-    layout, causal, has_attention = _MODEL_PARTS[model]
-    norms = _common.valid_norms(layout, causal, allow_batch_stats)
-    if has_attention:
-      attention = _common.valid_attentions(layout, causal)
-  return {
-    "norm": norms,
-    "attention": attention,
-    "residual": tuple(sorted(nn_residual.RESIDUALS)),
-    "activation": tuple(sorted(ACTIVATIONS)),
-  }

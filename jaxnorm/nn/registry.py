@@ -1,9 +1,11 @@
 """Registry entries that carry capabilities.
 
 Every family keeps one immutable ``name -> spec`` mapping (`NORMS`,
-`ATTENTIONS`, `RESIDUALS`). A spec says what the part is and what it can do;
-models, the runner and the registry-driven tests read specs, never names, so
-a part added to a registry is built, refused or tested by what its spec says.
+`ATTENTIONS`, `RESIDUALS`, and the models' `MODELS` in
+`jaxnorm.nn.model_registry`). A spec says what the part is and what it can
+do; models, the runner and the registry-driven tests read specs, never
+names, so a part added to a registry is built, refused or tested by what its
+spec says.
 
 Weight decay follows one policy (`decays`): a parameter is decayed when it
 has two or more dimensions (matrices, kernels, embeddings), and not
@@ -96,15 +98,21 @@ class AttentionSpec:
   """A registered attention core (the part between projections and output).
 
   Attributes:
-    core: the nnx core module class.
+    core: the nnx module class. In the ``tokens`` layout an `AttentionCore`
+      (the part between projections and output of `MultiHeadAttention`);
+      in the ``images`` layout the whole layer on NHWC maps, built as
+      ``core(channels, *, rngs, **kwargs)`` by `make_image_attention`.
     paper: short reference (authors, arXiv id).
     defaults: default core kwargs as a function of ``(num_heads, head_dim,
       num_tokens)``; ``num_tokens`` is ``None`` when the length varies (a
       model with a token map counts its prefix tokens too).
     causal: has a causal form (output at ``t`` uses keys ``<= t`` only).
-    takes_mask: accepts boolean masks and additive biases.
+    takes_mask: ``__call__`` accepts a boolean ``mask=`` (True: attend).
+    takes_bias: ``__call__`` accepts an additive ``bias=`` on the logits
+      (Born attention has no logits, so it takes masks but no bias).
     layouts: ``tokens`` for sequence models; ``images`` for the channel /
-      spatial attentions that act on NHWC maps.
+      spatial attentions that act on NHWC maps (ELA, PSA: no mask, no
+      causal form, ``defaults`` unused).
     decay: parameter attribute name -> decayed (see `decays`).
     kernel: a Pallas kernel exists (``implementation=``).
     needs_grid: the paper's layer acts on a 2-D token map (SOFT's conv
@@ -125,6 +133,7 @@ class AttentionSpec:
   defaults: Callable[..., Mapping[str, Any]] = no_defaults
   causal: bool = True
   takes_mask: bool = True
+  takes_bias: bool = True
   layouts: frozenset[str] = frozenset({"tokens"})
   decay: Mapping[str, bool] = dataclasses.field(default_factory=_no_decay)
   kernel: bool = False
@@ -207,6 +216,108 @@ class ResidualSpec:
   def scannable(self) -> bool:
     """`make_residual_step` builds the scheme (``scan_refusal`` is None)."""
     return self.scan_refusal is None
+
+
+DataKind = Literal["text", "images", "graphs"]
+DATA_KINDS: tuple[str, ...] = ("text", "images", "graphs")
+PART_FIELDS: tuple[str, ...] = ("norm", "attention", "residual", "activation")
+
+
+def _no_derived(
+  shared: Mapping[str, Any], data: Mapping[str, Any]
+) -> dict[str, Any]:
+  """Config fields derived from the run and the data: none."""
+  del shared, data
+  return {}
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSpec:
+  """A registered model: what it is built from and what it accepts.
+
+  The model class states its own ``layout`` and ``causal`` (class
+  attributes it also checks its parts against), so the spec and the model
+  cannot disagree; ``dtype_kind`` likewise.
+
+  Attributes:
+    config: the frozen config dataclass (``LMConfig``).
+    module: the nnx model class, built as ``module(config, dtype=...,
+      rngs=...)``.
+    paper: short reference, or what the model reproduces.
+    data: the data it takes: ``text`` (token windows), ``images`` (image
+      and label) or ``graphs`` (node-classification batches).
+    parts: the part fields (of `PART_FIELDS`) the model builds by name; a
+      part field not listed is accepted with any name and ignored (the
+      CNN's attention).
+    heads: the model has attention heads (``num_heads`` must divide
+      ``width``).
+    positional: the positional encodings it takes, its default first;
+      empty when it has none.
+    mixers: token mixers ``attention`` accepts beside the attention
+      registry's (the complex LM's CNet Fourier mixing).
+    activations: the model's own activation names (the complex
+      activations), or None for `jaxnorm.nn.activations.ACTIVATIONS`.
+    norms: the model's own rule for its norm names (the graph model calls
+      some norms with the node mask), or None for the norms of its
+      ``layout`` (causal ones if the model is causal).
+    counterparts: part field -> {a real part name: the model's name for
+      it}, so the names of a real model build a complex one (``rmsnorm``
+      stands for ``complexrmsnorm``).
+    derive: ``derive(shared, data) -> fields``: config fields that follow
+      from the run's shared fields (``width``, ``depth``, ...) and what the
+      data decides (``vocab_size``, ``image_shape``, ...).
+    layout: the layout its norms and attention see (``tokens``,
+      ``images``, ``graphs``); None takes the module's ``layout``.
+    causal: position ``t`` depends on positions ``<= t`` only; None takes
+      the module's ``causal`` (False if it has none).
+    dtype_kind: ``real`` or ``complex`` parts; None takes the module's
+      ``dtype_kind`` (``real`` if it has none).
+  """
+
+  config: type
+  module: type
+  paper: str
+  data: DataKind
+  parts: frozenset[str] = frozenset()
+  heads: bool = False
+  positional: tuple[str, ...] = ()
+  mixers: tuple[str, ...] = ()
+  activations: tuple[str, ...] | None = None
+  norms: Callable[[], tuple[str, ...]] | None = None
+  counterparts: Mapping[str, Mapping[str, str]] = dataclasses.field(
+    default_factory=lambda: types.MappingProxyType({})
+  )
+  derive: Callable[..., Mapping[str, Any]] = _no_derived
+  layout: Layout | None = None
+  causal: bool | None = None
+  dtype_kind: DtypeKind | None = None
+
+  def __post_init__(self) -> None:
+    """Resolves the module's facts; checks the names of the fields."""
+    if self.layout is None:
+      object.__setattr__(self, "layout", getattr(self.module, "layout", None))
+    if self.causal is None:
+      causal = bool(getattr(self.module, "causal", False))
+      object.__setattr__(self, "causal", causal)
+    _resolve_dtype_kind(self, self.module)
+    if self.data not in DATA_KINDS:
+      raise ValueError(
+        f"ModelSpec: data must be one of {', '.join(DATA_KINDS)}, got "
+        f"{self.data!r}"
+      )
+    unknown = sorted(set(self.parts) - set(PART_FIELDS))
+    if unknown:
+      raise ValueError(
+        f"ModelSpec: parts {unknown} are not part fields; valid: "
+        f"{', '.join(PART_FIELDS)}"
+      )
+    named = self.parts & {"norm", "attention"}
+    if named and self.norms is None and self.layout not in LAYOUTS:
+      raise ValueError(
+        f"ModelSpec: {self.module.__name__} builds norms or attention by "
+        f"name, so it needs a layout of {', '.join(LAYOUTS)}; got "
+        f"{self.layout!r}"
+      )
 
 
 def decays(

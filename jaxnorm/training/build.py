@@ -1,18 +1,16 @@
 """From a `TrainConfig` to a model: the runner's side of the model layer.
 
-The model layer (`jaxnorm.nn.models`, `jaxnorm.nn.graph`) knows its own
-configs (`LMConfig`, `ViTConfig`, `CNNConfig`, `SNNConfig`,
-`GraphTransformerConfig`) and nothing of the runner; this module
-maps the runner's flat `TrainConfig` onto them, fills in what the data
-decides (vocabulary, image shape, classes, encoding size), stores
-parameters in
-``param_dtype`` and summarizes the result.
+The model layer knows its models (`jaxnorm.nn.model_registry.MODELS`:
+config, module, data kind, the parts each builds) and nothing of the
+runner; this module maps the runner's flat `TrainConfig` onto a model's
+config, fills in what the data decides (vocabulary, image shape, classes,
+encoding size), stores parameters in ``param_dtype`` and summarizes the
+result.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import types
 from typing import Any
 
 import jax
@@ -20,53 +18,9 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jaxnorm import cplx
-from jaxnorm.nn import cplx as nn_cplx
-from jaxnorm.nn import graph as nn_graph
-from jaxnorm.nn import models
+from jaxnorm.nn import model_registry
 from jaxnorm.training import config as config_lib
 from jaxnorm.training import optimizers
-
-COMPLEX_PARTS: types.MappingProxyType = types.MappingProxyType(
-  {
-    "clm": {
-      "norm": (
-        "norm",
-        {
-          "rmsnorm": "rms",
-          "complexrmsnorm": "rms",
-          "layernorm": "layer",
-          "complexlayernorm": "layer",
-        },
-      ),
-      "attention": ("mixer", {m: m for m in nn_cplx.MIXERS}),
-      "activation": (
-        "activation",
-        {
-          "gelu": "split_gelu",
-          "split_gelu": "split_gelu",
-          "modrelu": "modrelu",
-        },
-      ),
-    },
-    "cvcnn": {
-      "activation": (
-        "activation",
-        {
-          "gelu": "split_gelu",
-          "relu": "crelu",
-          **{a: a for a in cplx.ACTIVATIONS},
-        },
-      ),
-    },
-  }
-)
-"""The complex models' choices: runner field -> (config field, runner name
--> value). A real name stands for its complex counterpart (GELU or ReLU on
-Re and Im; RMS or layer norm per token), so the runner's defaults build
-each model; `ComplexLM`'s attention names are its mixers. A field not
-listed is not a choice of the model (the CV-CNN's complex batch norm, the
-residual wiring): every name is accepted and ignored."""
 
 
 def registries(
@@ -74,104 +28,56 @@ def registries(
 ) -> dict[str, tuple[str, ...]]:
   """Valid names for each named model part and the optimizer.
 
-  The graph model takes the norms of `jaxnorm.nn.graph.graph_norms` and
-  ignores the attention, residual and activation names.
+  The model's names (`jaxnorm.nn.model_registry.registries`) and the
+  names its spec's ``counterparts`` map onto them (``rmsnorm`` for the
+  complex LM's ``complexrmsnorm``), so the runner's defaults build every
+  model.
 
   Args:
     model: a model name of `config.MODELS`.
     allow_batch_stats: admit batch-statistics norms in causal models.
   """
-  names = models.registries(model, allow_batch_stats=allow_batch_stats)
-  if model == "graph":
-    names["norm"] = nn_graph.graph_norms()
-  for field, (_, values) in COMPLEX_PARTS.get(model, {}).items():
-    names[field] = tuple(sorted(values))
+  names = model_registry.registries(model, allow_batch_stats=allow_batch_stats)
+  for field, aliases in model_registry.spec(model).counterparts.items():
+    names[field] = tuple(sorted({*names[field], *aliases}))
   return {**names, "optimizer": tuple(sorted(optimizers.OPTIMIZERS))}
 
 
 def registries_for(cfg: config_lib.TrainConfig) -> dict[str, tuple[str, ...]]:
-  """`registries` for the model and opt-ins of ``cfg``."""
+  """`registries` for the model and opt-ins of ``cfg``.
+
+  Raises:
+    ValueError: for an unknown model (`config.check_model`).
+  """
+  config_lib.check_model(cfg)
   return registries(cfg.model, allow_batch_stats=cfg.allow_batch_stats)
-
-
-def _image_fields(data: dict[str, Any]) -> dict[str, Any]:
-  shape = tuple(int(s) for s in data["image_shape"])
-  return {"num_classes": data["num_classes"], "image_shape": shape}
-
-
-def _graph_fields(
-  cfg: config_lib.TrainConfig, data: dict[str, Any]
-) -> tuple[type, dict[str, Any]]:
-  """`GraphTransformerConfig` and its fields beyond the shared parts."""
-  return nn_graph.GraphTransformerConfig, {
-    "num_classes": data["num_classes"],
-    "vocab_size": data["vocab_size"],
-    "pe": cfg.positional,
-    "pe_dim": data["pe_dim"],
-    "graph": cfg.graph,
-    "edge_features": cfg.edge_features,
-    "logit_clip": cfg.logit_clip,
-  }
 
 
 def model_config(cfg: config_lib.TrainConfig, data: dict[str, Any]) -> Any:
   """The model layer's config for ``cfg``.
 
+  Run fields whose names are fields of the model's config carry over (a
+  part name through the spec's ``counterparts``); the spec's ``derive``
+  adds what the data decides.
+
   Args:
     cfg: the run configuration.
-    data: what the data decides: ``vocab_size`` and ``max_len`` for the LM,
-      ``num_classes`` and ``image_shape`` for the image models,
-      ``num_classes``, ``vocab_size`` and ``pe_dim`` for the graph model.
+    data: what the data decides: ``vocab_size`` and ``max_len`` for the
+      text models, ``num_classes`` and ``image_shape`` for the image
+      models, ``num_classes``, ``vocab_size`` and ``pe_dim`` for the graph
+      model.
 
   Returns:
-    An `LMConfig`, `ViTConfig`, `CNNConfig`, `SNNConfig` or
-    `GraphTransformerConfig`.
+    The ``config`` of the model's `jaxnorm.nn.registry.ModelSpec`.
 
   Raises:
-    ValueError: if ``norm_kwargs`` / ``attention_kwargs`` are given for a
-      model whose config does not take them.
+    ValueError: if ``norm_kwargs`` / ``attention_kwargs`` /
+      ``allow_batch_stats`` are given for a model whose config does not
+      take them.
   """
   cfg = config_lib.resolve(cfg)
-  parts = {
-    "width": cfg.width,
-    "depth": cfg.depth,
-    "num_heads": cfg.num_heads,
-    "norm": cfg.norm,
-    "attention": cfg.attention,
-    "residual": cfg.residual,
-    "activation": cfg.activation,
-    "positional": cfg.positional,
-    "norm_kwargs": cfg.norm_kwargs,
-    "attention_kwargs": cfg.attention_kwargs,
-    "allow_batch_stats": cfg.allow_batch_stats,
-  }
-  if cfg.model == "lm":
-    kind, extra = (
-      models.LMConfig,
-      {
-        "vocab_size": data["vocab_size"],
-        "max_len": data["max_len"],
-      },
-    )
-  elif cfg.model == "vit":
-    extra = _image_fields(data)
-    kind = models.ViTConfig
-    extra["patch_size"] = 4 if min(extra["image_shape"][:2]) >= 16 else 2
-  elif cfg.model == "cnn":
-    kind, extra = models.CNNConfig, _image_fields(data)
-  elif cfg.model == "graph":
-    kind, extra = _graph_fields(cfg, data)
-  elif cfg.model == "clm":
-    kind = nn_cplx.ComplexLMConfig
-    extra = {"vocab_size": data["vocab_size"], "max_len": data["max_len"]}
-  elif cfg.model == "cvcnn":
-    kind, extra = nn_cplx.CVCNNConfig, _image_fields(data)
-    # Stride-2 stages doubling up to ``width``.
-    extra["widths"] = tuple(
-      max(cfg.width >> (cfg.depth - 1 - i), 1) for i in range(cfg.depth)
-    )
-  else:
-    kind, extra = models.SNNConfig, _image_fields(data)
+  spec = model_registry.spec(cfg.model)
+  kind = spec.config
   accepted = {f.name for f in dataclasses.fields(kind)}
   for field in ("norm_kwargs", "attention_kwargs", "allow_batch_stats"):
     if getattr(cfg, field) and field not in accepted:
@@ -179,22 +85,12 @@ def model_config(cfg: config_lib.TrainConfig, data: dict[str, Any]) -> Any:
         f"build: --{field.replace('_', '-')} is not supported by the "
         f"{cfg.model!r} model ({kind.__name__} has no {field} field)"
       )
-  values = {k: v for k, v in parts.items() if k in accepted}
-  for field, (name, choices) in COMPLEX_PARTS.get(cfg.model, {}).items():
-    values.pop(field, None)
-    extra[name] = choices[getattr(cfg, field)]
-  return kind(**values, **extra)
-
-
-_MODELS = {
-  models.LMConfig: models.DecoderLM,
-  models.ViTConfig: models.ViT,
-  models.CNNConfig: models.CNN,
-  models.SNNConfig: models.SNN,
-  nn_graph.GraphTransformerConfig: nn_graph.GraphTransformer,
-  nn_cplx.ComplexLMConfig: nn_cplx.ComplexLM,
-  nn_cplx.CVCNNConfig: nn_cplx.CVCNN,
-}
+  shared = dataclasses.asdict(cfg)
+  values = {k: v for k, v in shared.items() if k in accepted}
+  for field, aliases in spec.counterparts.items():
+    if field in values:
+      values[field] = aliases.get(values[field], values[field])
+  return kind(**{**values, **spec.derive(shared, data)})
 
 
 def build_model(
@@ -206,9 +102,8 @@ def build_model(
   in float32 are converted to ``cfg.param_dtype`` after construction;
   statistics and other state keep their dtype.
   """
-  model_cfg = model_config(cfg, data)
-  model = _MODELS[type(model_cfg)](
-    model_cfg, dtype=jnp.dtype(cfg.dtype), rngs=rngs
+  model = model_registry.spec(cfg.model).module(
+    model_config(cfg, data), dtype=jnp.dtype(cfg.dtype), rngs=rngs
   )
   param_dtype = jnp.dtype(cfg.param_dtype)
   if param_dtype != jnp.float32:

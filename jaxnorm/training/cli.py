@@ -30,7 +30,7 @@ from collections.abc import Callable, Sequence
 import jax
 
 from jaxnorm import aot
-from jaxnorm.training import build, checkpoints, data, metrics, trainer
+from jaxnorm.training import build, checkpoints, data, flags, metrics, trainer
 from jaxnorm.training import config as config_lib
 from jaxnorm.training import plan as plan_lib
 
@@ -98,7 +98,7 @@ def _parser(
     action="store_true",
     help="print the valid names of every registry and exit",
   )
-  config_lib.add_arguments(parser, defaults, build.registries("lm"))
+  flags.add_arguments(parser, defaults, build.registries("lm"))
   return parser
 
 
@@ -117,14 +117,14 @@ def _parse(
   extra(parser)
   if known.config:
     try:
-      parser.set_defaults(**config_lib.load_file(known.config))
+      parser.set_defaults(**flags.load_file(known.config))
     except ValueError as e:
       parser.error(str(e))
   args = parser.parse_args(argv)
   if args.list:
     print(_list_registries())
     return args, None
-  return args, config_lib.from_args(args)
+  return args, flags.from_args(args)
 
 
 def _planning_flags(parser: argparse.ArgumentParser) -> None:
@@ -277,7 +277,7 @@ def sweep_main(argv: Sequence[str] | None = None) -> int:
     variants = []
     for values in itertools.product(*grid.values()):
       changes = {
-        field: config_lib.parse_value(field, value)
+        field: flags.parse_value(field, value)
         for field, value in zip(grid, values)
       }
       name = "-".join(f"{v}" for v in values) or "base"

@@ -1,10 +1,11 @@
-"""Run configuration: one frozen dataclass, config files, a typed CLI, checks.
+"""Run configuration: one frozen dataclass and its checks.
 
 Every field of `TrainConfig` is a command-line flag of ``jaxnorm-train``
 (``--norm seednorm``, ``--mesh 2,1,4``, ``--no-resume``) and a key of a
 config file (``--config run.toml``, TOML or JSON). The file may be flat or
 grouped in the sections of `GROUPS` (``[model]``, ``[data]``, ``[optim]``,
-``[run]``); flags given on the command line override the file. `validate`
+``[run]``); flags given on the command line override the file (the
+parsing is `jaxnorm.training.flags`). `validate`
 checks names, numbers, shapes and the mesh against the registries and the
 visible devices (or, for a compile-only plan, the topology's) before anything
 is built or compiled, and every message lists the valid choices. `drift`
@@ -13,48 +14,51 @@ compares a resumed run's config with the one saved beside its checkpoints.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import importlib.util
 import itertools
 import json
 import math
-import pathlib
-import re
-import tomllib
 import types
-import typing
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
 
 from jaxnorm import aot
+from jaxnorm.nn import model_registry
 from jaxnorm.training import data as data_lib
 from jaxnorm.training import graph_data
 
-MODELS: tuple[str, ...] = ("lm", "vit", "cnn", "mlp", "graph", "clm", "cvcnn")
-MODEL_DATA: types.MappingProxyType = types.MappingProxyType(
+MODELS: tuple[str, ...] = model_registry.MODEL_NAMES
+# The datasets of each data kind a model takes (`ModelSpec.data`).
+DATASETS: types.MappingProxyType = types.MappingProxyType(
   {
-    "lm": data_lib.TEXT_CORPORA,
-    "vit": data_lib.IMAGE_DATASETS,
-    "cnn": data_lib.IMAGE_DATASETS,
-    "mlp": data_lib.IMAGE_DATASETS,
-    "graph": graph_data.GRAPH_DATASETS,
-    "clm": data_lib.TEXT_CORPORA,
-    "cvcnn": data_lib.IMAGE_DATASETS,
+    "text": data_lib.TEXT_CORPORA,
+    "images": data_lib.IMAGE_DATASETS,
+    "graphs": graph_data.GRAPH_DATASETS,
   }
 )
-POSITIONAL: tuple[str, ...] = ("auto", "learned", "rope", "lap", "none")
+MODEL_DATA: types.MappingProxyType = types.MappingProxyType(
+  {name: DATASETS[s.data] for name, s in model_registry.MODELS.items()}
+)
 # The positional encodings each model takes, its own default first; models
 # not listed have none and ignore the field.
 MODEL_POSITIONAL: types.MappingProxyType = types.MappingProxyType(
-  {"lm": ("learned", "rope", "none"), "graph": ("lap", "none")}
+  {
+    name: s.positional
+    for name, s in model_registry.MODELS.items()
+    if s.positional
+  }
+)
+POSITIONAL: tuple[str, ...] = (
+  "auto",
+  *dict.fromkeys(p for ps in MODEL_POSITIONAL.values() for p in ps),
 )
 GRAPHS: tuple[str, ...] = ("sparse", "full")
 # Models with attention heads (width and the tensor mesh axis must suit
 # them).
-_HEADED = ("lm", "vit", "graph", "clm")
+_HEADED = tuple(n for n, s in model_registry.MODELS.items() if s.heads)
 DTYPES: tuple[str, ...] = ("float32", "bfloat16")
 SCHEDULES: tuple[str, ...] = ("cosine", "wsd", "constant")
 NONFINITE: tuple[str, ...] = ("stop", "skip")
@@ -70,8 +74,10 @@ class TrainConfig:
     model: ``lm`` (decoder LM), ``vit``, ``cnn`` (ResNet-style), ``mlp``
       (self-normalizing MLP), ``graph`` (Graph Transformer, node
       classification), ``clm`` (complex LM, `jaxnorm.nn.cplx.ComplexLM`)
-      or ``cvcnn`` (complex CNN, `jaxnorm.nn.cplx.CVCNN`); see
-      `jaxnorm.training.build.COMPLEX_PARTS` for their part names.
+      or ``cvcnn`` (complex CNN, `jaxnorm.nn.cplx.CVCNN`): the names of
+      `jaxnorm.nn.model_registry.MODELS` (a real part name such as
+      ``rmsnorm`` stands for its complex counterpart, the spec's
+      ``counterparts``).
     data: ``shakespeare`` or ``kjv`` for ``lm`` and ``clm``;
       ``fashion_mnist`` or ``digits`` for the image models and ``cvcnn``;
       ``pattern`` or ``cluster`` (SBM graphs generated offline and cached
@@ -299,14 +305,15 @@ _POSITIVE_INTS = (
 )
 
 
-def _flag(field: str) -> str:
+def flag(field: str) -> str:
+  """The command-line flag of ``field`` (``--learning-rate``)."""
   return "--" + field.replace("_", "-")
 
 
 def _choice(field: str, value: str, choices: Sequence[str]) -> None:
   if value not in choices:
     raise ValueError(
-      f"TrainConfig: {_flag(field)} {value!r} is not valid; choose one of "
+      f"TrainConfig: {flag(field)} {value!r} is not valid; choose one of "
       f"{', '.join(choices)}"
     )
 
@@ -323,7 +330,7 @@ def _number(field: str, value: Any, low: float, high: float, closed: bool):
   if not ok:
     bound = "]" if closed else ")"
     raise ValueError(
-      f"TrainConfig: {_flag(field)} must be a finite number in "
+      f"TrainConfig: {flag(field)} must be a finite number in "
       f"[{low:g}, {high:g}{bound}, got {value!r}"
     )
 
@@ -395,6 +402,11 @@ def _validate_graph(cfg: TrainConfig) -> None:
     )
 
 
+def check_model(cfg: TrainConfig) -> None:
+  """Refuses an unknown ``--model``, listing the valid ones."""
+  _choice("model", cfg.model, MODELS)
+
+
 def validate(
   cfg: TrainConfig,
   registries: Mapping[str, Sequence[str]],
@@ -416,7 +428,7 @@ def validate(
     ValueError: for unknown names, bad numbers or sizes, an unknown
       topology, or an impossible mesh.
   """
-  _choice("model", cfg.model, MODELS)
+  check_model(cfg)
   _choice("data", cfg.data, MODEL_DATA[cfg.model])
   cfg = resolve(cfg)
   for field, names in registries.items():
@@ -440,7 +452,7 @@ def validate(
     value = getattr(cfg, field)
     if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
       raise ValueError(
-        f"TrainConfig: {_flag(field)} must be a positive integer, got {value!r}"
+        f"TrainConfig: {flag(field)} must be a positive integer, got {value!r}"
       )
   if not isinstance(cfg.warmup_steps, int) or cfg.warmup_steps < 0:
     raise ValueError(
@@ -465,7 +477,7 @@ def validate(
     for name, _ in getattr(cfg, field):
       if not isinstance(name, str) or not name.isidentifier():
         raise ValueError(
-          f"TrainConfig: {_flag(field)} keys must be argument names, got "
+          f"TrainConfig: {flag(field)} keys must be argument names, got "
           f"{name!r}"
         )
   unknown = sorted(set(cfg.allow_change) - set(FIELDS))
@@ -566,118 +578,6 @@ def _divisors(n: int) -> list[int]:
   return [d for d in range(1, n + 1) if n % d == 0]
 
 
-# ---------------------------------------------------------------------------
-# Values from text (flags, sweeps) and from config files.
-
-
-def _ints(field: str, text: str) -> tuple[int, ...]:
-  """``"2,1,4"`` (or ``"2x1x4"``, for sweeps) as integers; ``""`` is ()."""
-  try:
-    return tuple(int(p) for p in re.split(r"[,x]", text)) if text else ()
-  except ValueError as e:
-    raise ValueError(
-      f"{_flag(field)} takes comma-separated integers such as 2,1,4; got "
-      f"{text!r}"
-    ) from e
-
-
-def _kwargs(field: str, value: Any) -> Kwargs:
-  if isinstance(value, str):
-    try:
-      value = json.loads(value or "{}")
-    except json.JSONDecodeError as e:
-      raise ValueError(
-        f"{_flag(field)} takes a JSON object such as '{{\"eps\": 1e-5}}'; "
-        f"got {value!r} ({e.msg})"
-      ) from e
-  if isinstance(value, Sequence) and not isinstance(value, str):
-    value = dict(value)
-  if not isinstance(value, Mapping):
-    raise ValueError(f"{_flag(field)} takes a JSON object, got {value!r}")
-  return tuple(sorted((str(k), _frozen(v)) for k, v in value.items()))
-
-
-def _frozen(value: Any) -> Any:
-  """JSON lists as tuples, so a config stays hashable."""
-  if isinstance(value, list):
-    return tuple(_frozen(v) for v in value)
-  return value
-
-
-def parse_value(field: str, value: Any) -> Any:
-  """Converts a flag's text (or a config file's value) to ``field``'s type.
-
-  Raises:
-    ValueError: if the field is unknown or the value does not parse.
-  """
-  if field not in FIELDS:
-    raise ValueError(
-      f"TrainConfig: unknown field {field!r}; valid fields: {', '.join(FIELDS)}"
-    )
-  kind = typing.get_type_hints(TrainConfig)[field]
-  if field in ("norm_kwargs", "attention_kwargs"):
-    return _kwargs(field, value)
-  if value is None or not isinstance(value, str):
-    if isinstance(value, list):
-      return tuple(value)
-    numeric = isinstance(value, int) and not isinstance(value, bool)
-    return float(value) if numeric and kind in (float, float | None) else value
-  if kind is bool:
-    if value.lower() not in ("true", "false"):
-      raise ValueError(f"{_flag(field)}: use true or false, got {value!r}")
-    return value.lower() == "true"
-  if field == "allow_change":
-    return tuple(p.replace("-", "_") for p in value.split(",") if p)
-  if kind in (tuple[int, int, int], tuple[int, ...]):
-    return _ints(field, value)
-  if kind == float | None:
-    return None if value.lower() == "none" else float(value)
-  try:
-    return kind(value)
-  except ValueError as e:
-    raise ValueError(
-      f"{_flag(field)} takes {kind.__name__}, got {value!r}"
-    ) from e
-
-
-def load_file(path: str | pathlib.Path) -> dict[str, Any]:
-  """Reads a TOML or JSON config file into ``{field: value}``.
-
-  Keys are field names (``learning_rate`` or ``learning-rate``), at the top
-  level or inside the sections of `GROUPS`.
-
-  Raises:
-    ValueError: for an unreadable file, an unknown section or field, or a
-      value of the wrong type.
-  """
-  path = pathlib.Path(path)
-  try:
-    text = path.read_text()
-    raw = json.loads(text) if path.suffix == ".json" else tomllib.loads(text)
-  except (OSError, ValueError) as e:
-    raise ValueError(f"--config {path}: cannot read it ({e})") from e
-  flat: dict[str, Any] = {}
-  for key, value in raw.items():
-    key = key.replace("-", "_")
-    if key in GROUPS and isinstance(value, Mapping):
-      for name, item in value.items():
-        name = name.replace("-", "_")
-        if name not in GROUPS[key]:
-          raise ValueError(
-            f"--config {path}: [{key}] has no field {name!r}; its fields: "
-            f"{', '.join(GROUPS[key])}"
-          )
-        flat[name] = parse_value(name, item)
-    elif key in FIELDS:
-      flat[key] = parse_value(key, value)
-    else:
-      raise ValueError(
-        f"--config {path}: unknown key {key!r}; use sections "
-        f"{', '.join(GROUPS)} or the fields {', '.join(FIELDS)}"
-      )
-  return flat
-
-
 def to_json(cfg: TrainConfig) -> dict[str, Any]:
   """The config as plain JSON values (tuples become lists)."""
   return json.loads(json.dumps(dataclasses.asdict(cfg)))
@@ -702,99 +602,6 @@ def drift(saved: Mapping[str, Any], cfg: TrainConfig) -> list[str]:
     old = saved.get(field, default[field])
     if old != current[field]:
       out.append(
-        f"{_flag(field)} {json.dumps(old)} -> {json.dumps(current[field])}"
+        f"{flag(field)} {json.dumps(old)} -> {json.dumps(current[field])}"
       )
   return out
-
-
-# ---------------------------------------------------------------------------
-# The command line.
-
-
-def field_docs() -> dict[str, str]:
-  """Each field's description, from the `TrainConfig` docstring."""
-  docs: dict[str, str] = {}
-  lines = (TrainConfig.__doc__ or "").split("Attributes:")[1].splitlines()
-  name = None
-  for line in lines:
-    head, sep, text = line.strip().partition(": ")
-    if (
-      sep
-      and head in FIELDS
-      and line.startswith("    ")
-      and not (line.startswith("      "))
-    ):
-      name = head
-      docs[name] = text
-    elif name and line.strip():
-      docs[name] += " " + line.strip()
-  return docs
-
-
-def _help(
-  field: str, doc: str, default: Any, choices: Sequence[str] | None
-) -> str:
-  shown = ",".join(map(str, default)) if isinstance(default, tuple) else default
-  if field in ("norm_kwargs", "attention_kwargs"):
-    shown = json.dumps(dict(default))
-  doc = doc.replace("`", "").rstrip(".")
-  text = f"{doc} (default {shown})".replace("%", "%%")
-  if choices:
-    text += f"; one of: {', '.join(choices)}"
-  return text
-
-
-def add_arguments(
-  parser: argparse.ArgumentParser,
-  defaults: TrainConfig = TrainConfig(),
-  choices: Mapping[str, Sequence[str]] | None = None,
-) -> None:
-  """Adds one typed flag per `TrainConfig` field, grouped as `GROUPS`.
-
-  Args:
-    parser: the parser to extend.
-    defaults: the default values shown and used.
-    choices: valid names per field, listed in ``--help``.
-  """
-  hints = typing.get_type_hints(TrainConfig)
-  docs = field_docs()
-  names = {
-    "model": MODELS,
-    "data": sorted({d for ds in MODEL_DATA.values() for d in ds}),
-    "positional": POSITIONAL,
-    "graph": GRAPHS,
-    "dtype": DTYPES,
-    "param_dtype": DTYPES,
-    "schedule": SCHEDULES,
-    "nonfinite": NONFINITE,
-    **(choices or {}),
-  }
-  for group, fields in GROUPS.items():
-    section = parser.add_argument_group(f"{group} (config file [{group}])")
-    for field in fields:
-      default = getattr(defaults, field)
-      help_text = _help(field, docs[field], default, names.get(field))
-      if hints[field] is bool:
-        section.add_argument(
-          _flag(field),
-          action=argparse.BooleanOptionalAction,
-          default=default,
-          help=help_text,
-        )
-        continue
-
-      def convert(text: str, field: str = field) -> Any:
-        try:
-          return parse_value(field, text)
-        except ValueError as e:
-          raise argparse.ArgumentTypeError(str(e)) from e
-
-      convert.__name__ = field
-      section.add_argument(
-        _flag(field), type=convert, default=default, help=help_text
-      )
-
-
-def from_args(args: argparse.Namespace) -> TrainConfig:
-  """Builds a `TrainConfig` from parsed flags."""
-  return TrainConfig(**{field: getattr(args, field) for field in FIELDS})

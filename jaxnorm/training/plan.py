@@ -38,6 +38,7 @@ from jax.sharding import PartitionSpec as P
 
 from jaxnorm import aot, sharding
 from jaxnorm import nn as jaxnorm_nn
+from jaxnorm.nn import model_registry
 from jaxnorm.training import build, trainer
 from jaxnorm.training import config as config_lib
 from jaxnorm.training import data as data_lib
@@ -47,8 +48,10 @@ MFU = 0.4
 # Chips per host (VM) of v5e, v6e and v5p pods, as the deviceless TPU
 # topologies number their processes; a GPU topology is one host's GPUs.
 TPU_CHIPS_PER_HOST = 4
-# Models planned without their data: the token models (byte vocabulary).
-PLANNED_MODELS: tuple[str, ...] = ("lm", "clm")
+# Models planned without their data: the text models (byte vocabulary).
+PLANNED_MODELS: tuple[str, ...] = tuple(
+  name for name, s in model_registry.MODELS.items() if s.data == "text"
+)
 NO_GPU_COST = "n/a (XLA:GPU reports no cost analysis without a device)"
 
 

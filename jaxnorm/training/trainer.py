@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import math
 import pathlib
 import signal
 import sys
@@ -52,7 +51,6 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-import grain
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -62,165 +60,18 @@ from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from jaxnorm import graph as graph_lib
 from jaxnorm import nn as jaxnorm_nn
 from jaxnorm import sharding
 from jaxnorm.nn import decay as nn_decay
 from jaxnorm.optim import complex as complex_opt
-from jaxnorm.training import build, graph_data, optimizers
+from jaxnorm.training import build, optimizers, tasks
 from jaxnorm.training import checkpoints as checkpoints_lib
 from jaxnorm.training import config as config_lib
-from jaxnorm.training import data as data_lib
 from jaxnorm.training import faults as faults_lib
 from jaxnorm.training import metrics as metrics_lib
 
-_BASELINE_LABELS = {
-  "lm": "unigram entropy",
-  "classify": "uniform guess",
-  "graph": "uniform guess",
-}
 # Record fields that report the window's last step instead of its mean.
 _LAST_VALUE = ("lr", "skipped")
-
-
-@dataclasses.dataclass
-class _Task:
-  """Data and loss of one run: LM, image or graph-node classification."""
-
-  kind: str
-  train_ds: grain.MapDataset
-  eval_batches: list[Any]
-  model_kwargs: dict[str, Any]
-  tokens_per_batch: int
-  baseline: float | None
-
-
-def _graph_task(cfg: config_lib.TrainConfig) -> _Task:
-  """PATTERN or CLUSTER, generated once and cached in ``out_dir/data``.
-
-  Training batches are shuffled padded graphs (`graph_data.graph_batches`);
-  evaluation takes the first ``eval_batches`` batches of the validation
-  split in order. ``pe_dim=0`` takes the official config's size.
-  """
-  sizes = cfg.graph_sizes or graph_data.SPLIT_SIZES[cfg.data]
-  options = {}
-  if cfg.graph_blocks:
-    options.update(size_min=cfg.graph_blocks[0], size_max=cfg.graph_blocks[1])
-  if cfg.data == "pattern":
-    options["patterns"] = min(100, math.gcd(*sizes))
-  pe_dim = cfg.pe_dim or graph_data.PE_DIM[cfg.data]
-  train_src, val_src, _ = graph_data.load_sources(
-    cfg.data,
-    sizes,
-    seed=cfg.seed,
-    pe_dim=pe_dim,
-    cache_dir=pathlib.Path(cfg.out_dir) / "data",
-    **options,
-  )
-  if len(train_src) < cfg.batch_size:
-    raise ValueError(
-      f"train: the {cfg.data} training split has {len(train_src)} graphs, "
-      f"fewer than --batch-size {cfg.batch_size}"
-    )
-  evals = graph_data.eval_batches(val_src, batch_size=cfg.batch_size)
-  num_classes = graph_data.NUM_CLASSES[cfg.data]
-  return _Task(
-    kind="graph",
-    train_ds=graph_data.graph_batches(
-      train_src, batch_size=cfg.batch_size, seed=cfg.seed
-    ),
-    eval_batches=evals[: cfg.eval_batches],
-    model_kwargs={
-      "num_classes": num_classes,
-      "vocab_size": graph_data.VOCAB_SIZE[cfg.data],
-      "pe_dim": pe_dim,
-    },
-    tokens_per_batch=cfg.batch_size,
-    baseline=math.log(num_classes),
-  )
-
-
-def _make_task(cfg: config_lib.TrainConfig) -> _Task:
-  if cfg.model == "graph":
-    return _graph_task(cfg)
-  if cfg.model in ("lm", "clm"):
-    text = data_lib.load_text(cfg.data)
-    return _Task(
-      kind="lm",
-      train_ds=data_lib.text_windows(
-        text.train, cfg.seq_len, batch_size=cfg.batch_size, seed=cfg.seed
-      ),
-      eval_batches=data_lib.eval_windows(
-        text.val,
-        cfg.seq_len,
-        batch_size=cfg.batch_size,
-        max_batches=cfg.eval_batches,
-      ),
-      model_kwargs={"vocab_size": text.vocab_size, "max_len": cfg.seq_len},
-      tokens_per_batch=cfg.batch_size * cfg.seq_len,
-      baseline=text.unigram_entropy(),
-    )
-  images = data_lib.load_images(cfg.data)
-  n = min(len(images.val_x), cfg.eval_batches * cfg.batch_size)
-  n -= n % cfg.batch_size
-  if n < cfg.batch_size:
-    raise ValueError(
-      f"train: the {cfg.data} validation split has fewer than "
-      f"--batch-size {cfg.batch_size} images"
-    )
-  evals = [
-    {
-      "image": images.val_x[i : i + cfg.batch_size],
-      "label": images.val_y[i : i + cfg.batch_size],
-    }
-    for i in range(0, n, cfg.batch_size)
-  ]
-  return _Task(
-    kind="classify",
-    train_ds=data_lib.image_batches(
-      images.train_x, images.train_y, batch_size=cfg.batch_size, seed=cfg.seed
-    ),
-    eval_batches=evals,
-    model_kwargs={
-      "num_classes": images.num_classes,
-      "image_shape": images.train_x.shape[1:],
-    },
-    tokens_per_batch=cfg.batch_size,
-    baseline=math.log(images.num_classes),
-  )
-
-
-def _loss_and_metrics(
-  kind: str, outputs: jax.Array, batch: Any
-) -> tuple[jax.Array, dict[str, jax.Array]]:
-  """Mean cross-entropy and accuracy of a batch.
-
-  Graphs: the class-balanced cross-entropy over the real nodes and the
-  weighted (class-averaged) accuracy as a fraction, per batch (averaged
-  over evaluation batches, as the official code).
-  """
-  logits = outputs.astype(jnp.float32)
-  if kind == "graph":
-    labels, mask = batch["labels"], batch["node_mask"]
-    loss = graph_lib.class_balanced_cross_entropy(
-      logits, labels, node_mask=mask
-    )
-    accuracy = graph_lib.weighted_class_accuracy(logits, labels, node_mask=mask)
-    return loss, {"loss": loss, "accuracy": accuracy / 100.0}
-  labels = batch[:, 1:] if kind == "lm" else batch["label"]
-  loss = jnp.mean(
-    optax.softmax_cross_entropy_with_integer_labels(logits, labels)
-  )
-  accuracy = jnp.mean((jnp.argmax(logits, -1) == labels).astype(jnp.float32))
-  return loss, {"loss": loss, "accuracy": accuracy}
-
-
-def _inputs(kind: str, batch: Any) -> tuple[jax.Array | None, ...]:
-  """The model's positional arguments for ``batch``."""
-  if kind == "graph":
-    keys = ("features", "adjacency", "node_mask", "pe")
-    return tuple(batch[k] for k in keys)
-  return (batch[:, :-1] if kind == "lm" else batch["image"],)
 
 
 class _LocalStop:
@@ -448,10 +299,10 @@ def make_train_step(
     def loss_fn(params, backward):
       m = nnx.merge(graphdef, params, backward, state["rest"], copy=True)
       outputs = m(
-        *_inputs(kind, batch),
+        *tasks.inputs(kind, batch),
         rngs=jax.random.fold_in(base_key, state["step"]),
       )
-      loss, metrics = _loss_and_metrics(kind, outputs, batch)
+      loss, metrics = tasks.loss_and_metrics(kind, outputs, batch)
       loss = loss * loss_scale
       metrics["loss"] = loss
       _, _, after, rest = nnx.split(m, nnx.Param, jaxnorm_nn.BackwardStat, ...)
@@ -568,7 +419,7 @@ def _run(
   faults: Sequence[faults_lib.Fault],
   ckpts: checkpoints_lib.Checkpoints,
 ) -> dict[str, Any]:
-  task = _make_task(cfg)
+  task = tasks.make_task(cfg)
   mesh = sharding.make_mesh(cfg.mesh)
   rules = sharding.DEFAULT_RULES
   batch_layout = batch_sharding(mesh)
@@ -594,8 +445,8 @@ def _run(
     m = nnx.merge(
       eval_graphdef, weights, state["backward"], state["rest"], copy=True
     )
-    outputs = m(*_inputs(task.kind, batch))
-    return _loss_and_metrics(task.kind, outputs, batch)[1]
+    outputs = m(*tasks.inputs(task.kind, batch))
+    return tasks.loss_and_metrics(task.kind, outputs, batch)[1]
 
   # The state keeps the layout it starts with (and a restore gives it).
   layout = jax.tree.map(lambda x: x.sharding, state)
@@ -720,7 +571,7 @@ def _run(
       out_dir / "loss.png",
       title=f"{cfg.model} on {cfg.data}",
       baseline=task.baseline,
-      baseline_label=_BASELINE_LABELS[task.kind],
+      baseline_label=tasks.BASELINE_LABELS[task.kind],
     )
     metrics_lib.write_summary(out_dir / "summary.json", summary)
   return summary

@@ -11,8 +11,10 @@ import pytest
 from flax import nnx
 
 from jaxnorm import cplx
-from jaxnorm.nn import _norm_keys, registry
+from jaxnorm.nn import _common, _norm_keys, registry
+from jaxnorm.nn import attention as nn_attention
 from jaxnorm.nn import cplx as ncplx
+from jaxnorm.nn import norms as nn_norms
 from jaxnorm.nn.attention import _base
 from jaxnorm.optim import complex as copt
 from tests.cplx import _common as c
@@ -98,7 +100,12 @@ def test_registry_specs_are_consistent():
     name: getattr(spec.core, "dtype_kind", "real")
     for name, spec in ncplx.ATTENTION_SPECS.items()
   }
-  assert kinds == {"born": "complex", "complexformer": "real", "pct": "complex"}
+  assert kinds == {
+    "born": "complex",
+    "complex_softmax": "complex",
+    "complexformer": "real",
+    "pct": "complex",
+  }
   for spec in ncplx.ATTENTION_SPECS.values():
     assert issubclass(spec.core, _base.AttentionCore) and spec.paper
 
@@ -157,6 +164,13 @@ def test_attention_cores_match_functions():
     gate="tanh1",
   )
   c.close(pct(None, q, k, v), cplx.to_real(want), atol=1e-7)
+  soft = ncplx.ComplexSoftmaxAttention(
+    dims, is_causal=True, real_pairs=True, rngs=nnx.Rngs(0)
+  )
+  want = cplx.complex_softmax_attention(
+    cplx.to_complex(q), cplx.to_complex(k), cplx.to_complex(v), is_causal=True
+  )
+  c.close(soft(None, q, k, v), cplx.to_real(want), atol=0)
   cf = ncplx.ComplexFormerAttention(dims, is_causal=True, rngs=nnx.Rngs(0))
   assert cf.delta.shape == (2, 2)
   want = cplx.complexformer_attention(
@@ -171,6 +185,12 @@ def test_attention_cores_match_functions():
     )
   with pytest.raises(ValueError, match=r"unknown option\(s\) 'scale'"):
     ncplx.BornAttention(dims, scale=1.0, rngs=nnx.Rngs(0))
+  with pytest.raises(
+    ValueError, match=r"ComplexSoftmaxAttention: the head dim must be"
+  ):
+    ncplx.ComplexSoftmaxAttention(
+      _base.HeadDims(6, 2, 2, 3), real_pairs=True, rngs=nnx.Rngs(0)
+    )
 
 
 def test_complex_cores_on_complex_heads():
@@ -188,6 +208,10 @@ def test_complex_cores_on_complex_heads():
   assert pct.gate_bias[...].dtype == jnp.float32
   want = cplx.pct_attention(q, k, v, jnp.float32(-np.log(64.0)), is_causal=True)
   c.close(pct(None, q, k, v), want, atol=1e-7)
+  soft = ncplx.ComplexSoftmaxAttention(dims, rngs=nnx.Rngs(0))
+  bias = jax.random.normal(jax.random.key(2), (1, 2, 6, 6))
+  want = cplx.complex_softmax_attention(q, k, v, bias, mask)
+  c.close(soft(None, q, k, v, mask=mask, bias=bias), want, atol=0)
 
 
 TINY = dict(vocab_size=17, width=8, depth=1, num_heads=2, max_len=8)
@@ -206,12 +230,21 @@ def _logits_pair(model, a, b):
 @pytest.mark.parametrize(
   "parts",
   [
-    {"mixer": "born"},
-    {"mixer": "pct", "activation": "modrelu", "readout": "real"},
-    {"mixer": "softmax", "norm": "layer", "cnet_gelu": False},
-    {"mixer": "fourier", "embed_init": "cnet"},
+    {"attention": "born"},
+    {
+      "attention": "pct",
+      "attention_kwargs": (("gate", "tanh1"),),
+      "activation": "modrelu",
+      "readout": "real",
+    },
+    {
+      "attention": "complex_softmax",
+      "norm": "complexlayernorm",
+      "cnet_gelu": False,
+    },
+    {"attention": "fourier", "embed_init": "cnet"},
   ],
-  ids=["born", "pct", "softmax", "fourier"],
+  ids=["born", "pct", "complex_softmax", "fourier"],
 )
 def test_complex_lm_is_causal(parts, tokens):
   model = ncplx.ComplexLM(
@@ -222,7 +255,7 @@ def test_complex_lm_is_causal(parts, tokens):
   assert x.shape == (2, 8, 17) and c.finite(x)
   # Bluestein FFT rounding for the Fourier mixer; exact masks otherwise, up
   # to float32 round-off on logits ~ 4 (the two calls fuse differently).
-  atol = 1e-4 if parts["mixer"] == "fourier" else 1e-6
+  atol = 1e-4 if parts["attention"] == "fourier" else 1e-6
   # The two programs fuse their reductions differently: float32 round-off
   # (measured 6e-6 on logits ~4); a leak of the last token is >= 1e-4.
   c.close(y[:, :-1], x[:, :-1], atol=atol, rtol=1e-5)
@@ -260,8 +293,182 @@ def test_complex_lm_born_logits_and_training_step(tokens):
     ).amplitudes(tokens)
   with pytest.raises(ValueError, match=r"ComplexLM: tokens must have shape"):
     model(jnp.zeros((2, 9), jnp.int32))
-  with pytest.raises(ValueError, match=r"ComplexLM: mixer must be one of"):
-    ncplx.ComplexLM(ncplx.ComplexLMConfig(**TINY, mixer="x"), rngs=nnx.Rngs(0))
+  with pytest.raises(ValueError, match=r"ComplexLM: unknown attention 'x'"):
+    ncplx.ComplexLM(
+      ncplx.ComplexLMConfig(**TINY, attention="x"), rngs=nnx.Rngs(0)
+    )
+
+
+def _attention_functions():
+  """name -> (core options, the core's maths on the rotated heads)."""
+  gate_bias = jnp.float32(-np.log(64.0))
+  return {
+    "born": ({}, lambda q, k, v: cplx.born_attention(q, k, v, is_causal=True)),
+    "pct": (
+      {"gate": "tanh1"},
+      lambda q, k, v: cplx.pct_attention(
+        q, k, v, gate_bias, is_causal=True, gate="tanh1"
+      ),
+    ),
+    "complex_softmax": (
+      {},
+      lambda q, k, v: cplx.complex_softmax_attention(q, k, v, is_causal=True),
+    ),
+  }
+
+
+@pytest.mark.parametrize("name", sorted(_attention_functions()))
+def test_complex_multihead_attention_matches_functions(name):
+  """Complex projections, complex RoPE, the registry core's function (as
+  the model computed before its cores came from the registry); the core's
+  parameters sit under ``core``."""
+  kwargs, fn = _attention_functions()[name]
+  m = ncplx.ComplexMultiHeadAttention(
+    8, 2, attention=name, attention_kwargs=kwargs, rngs=nnx.Rngs(0)
+  )
+  assert isinstance(m.core, nn_attention.ATTENTIONS[name].core)
+  assert m.core.is_causal
+  x = _z((2, 6, 8))
+
+  def proj(kernel):
+    return jnp.einsum("btd,dnh->btnh", x, kernel[...])
+
+  q, k = (
+    cplx.complex_rope(proj(m.q_kernel)),
+    cplx.complex_rope(proj(m.k_kernel)),
+  )
+  want = jnp.einsum("btnh,nhd->btd", fn(q, k, proj(m.v_kernel)), m.out_kernel)
+  c.close(m(x), want, atol=1e-6)
+  paths = {p for p, _ in nnx.to_flat_state(nnx.state(m, nnx.Param))}
+  core = {p for p in paths if p[0] == "core"}
+  assert core == ({("core", "gate_bias")} if name == "pct" else set())
+
+
+def test_complex_lm_builds_registry_parts():
+  model = ncplx.ComplexLM(ncplx.ComplexLMConfig(**TINY), rngs=nnx.Rngs(0))
+  block = model.blocks[0]
+  assert isinstance(block.norm1, ncplx.ComplexRMSNorm)
+  assert isinstance(model.final_norm, ncplx.ComplexRMSNorm)
+  assert isinstance(block.attn.core, ncplx.BornAttention)
+  cfg = ncplx.ComplexLMConfig(
+    **TINY,
+    attention="pct",
+    attention_kwargs=(("gate", "relu"),),
+    norm="complexlayernorm",
+    norm_kwargs=(("eps", 1e-3),),
+  )
+  block = ncplx.ComplexLM(cfg, rngs=nnx.Rngs(0)).blocks[0]
+  assert isinstance(block.norm2, ncplx.ComplexLayerNorm)
+  assert block.norm2.eps == 1e-3
+  assert dict(block.attn.core.options) == {"gate": "relu"}
+  fourier = ncplx.ComplexLMConfig(**TINY, attention=ncplx.FOURIER)
+  assert ncplx.ComplexLM(fourier, rngs=nnx.Rngs(0)).blocks[0].attn is None
+
+
+def test_valid_parts_by_model_kind():
+  """``dtype_kind="complex"`` admits the complex parts only; "real" (the
+  default) keeps the real ones."""
+  norms = _common.valid_norms("tokens", True, False, dtype_kind="complex")
+  assert {"complexlayernorm", "complexrmsnorm"} <= set(norms)
+  assert "complexbatchnorm" not in norms  # Batch statistics.
+  assert "complexbatchnorm" in _common.valid_norms(
+    "tokens", True, True, dtype_kind="complex"
+  )
+  atts = _common.valid_attentions("tokens", True, dtype_kind="complex")
+  assert {"born", "complex_softmax", "pct"} <= set(atts)
+  for kind in ("real", "complex"):
+    valid = _common.valid_norms("tokens", True, True, dtype_kind=kind)
+    assert {nn_norms.NORMS[n].dtype_kind for n in valid} == {kind}
+    valid = _common.valid_attentions("tokens", True, dtype_kind=kind)
+    assert {nn_attention.ATTENTIONS[n].dtype_kind for n in valid} == {kind}
+  assert _common.valid_norms("tokens", True, False) == _common.valid_norms(
+    "tokens", True, False, dtype_kind="real"
+  )
+  assert _common.valid_attentions("tokens", True) == (
+    _common.valid_attentions("tokens", True, dtype_kind="real")
+  )
+
+
+@pytest.mark.parametrize(
+  "parts,match",
+  [
+    (
+      {"attention": "softmax"},
+      r"ComplexLM: attention 'softmax' is real-valued, and this model is "
+      r"complex-valued .*; choose one of {attentions}$",
+    ),
+    (
+      {"attention": "complexformer"},
+      r"ComplexLM: attention 'complexformer' is real-valued.*; choose one "
+      r"of {attentions}$",
+    ),
+    (
+      {"attention": "toy_noncausal"},
+      r"ComplexLM: attention 'toy_noncausal' has no causal form, so a "
+      r"decoder would see future tokens; choose one of {attentions}$",
+    ),
+    (
+      {"norm": "rmsnorm"},
+      r"ComplexLM: norm 'rmsnorm' is real-valued, and this model is "
+      r"complex-valued .*; choose one of {norms}$",
+    ),
+    (
+      {"norm": "complexbatchnorm"},
+      r"ComplexLM: norm 'complexbatchnorm' takes batch statistics in "
+      r"training mode \(over batch and sequence, so position t sees later "
+      r"tokens\); choose one of {norms}$",
+    ),
+    (
+      {"norm": "toy_noncausal"},
+      r"ComplexLM: norm 'toy_noncausal' is not causal in the tokens layout"
+      r".*; choose one of {norms}$",
+    ),
+    ({"norm": "x"}, r"ComplexLM: unknown norm 'x'; valid names are {norms}$"),
+    (
+      {"norm": "none"},
+      r"ComplexLM: norm 'none': this model has no norm-free form; choose "
+      r"one of {norms}$",
+    ),
+  ],
+)
+def test_complex_lm_refuses_parts(parts, match, monkeypatch):
+  """Real parts, parts without a causal per-token form and batch
+  statistics are refused before anything is built, naming the field, the
+  value and the valid names (a toy non-causal complex core and norm stand
+  for ones the registries may gain)."""
+  monkeypatch.setattr(
+    nn_attention,
+    "ATTENTIONS",
+    {
+      **nn_attention.ATTENTIONS,
+      "toy_noncausal": registry.AttentionSpec(
+        ncplx.BornAttention, "toy", causal=False
+      ),
+    },
+  )
+  monkeypatch.setattr(
+    nn_norms,
+    "NORMS",
+    {
+      **nn_norms.NORMS,
+      "toy_noncausal": registry.NormSpec(
+        ncplx.ComplexRMSNorm, "toy", causal=False
+      ),
+    },
+  )
+  attentions = _common.valid_attentions("tokens", True, dtype_kind="complex")
+  norms = _common.valid_norms("tokens", True, False, dtype_kind="complex")
+  match = match.format(
+    attentions=", ".join(sorted((*attentions, ncplx.FOURIER))),
+    norms=", ".join(norms),
+  )
+  with pytest.raises(ValueError, match=match):
+    ncplx.ComplexLM(ncplx.ComplexLMConfig(**TINY, **parts), rngs=nnx.Rngs(0))
+  if "attention" in parts:
+    with pytest.raises(ValueError, match=r"^ComplexMultiHeadAttention: "):
+      ncplx.ComplexMultiHeadAttention(
+        8, 2, attention=parts["attention"], rngs=nnx.Rngs(0)
+      )
 
 
 def test_cvcnn_forward_and_counts():

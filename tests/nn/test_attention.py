@@ -34,9 +34,12 @@ def _kind_kwargs(name):
 def test_literal_equals_registry():
   assert typing.get_args(nn_attn.AttentionName) == tuple(nn_attn.ATTENTIONS)
   assert nn_attn.ATTENTION_NAMES == tuple(nn_attn.ATTENTIONS)
+  by_layout = nn_attn.TOKEN_ATTENTIONS + nn_attn.IMAGE_ATTENTIONS
+  assert sorted(by_layout) == sorted(nn_attn.ATTENTION_NAMES)
   for spec in nn_attn.ATTENTIONS.values():
     assert isinstance(spec, registry.AttentionSpec)
-    assert issubclass(spec.core, nn_attn.AttentionCore)
+  for name in nn_attn.TOKEN_ATTENTIONS:  # Images specs hold whole layers.
+    assert issubclass(nn_attn.ATTENTIONS[name].core, nn_attn.AttentionCore)
   cores = [spec.core for spec in nn_attn.ATTENTIONS.values()]
   assert len(set(cores)) == len(cores)  # One core class per paper.
 
@@ -55,7 +58,7 @@ def test_rope_and_qk_norm(key):
   assert helpers.all_finite(ln(x))
 
 
-@pytest.mark.parametrize("name", nn_attn.ATTENTION_NAMES)
+@pytest.mark.parametrize("name", nn_attn.TOKEN_ATTENTIONS)
 def test_every_core_builds_runs_and_is_finite(key, name):
   ties = nn_attn.ATTENTIONS[name].core.ties_keys  # SOFT: K == N.
   kv = N if ties else K
@@ -81,9 +84,9 @@ def test_every_core_builds_runs_and_is_finite(key, name):
   assert helpers.all_finite(g)
 
 
-@pytest.mark.parametrize("name", nn_attn.ATTENTION_NAMES)
+@pytest.mark.parametrize("name", nn_attn.TOKEN_ATTENTIONS)
 def test_spec_capabilities_match_the_core(key, name):
-  """``causal`` and ``takes_mask`` of each spec are what the core does."""
+  """``causal``, ``takes_mask``, ``takes_bias``: what the core does."""
   spec = nn_attn.ATTENTIONS[name]
   kw = {**_RUN_OPTIONS.get(name, {}), **_kind_kwargs(name)}
   if spec.causal:
@@ -99,14 +102,22 @@ def test_spec_capabilities_match_the_core(key, name):
       nn_attn.make_attention(name, D, N, is_causal=True, rngs=nnx.Rngs(0))
   m = nn_attn.make_attention(name, D, N, rngs=nnx.Rngs(0), **kw)
   mask = jnp.tril(jnp.ones((6, 6), bool))[None, None]
+  x = _common.tokens(key, name=name)
   if spec.takes_mask:
-    assert helpers.all_finite(m(_common.tokens(key, name=name), mask=mask))
+    assert helpers.all_finite(m(x, mask=mask))
   else:
     with pytest.raises(ValueError, match=r"takes no mask or bias"):
-      m(_common.tokens(key, name=name), mask=mask)
+      m(x, mask=mask)
+  bias = jnp.zeros((1, 1, 6, 6))
+  if spec.takes_bias:
+    want = nnx.clone(m)(x)  # Each call from the same state.
+    helpers.assert_close(nnx.clone(m)(x, bias=bias), want, atol=1e-6)
+  else:
+    with pytest.raises(ValueError, match=r"no mask or bias|no additive bias"):
+      m(x, bias=bias)
 
 
-@pytest.mark.parametrize("name", nn_attn.ATTENTION_NAMES)
+@pytest.mark.parametrize("name", nn_attn.TOKEN_ATTENTIONS)
 def test_spec_kernel_means_implementation_option(key, name):
   """``kernel`` specs take ``implementation=``; "xla" is the default path."""
   kw = {**_RUN_OPTIONS.get(name, {}), "implementation": "xla"}

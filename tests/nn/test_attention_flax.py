@@ -70,7 +70,7 @@ def test_softmax_cross_attention_matches_numpy(key):
   helpers.assert_close(m(xq, xk), _softmax_oracle(m, xq, xk, xk), atol=1e-5)
 
 
-@pytest.mark.parametrize("name", nn_attn.ATTENTION_NAMES)
+@pytest.mark.parametrize("name", nn_attn.TOKEN_ATTENTIONS)
 def test_every_core_cross_attends_or_refuses(key, name):
   """Registry walk: cross inputs reach k/v, or a named refusal."""
   m = _build(name)

@@ -1,8 +1,8 @@
 """Registry-driven causality of the decoder LM (issue 12, item 1).
 
-For every attention and every norm `DecoderLM` accepts (read from the specs
-through `models.registries`), a tiny LM's logits at positions ``< T - 1``
-must not change when only the last token changes, in training and in
+For every attention and every norm `DecoderLM` accepts (read from the
+specs through `model_registry.registries`), a tiny LM's logits at positions
+``< T - 1`` must not change when only the last token changes, in training and in
 evaluation mode; every part the LM refuses must raise before anything is
 built. A part added to a registry is covered here without a new line.
 """
@@ -13,19 +13,20 @@ import pytest
 from flax import nnx
 
 from jaxnorm.nn import attention as nn_attention
-from jaxnorm.nn import models
+from jaxnorm.nn import model_registry, models
 from jaxnorm.nn import norms as nn_norms
 
 TINY = dict(
   vocab_size=32, width=16, depth=1, num_heads=2, max_len=8, mlp_ratio=2
 )
-LM = models.registries("lm")
-LM_OPT_IN = models.registries("lm", allow_batch_stats=True)
+LM = model_registry.registries("lm")
+LM_OPT_IN = model_registry.registries("lm", allow_batch_stats=True)
 BATCH_STATS_NORMS = tuple(n for n in LM_OPT_IN["norm"] if n not in LM["norm"])
 REFUSED_ATTENTIONS = tuple(
   n
-  for n, spec in nn_attention.ATTENTIONS.items()
-  if n not in LM["attention"] and spec.dtype_kind == "real"
+  for n in nn_attention.TOKEN_ATTENTIONS
+  if n not in LM["attention"]
+  and nn_attention.ATTENTIONS[n].dtype_kind == "real"
 )
 COMPLEX_ATTENTIONS = tuple(
   n for n, s in nn_attention.ATTENTIONS.items() if s.dtype_kind == "complex"
@@ -91,6 +92,18 @@ def test_lm_refuses_attention_without_causal_form(attention):
     ValueError,
     match=rf"DecoderLM: attention '{attention}' has no causal form, so a "
     rf"decoder would see future tokens; choose one of {valid}",
+  ):
+    models.DecoderLM(
+      models.LMConfig(**TINY, attention=attention), rngs=nnx.Rngs(0)
+    )
+
+
+@pytest.mark.parametrize("attention", nn_attention.IMAGE_ATTENTIONS)
+def test_lm_refuses_image_attention(attention):
+  with pytest.raises(
+    ValueError,
+    match=rf"DecoderLM: attention '{attention}' does not act on the tokens "
+    rf"layout; choose one of {', '.join(LM['attention'])}",
   ):
     models.DecoderLM(
       models.LMConfig(**TINY, attention=attention), rngs=nnx.Rngs(0)

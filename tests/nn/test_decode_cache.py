@@ -13,9 +13,11 @@ from tests import helpers
 D, N, K, H = 16, 4, 2, 4
 B, T = 2, 7
 CACHE_CORES = [
-  n for n, s in nn_attn.ATTENTIONS.items() if s.core.supports_cache
+  n
+  for n in nn_attn.TOKEN_ATTENTIONS
+  if nn_attn.ATTENTIONS[n].core.supports_cache
 ]
-NO_CACHE_CORES = [n for n in nn_attn.ATTENTION_NAMES if n not in CACHE_CORES]
+NO_CACHE_CORES = [n for n in nn_attn.TOKEN_ATTENTIONS if n not in CACHE_CORES]
 
 
 def _x(seed=0, t=T):

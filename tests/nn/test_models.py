@@ -7,7 +7,7 @@ import pytest
 from flax import nnx
 
 from jaxnorm.nn import attention as nn_attention
-from jaxnorm.nn import models
+from jaxnorm.nn import model_registry, models
 from jaxnorm.nn import norms as nn_norms
 
 TINY = dict(
@@ -22,9 +22,9 @@ def _lm(**kw):
 
 def test_registries_follow_the_specs():
   norms, attentions = nn_norms.NORMS, nn_attention.ATTENTIONS
-  lm = models.registries("lm")
-  opt_in = models.registries("lm", allow_batch_stats=True)
-  vit, cnn = models.registries("vit"), models.registries("cnn")
+  lm = model_registry.registries("lm")
+  opt_in = model_registry.registries("lm", allow_batch_stats=True)
+  vit, cnn = model_registry.registries("vit"), model_registry.registries("cnn")
   for name, spec in norms.items():
     real = spec.dtype_kind == "real"  # The models are real-valued.
     tokens = "tokens" in spec.layouts and real
@@ -35,9 +35,9 @@ def test_registries_follow_the_specs():
     assert (name in vit["norm"]) == tokens, name
     assert (name in cnn["norm"]) == ("images" in spec.layouts and real), name
   for name, spec in attentions.items():
-    real = spec.dtype_kind == "real"
-    assert (name in lm["attention"]) == (spec.causal and real), name
-    assert (name in vit["attention"]) == real, name
+    tokens = spec.dtype_kind == "real" and "tokens" in spec.layouts
+    assert (name in lm["attention"]) == (spec.causal and tokens), name
+    assert (name in vit["attention"]) == tokens, name
   # Known capabilities, as a check on the specs themselves.
   assert {"rmsnorm", "layernorm"} <= set(lm["norm"])
   assert "batchnorm" not in lm["norm"] and "batchnorm" in opt_in["norm"]
@@ -46,7 +46,7 @@ def test_registries_follow_the_specs():
   assert "regionnorml" in cnn["norm"] and "regionnorml" not in vit["norm"]
   assert "timestepdecaynorm" in lm["norm"]
   assert "timestepdecaynorm" not in cnn["norm"]
-  mlp = models.registries("mlp")
+  mlp = model_registry.registries("mlp")
   assert mlp["norm"] == tuple(sorted(norms))
   assert cnn["attention"] == tuple(sorted(attentions))  # CNN: unused.
   for parts in (lm, vit, cnn, mlp):
@@ -54,7 +54,7 @@ def test_registries_follow_the_specs():
 
 
 def test_lm_refusals_name_reason_and_alternatives():
-  valid_norms = ", ".join(models.registries("lm")["norm"])
+  valid_norms = ", ".join(model_registry.registries("lm")["norm"])
   with pytest.raises(
     ValueError,
     match=r"DecoderLM: norm 'batchnorm' takes batch statistics in training "

@@ -20,7 +20,15 @@ def _validate(cfg):
 
 def test_complex_models_take_their_own_parts():
   names = build.registries("clm")
-  assert names["attention"] == tuple(sorted(nn_cplx.MIXERS))
+  # The complex causal cores of the registry, CNet's Fourier mixing, and
+  # the real name that stands for the complex softmax.
+  assert names["attention"] == (
+    "born",
+    "complex_softmax",
+    "fourier",
+    "pct",
+    "softmax",
+  )
   assert "complexrmsnorm" in names["norm"] and "batchnorm" not in names["norm"]
   # The runner's defaults build both models.
   for model, data in (("clm", "shakespeare"), ("cvcnn", "digits")):
@@ -34,8 +42,8 @@ def test_complex_models_take_their_own_parts():
     ({"model": "clm", "norm": "batchnorm"}, r"--norm 'batchnorm' is not valid"),
     (
       {"model": "clm", "attention": "sink"},
-      r"--attention 'sink' is not valid; choose one of born, fourier, pct, "
-      r"softmax",
+      r"--attention 'sink' is not valid; choose one of born, "
+      r"complex_softmax, fourier, pct, softmax",
     ),
     ({"model": "cvcnn", "data": "shakespeare"}, r"--data 'shakespeare'"),
   ],
@@ -52,7 +60,11 @@ def test_build_maps_runner_names_onto_the_complex_configs():
   )
   mc = build.model_config(cfg, {"vocab_size": 256, "max_len": 32})
   assert isinstance(mc, nn_cplx.ComplexLMConfig)
-  assert (mc.mixer, mc.norm, mc.activation) == ("pct", "layer", "split_gelu")
+  assert (mc.attention, mc.norm, mc.activation) == (
+    "pct",
+    "complexlayernorm",
+    "split_gelu",
+  )
   cfg = config.TrainConfig(model="cvcnn", data="digits", width=16, depth=2)
   data = {"num_classes": 10, "image_shape": (8, 8, 1)}
   mc = build.model_config(cfg, data)

@@ -10,7 +10,7 @@ import pytest
 from flax import nnx
 
 from jaxnorm.nn import graph as nn_graph
-from jaxnorm.training import build, cli, config, trainer
+from jaxnorm.training import build, cli, config, tasks
 from tests.training import runs
 
 GRAPH = config.TrainConfig(
@@ -113,8 +113,8 @@ def test_built_model_runs_the_task_inputs():
 
   @nnx.jit
   def forward(model, batch):
-    logits = model(*trainer._inputs("graph", batch))
-    return logits, trainer._loss_and_metrics("graph", logits, batch)
+    logits = model(*tasks.inputs("graph", batch))
+    return logits, tasks.loss_and_metrics("graph", logits, batch)
 
   logits, (loss, metrics) = forward(model, batch)
   assert logits.shape == (2, n, 2)

@@ -14,6 +14,7 @@ from jaxnorm.training import (
   cli,
   config,
   data,
+  flags,
   metrics,
   optimizers,
   trainer,
@@ -375,24 +376,24 @@ class TestCommandLine:
     bad = tmp_path / "bad.json"
     bad.write_text('{"model": {"stepz": 3}}')
     with pytest.raises(ValueError, match=r"\[model\] has no field 'stepz'"):
-      config.load_file(bad)
+      flags.load_file(bad)
     bad.write_text('{"colour": 3}')
     with pytest.raises(ValueError, match="unknown key 'colour'"):
-      config.load_file(bad)
+      flags.load_file(bad)
     bad.write_text("{")
     with pytest.raises(ValueError, match="cannot read it"):
-      config.load_file(bad)
+      flags.load_file(bad)
     with pytest.raises(ValueError, match="takes a JSON object"):
-      config.parse_value("norm_kwargs", "[1")
+      flags.parse_value("norm_kwargs", "[1")
     with pytest.raises(ValueError, match="unknown field 'nrom'"):
-      config.parse_value("nrom", "x")
+      flags.parse_value("nrom", "x")
     with pytest.raises(ValueError, match="use true or false"):
-      config.parse_value("resume", "yes")
+      flags.parse_value("resume", "yes")
     with pytest.raises(ValueError, match="--width takes int"):
-      config.parse_value("width", "wide")
+      flags.parse_value("width", "wide")
 
   def test_every_field_has_help(self):
-    assert set(config.field_docs()) == set(config.FIELDS)
+    assert set(flags.field_docs()) == set(config.FIELDS)
     grouped = [f for fields in config.GROUPS.values() for f in fields]
     assert sorted(grouped) == sorted(config.FIELDS)
 

@@ -43,6 +43,12 @@ class attribute ``needs_grid`` (read into their spec): a model with a map
 (the ViT) builds them with ``grid_shape=(h, w)`` and ``num_prefix`` (its
 [CLS]); without ``grid_shape`` they run a documented token form for 1-D
 sequences.
+
+The ``images`` entries of `ATTENTIONS` (`IMAGE_ATTENTIONS`: ``"ela"``,
+`ELA`; ``"psa"``, `PolarizedSelfAttention`) are whole layers on NHWC maps,
+not cores: ``make_image_attention(name, channels, *, rngs, **options)``
+builds one (`jaxnorm.nn.models.CNN` places one per block with
+``block_attention``); `TOKEN_ATTENTIONS` are the cores above.
 """
 
 from jaxnorm.nn.attention._base import AttentionCore, HeadDims
@@ -57,9 +63,12 @@ from jaxnorm.nn.attention.linear import CausalLinearAttention
 from jaxnorm.nn.attention.multihead import (
   ATTENTION_NAMES,
   ATTENTIONS,
+  IMAGE_ATTENTIONS,
+  TOKEN_ATTENTIONS,
   AttentionName,
   MultiHeadAttention,
   make_attention,
+  make_image_attention,
 )
 from jaxnorm.nn.attention.mxfp4 import MXFP4Attention
 from jaxnorm.nn.attention.nala import NaLaAttention
@@ -84,6 +93,7 @@ __all__ = [
   "ELA",
   "GatedAttention",
   "HeadDims",
+  "IMAGE_ATTENTIONS",
   "LinaAttention",
   "MXFP4Attention",
   "MultiHeadAttention",
@@ -94,6 +104,8 @@ __all__ = [
   "SinkhornAttention",
   "SoftAttention",
   "SoftmaxAttention",
+  "TOKEN_ATTENTIONS",
   "from_flax_attention",
   "make_attention",
+  "make_image_attention",
 ]

@@ -18,10 +18,12 @@ from jaxnorm.nn import _param, norms, registry
 from jaxnorm.nn.attention import (
   _base,
   affine_scaled,
+  ela,
   lina,
   linear,
   mxfp4,
   nala,
+  psa,
   sinkhorn,
   sinks,
   soft,
@@ -41,9 +43,12 @@ AttentionName = Literal[
   "causal_linear",
   "mxfp4",
   "sinkhorn",
+  "ela",
+  "psa",
   "born",
   "complexformer",
   "pct",
+  "complex_softmax",
 ]
 
 
@@ -62,6 +67,8 @@ def _soft_defaults(
   del num_heads, head_dim
   return {} if num_tokens is None else {"ratio": math.gcd(num_tokens, 2)}
 
+
+_IMAGES = frozenset({"images"})
 
 ATTENTIONS: Mapping[str, registry.AttentionSpec] = types.MappingProxyType(
   {
@@ -90,12 +97,14 @@ ATTENTIONS: Mapping[str, registry.AttentionSpec] = types.MappingProxyType(
       defaults=_soft_defaults,
       causal=False,
       takes_mask=False,
+      takes_bias=False,
     ),
     "nala": registry.AttentionSpec(
       nala.NaLaAttention,
       "Meng et al., arXiv:2506.21137",
       causal=False,
       takes_mask=False,
+      takes_bias=False,
     ),
     "lina": registry.AttentionSpec(
       lina.LinaAttention,
@@ -103,11 +112,13 @@ ATTENTIONS: Mapping[str, registry.AttentionSpec] = types.MappingProxyType(
       defaults=_lina_defaults,
       causal=False,
       takes_mask=False,
+      takes_bias=False,
     ),
     "causal_linear": registry.AttentionSpec(
       linear.CausalLinearAttention,
       "Katharopoulos et al., arXiv:2006.16236",
       takes_mask=False,
+      takes_bias=False,
       kernel=True,
     ),
     "mxfp4": registry.AttentionSpec(
@@ -116,22 +127,55 @@ ATTENTIONS: Mapping[str, registry.AttentionSpec] = types.MappingProxyType(
     "sinkhorn": registry.AttentionSpec(
       sinkhorn.SinkhornAttention, "Freytes, arXiv:2601.11618"
     ),
+    "ela": registry.AttentionSpec(
+      ela.ELA,
+      "Xu & Wan, arXiv:2403.01123",
+      causal=False,
+      takes_mask=False,
+      takes_bias=False,
+      layouts=_IMAGES,
+    ),
+    "psa": registry.AttentionSpec(
+      psa.PolarizedSelfAttention,
+      "Liu et al., arXiv:2107.00782",
+      causal=False,
+      takes_mask=False,
+      takes_bias=False,
+      layouts=_IMAGES,
+    ),
     **cplx_attention.ATTENTION_SPECS,
   }
 )
 """Attention name -> `registry.AttentionSpec` (core class and capabilities).
 
 Adding a paper: its core class in `jaxnorm/nn/attention/<paper>.py`, one
-entry here and its name in `AttentionName`."""
+entry here and its name in `AttentionName`. The ``images`` entries (ELA,
+PSA) register whole layers on NHWC maps, built by `make_image_attention`;
+the ``tokens`` entries are cores of `MultiHeadAttention`."""
 
 ATTENTION_NAMES: tuple[str, ...] = tuple(ATTENTIONS)
+TOKEN_ATTENTIONS: tuple[str, ...] = tuple(
+  n for n, s in ATTENTIONS.items() if "tokens" in s.layouts
+)
+"""The names of the cores of `MultiHeadAttention` (``tokens`` layout)."""
+IMAGE_ATTENTIONS: tuple[str, ...] = tuple(
+  n for n, s in ATTENTIONS.items() if "images" in s.layouts
+)
+"""The names of the NHWC attention layers (``images``; `make_image_attention`
+builds them)."""
 
 
 def _check_name(who: str, name: str) -> registry.AttentionSpec:
   if name not in ATTENTIONS:
     raise ValueError(
       f"{who}: unknown attention {name!r}; valid names are "
-      f"{', '.join(ATTENTION_NAMES)}"
+      f"{', '.join(TOKEN_ATTENTIONS)}"
+    )
+  if "tokens" not in ATTENTIONS[name].layouts:
+    raise ValueError(
+      f"{who}: attention {name!r} acts on NHWC images, not on tokens; build "
+      f"it with make_image_attention({name!r}, channels, rngs=...); token "
+      f"attentions are {', '.join(TOKEN_ATTENTIONS)}"
     )
   return ATTENTIONS[name]
 
@@ -341,7 +385,7 @@ class MultiHeadAttention(nnx.Module):
     """
     who = "MultiHeadAttention.init_cache"
     if not self.core.supports_cache:
-      able = [n for n, s in ATTENTIONS.items() if s.core.supports_cache]
+      able = [n for n in TOKEN_ATTENTIONS if ATTENTIONS[n].core.supports_cache]
       raise ValueError(
         f"{who}: the {self.attention!r} core ({type(self.core).__name__}) "
         f"has no decode cache; cores with one: {', '.join(able)}"
@@ -594,7 +638,8 @@ def make_attention(
   """Builds a `MultiHeadAttention` whose core is ``name``.
 
   Args:
-    name: one of `ATTENTION_NAMES`.
+    name: one of `TOKEN_ATTENTIONS` (the ``images`` names are built by
+      `make_image_attention`).
     num_features: model width ``D``.
     num_heads: query heads ``N``.
     rngs: parameter RNG streams.
@@ -606,8 +651,9 @@ def make_attention(
     The module.
 
   Raises:
-    ValueError: for an unknown name (the message lists every valid name) or
-      an option the core does not take.
+    ValueError: for an unknown name (the message lists every valid name), an
+      ``images`` name (the message points to `make_image_attention`) or an
+      option the core does not take.
   """
   _check_name("make_attention", name)
   core_kwargs = dict(kwargs.pop("attention_kwargs", None) or {})
@@ -620,3 +666,41 @@ def make_attention(
     rngs=rngs,
     **kwargs,
   )
+
+
+def make_image_attention(
+  name: str, channels: int, *, rngs: nnx.Rngs, **kwargs: Any
+) -> nnx.Module:
+  """Builds the ``images`` attention ``name``: a whole layer on NHWC maps.
+
+  The spec's ``core`` is the layer itself, ``(B, H, W, C) -> (B, H, W, C)``
+  (ELA: `ELA`, PSA: `PolarizedSelfAttention`), built as ``core(channels, *,
+  rngs, **kwargs)``; it has no projections, heads, mask or causal form.
+
+  Args:
+    name: one of `IMAGE_ATTENTIONS`.
+    channels: ``C``, the channel (last) axis of the maps.
+    rngs: parameter RNG streams.
+    **kwargs: the layer's options, e.g. ``variant="T"`` for ``"ela"`` or
+      ``variant="sequential"`` for ``"psa"``, ``dtype``, ``param_dtype``.
+
+  Returns:
+    The module.
+
+  Raises:
+    ValueError: for a name that is not an ``images`` attention (the message
+      lists them), or what the layer refuses (channels its groups do not
+      divide, an unknown variant).
+  """
+  spec = ATTENTIONS.get(name)
+  if spec is None or "images" not in spec.layouts:
+    reason = (
+      "unknown attention"
+      if spec is None
+      else "a token attention: build it with make_attention"
+    )
+    raise ValueError(
+      f"make_image_attention: {name!r} is not an images attention ({reason});"
+      f" valid names are {', '.join(IMAGE_ATTENTIONS)}"
+    )
+  return spec.core(channels, rngs=rngs, **kwargs)

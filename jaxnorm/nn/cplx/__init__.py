@@ -10,13 +10,16 @@ maths and references live there. One module per family:
   `ComplexRMSNorm` (complex-native, or real pairs with
   ``real_pairs=True``) and their registry entries `NORM_SPECS`.
 * `jaxnorm.nn.cplx.born`, `jaxnorm.nn.cplx.complexformer`,
-  `jaxnorm.nn.cplx.pct`: the cores `BornAttention`,
-  `ComplexFormerAttention`, `PCTAttention` for `MultiHeadAttention`; their
-  registry entries `ATTENTION_SPECS` are in `jaxnorm.nn.cplx._registry`.
-* `jaxnorm.nn.cplx.multihead`: `ComplexMultiHeadAttention` (Born, PCT or
-  complex-softmax mixing, or CNet's causal Fourier mixing).
-* `jaxnorm.nn.cplx.models`: `ComplexLM` (CNet / PCT style language model)
-  and `CVCNN` (the CV-CNN of the CNN vs CV-CNN study).
+  `jaxnorm.nn.cplx.pct`, `jaxnorm.nn.cplx.softmax`: the cores
+  `BornAttention`, `ComplexFormerAttention`, `PCTAttention`,
+  `ComplexSoftmaxAttention` for `MultiHeadAttention`; their registry
+  entries `ATTENTION_SPECS` are in `jaxnorm.nn.cplx._registry`.
+* `jaxnorm.nn.cplx.multihead`: `ComplexMultiHeadAttention` (complex
+  projections and RoPE around a complex core of the attention registry).
+* `jaxnorm.nn.cplx.models`: `ComplexLM` (CNet / PCT style language model,
+  built from the complex norms and cores of the registries by name, or
+  CNet's causal Fourier mixing, `FOURIER`) and `CVCNN` (the CV-CNN of the
+  CNN vs CV-CNN study).
 
 Complex parameters need conjugated gradients: train them with
 `jaxnorm.optim.complex.complex_adam` (plain optax climbs the loss in every
@@ -36,18 +39,14 @@ from jaxnorm.nn.cplx.layers import (
 )
 from jaxnorm.nn.cplx.models import (
   CVCNN,
+  FOURIER,
   ComplexBlock,
   ComplexLM,
   ComplexLMConfig,
   CVCNNConfig,
   count_real_parameters,
 )
-from jaxnorm.nn.cplx.multihead import (
-  MIXERS,
-  ComplexMultiHeadAttention,
-  Mixer,
-  complex_softmax_attention,
-)
+from jaxnorm.nn.cplx.multihead import ComplexMultiHeadAttention
 from jaxnorm.nn.cplx.norms import (
   NORM_SPECS,
   ComplexBatchNorm,
@@ -55,11 +54,12 @@ from jaxnorm.nn.cplx.norms import (
   ComplexRMSNorm,
 )
 from jaxnorm.nn.cplx.pct import PCTAttention
+from jaxnorm.nn.cplx.softmax import ComplexSoftmaxAttention
 
 __all__ = [
   "ATTENTION_SPECS",
   "CVCNN",
-  "MIXERS",
+  "FOURIER",
   "NORM_SPECS",
   "BornAttention",
   "CVCNNConfig",
@@ -73,12 +73,11 @@ __all__ = [
   "ComplexLayerNorm",
   "ComplexMultiHeadAttention",
   "ComplexRMSNorm",
-  "Mixer",
+  "ComplexSoftmaxAttention",
   "ModReLU",
   "Names",
   "PCTAttention",
   "complex_glorot",
   "complex_he",
-  "complex_softmax_attention",
   "count_real_parameters",
 ]

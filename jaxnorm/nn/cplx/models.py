@@ -8,26 +8,28 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any
+from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
 from jaxnorm import _checks, cplx
-from jaxnorm.nn import _param
+from jaxnorm.nn import _common, _param
+from jaxnorm.nn import norms as nn_norms
+from jaxnorm.nn import residual as nn_residual
 from jaxnorm.nn.cplx.layers import (
   ComplexConv,
   ComplexDense,
   ModReLU,
   complex_glorot,
 )
-from jaxnorm.nn.cplx.multihead import MIXERS, ComplexMultiHeadAttention
-from jaxnorm.nn.cplx.norms import (
-  ComplexBatchNorm,
-  ComplexLayerNorm,
-  ComplexRMSNorm,
-)
+from jaxnorm.nn.cplx.multihead import ComplexMultiHeadAttention
+from jaxnorm.nn.cplx.norms import ComplexBatchNorm
+
+FOURIER = "fourier"
+"""`ComplexLMConfig.attention`'s one name outside the attention registry:
+CNet's causal Fourier mixing, which has no projections and is no core."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,13 +40,24 @@ class ComplexLMConfig:
     vocab_size: vocabulary.
     width: complex width ``D`` (``2 D`` reals per token).
     depth: blocks.
-    num_heads: heads of the mixer.
+    num_heads: heads of the attention.
     max_len: longest sequence.
-    mixer: ``born``, ``pct``, ``softmax`` or ``fourier`` (see
-      `ComplexMultiHeadAttention`).
-    gate: PCT gate name (`jaxnorm.cplx.PCT_GATES`).
-    norm: ``rms`` (`ComplexRMSNorm`, CNet's TokenNorm with a complex gain)
-      or ``layer`` (`ComplexLayerNorm`).
+    attention: a name of `jaxnorm.nn.attention.ATTENTIONS` whose core is
+      complex-valued and has a causal form (``born``, ``pct``,
+      ``complex_softmax``), run inside
+      `ComplexMultiHeadAttention`; or the one exception ``fourier``
+      (`FOURIER`): CNet's causal DFT of the flattened token-major stream
+      (`cplx.causal_fourier_mix`), which has no projections and is not an
+      attention core.
+    attention_kwargs: ``(name, value)`` options of the attention core, over
+      its spec's defaults, e.g. ``(("gate", "tanh1"),)`` for ``pct``
+      (`jaxnorm.cplx.PCT_GATES`).
+    norm: a name of `jaxnorm.nn.norms.NORMS` whose module is complex-valued,
+      per-token and causal, without batch statistics: ``complexrmsnorm``
+      (`ComplexRMSNorm`, CNet's TokenNorm with a complex gain) or
+      ``complexlayernorm`` (`ComplexLayerNorm`).
+    norm_kwargs: ``(name, value)`` pairs for `make_norm`, e.g.
+      ``(("use_scale", False),)`` (CNet's parameter-free TokenNorm).
     activation: FFN activation: ``split_gelu`` (CNet) or ``modrelu`` (PCT,
       power 2).
     ffn_ratio: FFN hidden width over ``D``.
@@ -65,9 +78,10 @@ class ComplexLMConfig:
   depth: int = 2
   num_heads: int = 1
   max_len: int = 64
-  mixer: str = "born"
-  gate: str = "sigmoid"
-  norm: str = "rms"
+  attention: str = "born"
+  attention_kwargs: tuple[tuple[str, Any], ...] = ()
+  norm: str = "complexrmsnorm"
+  norm_kwargs: tuple[tuple[str, Any], ...] = ()
   activation: str = "split_gelu"
   ffn_ratio: int = 4
   readout: str = "born"
@@ -88,21 +102,40 @@ def _embed_init(kind: str, key, shape) -> jax.Array:
   return complex_glorot(key, shape, in_axis=1, out_axis=0)
 
 
+def _norm(c: ComplexLMConfig, rngs: nnx.Rngs) -> nnx.Module:
+  """The config's norm over the complex width."""
+  return nn_norms.make_norm(
+    c.norm, c.width, rngs=rngs, layout="tokens", **dict(c.norm_kwargs)
+  )
+
+
+def _fourier(x: jax.Array) -> jax.Array:
+  """CNet's causal DFT of the flattened token-major stream of ``x``."""
+  b, t, d = x.shape
+  return cplx.causal_fourier_mix(x.reshape(b, t * d)).reshape(b, t, d)
+
+
 class ComplexBlock(nnx.Module):
-  """Pre-norm block: ``x + mix(norm x)``, ``x + FFN(norm x)``."""
+  """Pre-norm block: ``x + mix(norm x)``, ``x + FFN(norm x)``.
+
+  ``mix`` is `ComplexMultiHeadAttention` (``attn``), or CNet's causal
+  Fourier mixing for ``attention="fourier"`` (``attn`` is None).
+  """
 
   def __init__(self, c: ComplexLMConfig, *, rngs: nnx.Rngs):
     d = c.width
-
-    def norm():
-      if c.norm == "layer":
-        return ComplexLayerNorm(d, rngs=rngs)
-      return ComplexRMSNorm(d, rngs=rngs)
-
     self.cnet_gelu = c.cnet_gelu
-    self.norm1, self.norm2 = norm(), norm()
-    self.attn = ComplexMultiHeadAttention(
-      d, c.num_heads, mixer=c.mixer, gate=c.gate, rngs=rngs
+    self.norm1, self.norm2 = _norm(c, rngs), _norm(c, rngs)
+    self.attn = (
+      None
+      if c.attention == FOURIER
+      else ComplexMultiHeadAttention(
+        d,
+        c.num_heads,
+        attention=c.attention,
+        attention_kwargs=dict(c.attention_kwargs),
+        rngs=rngs,
+      )
     )
     hidden = c.ffn_ratio * d
     self.up = ComplexDense(d, hidden, rngs=rngs)
@@ -114,7 +147,8 @@ class ComplexBlock(nnx.Module):
   def __call__(self, x: jax.Array) -> jax.Array:
     """One block on complex ``(B, T, D)``."""
     gelu = cplx.split_gelu if self.cnet_gelu else (lambda z: z)
-    x = x + self.attn(gelu(self.norm1(x)))
+    h = gelu(self.norm1(x))
+    x = x + (_fourier(h) if self.attn is None else self.attn(h))
     x = gelu(x)
     h = self.up(self.norm2(x))
     h = cplx.split_gelu(h) if self.act is None else self.act(h)
@@ -129,7 +163,15 @@ class ComplexLM(nnx.Module):
   `amplitudes` returns the complex Born amplitudes for
   `jaxnorm.cplx.born_cross_entropy` (CNet's loss, with its backward-only
   ``target_floor``).
+
+  Its norms and attention see the ``tokens`` layout, are causal and
+  complex-valued (the class attributes ``layout``, ``causal`` and
+  ``dtype_kind``, against which it checks its parts).
   """
+
+  layout: ClassVar[str] = "tokens"
+  causal: ClassVar[bool] = True
+  dtype_kind: ClassVar[str] = "complex"
 
   def __init__(
     self, config: ComplexLMConfig, *, dtype: Any = jnp.float32, rngs: nnx.Rngs
@@ -138,12 +180,33 @@ class ComplexLM(nnx.Module):
 
     ``dtype`` is the dtype of the returned logits (the runner's argument;
     the compute is complex64).
+
+    Raises:
+      ValueError: for a norm or attention the model cannot run (real, not
+        per-token causal, batch statistics, no causal form; the message
+        names the field, the value and the valid names), or a bad choice of
+        another field.
     """
     c = self.config = config
     self.dtype = dtype
     who = "ComplexLM"
-    _checks.check_choice(who, "mixer", c.mixer, MIXERS)
-    _checks.check_choice(who, "norm", c.norm, ("rms", "layer"))
+    _common.check_parts(
+      who,
+      layout=self.layout,
+      causal=self.causal,
+      norm=c.norm,
+      attention=c.attention,
+      dtype_kind=self.dtype_kind,
+      extra_attentions=(FOURIER,),
+    )
+    if c.norm == nn_residual.NORM_FREE:
+      valid = _common.valid_norms(
+        self.layout, self.causal, False, dtype_kind=self.dtype_kind
+      )
+      raise ValueError(
+        f"{who}: norm {c.norm!r}: this model has no norm-free form; choose "
+        f"one of {', '.join(valid)}"
+      )
     _checks.check_choice(
       who, "activation", c.activation, ("split_gelu", "modrelu")
     )
@@ -156,11 +219,7 @@ class ComplexLM(nnx.Module):
       ("vocab", "embed"),
     )
     self.blocks = nnx.List([ComplexBlock(c, rngs=rngs) for _ in range(c.depth)])
-    self.final_norm = (
-      ComplexLayerNorm(c.width, rngs=rngs)
-      if c.norm == "layer"
-      else ComplexRMSNorm(c.width, rngs=rngs)
-    )
+    self.final_norm = _norm(c, rngs)
     if c.readout == "born":
       self.head = ComplexDense(
         c.width,

@@ -1,59 +1,38 @@
 """Complex-native multi-head attention: the complex LM's mixing layer.
 
-`ComplexMultiHeadAttention` projects complex tokens and mixes them with
-CNet's Born attention, PCT attention, complex softmax attention or CNet's
-causal Fourier mixing; the maths lives in `jaxnorm.cplx`.
+`ComplexMultiHeadAttention` projects complex tokens, rotates them with
+complex RoPE and mixes them with a complex core of
+`jaxnorm.nn.attention.ATTENTIONS` (Born, PCT, complex softmax); the maths
+lives in `jaxnorm.cplx`.
 """
 
 from __future__ import annotations
 
-import math
-from typing import Any, Literal
+from collections.abc import Mapping
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from jaxnorm import _checks, attention, cplx
-from jaxnorm.nn import _param
+from jaxnorm import _checks, cplx
+from jaxnorm.nn import _common, _param
+from jaxnorm.nn import attention as nn_attention
+from jaxnorm.nn.attention import _base
 from jaxnorm.nn.cplx.layers import complex_glorot
-
-Mixer = Literal["born", "pct", "softmax", "fourier"]
-MIXERS: tuple[str, ...] = ("born", "pct", "softmax", "fourier")
-
-
-def complex_softmax_attention(q, k, v, *, is_causal: bool = True):
-  r"""Complex softmax attention (Eilers' ℂAtt, the PCT's complex baseline).
-
-  Softmax over :math:`\mathrm{Re}\langle q, k\rangle/\sqrt H` times
-  complex ``v``.
-
-  ``Re(q^H k)`` is the real dot product of the split halves, so this is
-  `jaxnorm.attention.dot_product_attention` on ``to_real`` views with scale
-  ``1/sqrt(H)`` (``H`` complex dims).
-  """
-  h = q.shape[-1]
-  out = attention.dot_product_attention(
-    cplx.to_real(q),
-    cplx.to_real(k),
-    cplx.to_real(v),
-    scale=1.0 / math.sqrt(h),
-    is_causal=is_causal,
-    implementation="xla",
-  )
-  return cplx.to_complex(out)
 
 
 class ComplexMultiHeadAttention(nnx.Module):
-  """Complex multi-head self-attention (causal): projections, RoPE, mixer.
+  """Complex multi-head self-attention (causal): projections, RoPE, core.
 
-  ``mixer``: ``"born"`` (`cplx.born_attention`), ``"pct"``
-  (`cplx.pct_attention`, gate ``gate``), ``"softmax"``
-  (`complex_softmax_attention`) or ``"fourier"`` (CNet's causal DFT of the
-  flattened token-major stream, `cplx.causal_fourier_mix`; no projections).
-  Parameters: ``q_kernel``, ``k_kernel``, ``v_kernel (D, N, H)`` and
-  ``out_kernel (N, H, D)``, complex Glorot, no bias; PCT adds ``gate_bias
-  ()`` (init ``-log 64``).
+  ``x (B, T, D)`` complex -> ``q, k, v (B, T, N, H)`` complex -> complex
+  RoPE on q and k (`cplx.complex_rope`, with ``use_rope``) -> the causal
+  core ``ATTENTIONS[attention].core`` (built with ``is_causal=True``, the
+  spec's defaults and ``attention_kwargs``, e.g. ``{"gate": "tanh1"}`` for
+  ``"pct"``) -> output projection to ``(B, T, D)``. Parameters:
+  ``q_kernel``, ``k_kernel``, ``v_kernel (D, N, H)`` and ``out_kernel (N,
+  H, D)``, complex Glorot, no bias; the core's own under ``core`` (PCT's
+  ``core.gate_bias ()``, init ``-log 64``).
   """
 
   def __init__(
@@ -62,25 +41,46 @@ class ComplexMultiHeadAttention(nnx.Module):
     num_heads: int,
     *,
     head_dim: int | None = None,
-    mixer: Mixer = "born",
-    gate: str = "sigmoid",
+    attention: str = "born",
+    attention_kwargs: Mapping[str, Any] | None = None,
     use_rope: bool = True,
     param_dtype: Any = jnp.complex64,
     rngs: nnx.Rngs,
   ):
+    """Builds the projections and the core.
+
+    Args:
+      num_features: complex model width ``D``.
+      num_heads: heads ``N``.
+      head_dim: ``H`` (default ``D // N``).
+      attention: a complex core's name in `jaxnorm.nn.attention.ATTENTIONS`
+        (``dtype_kind="complex"``) with a causal form.
+      attention_kwargs: the core's options, over its spec's defaults.
+      use_rope: rotate q and k with complex RoPE.
+      param_dtype: the complex dtype of the projections.
+      rngs: parameter RNG streams.
+
+    Raises:
+      ValueError: for an attention that is unknown, real-valued or has no
+        causal form (the message lists the valid names), bad sizes, or
+        options the core does not take.
+    """
     who = "ComplexMultiHeadAttention"
-    _checks.check_choice(who, "mixer", mixer, MIXERS)
-    _checks.check_choice(who, "gate", gate, tuple(cplx.PCT_GATES))
+    _common.check_parts(
+      who,
+      layout="tokens",
+      causal=True,
+      attention=attention,
+      dtype_kind="complex",
+    )
     _checks.check_positive_int(who, "num_heads", num_heads)
     if head_dim is None:
       _checks.check_divisible(
         who, "num_features", num_features, "num_heads", num_heads
       )
       head_dim = num_features // num_heads
-    self.mixer, self.gate, self.use_rope = mixer, gate, use_rope
+    self.attention, self.use_rope = attention, use_rope
     d, n, h = num_features, num_heads, head_dim
-    if mixer == "fourier":
-      return
 
     def kernel(shape, in_axis, out_axis, names):
       w = complex_glorot(
@@ -95,14 +95,17 @@ class ComplexMultiHeadAttention(nnx.Module):
     self.out_kernel = kernel(
       (n, h, d), (0, 1), 2, ("heads", "head_dim", "embed")
     )
-    if mixer == "pct":
-      self.gate_bias = _param.param(jnp.asarray(-math.log(64.0)), ())
+    spec = nn_attention.ATTENTIONS[attention]
+    self.core = spec.core(
+      _base.HeadDims(d, n, n, h),
+      is_causal=True,
+      param_dtype=param_dtype,
+      rngs=rngs,
+      **{**spec.defaults(n, h, None), **dict(attention_kwargs or {})},
+    )
 
   def __call__(self, x: jax.Array) -> jax.Array:
     """Causal mixing of complex ``x (B, T, D)``; returns ``(B, T, D)``."""
-    if self.mixer == "fourier":
-      b, t, d = x.shape
-      return cplx.causal_fourier_mix(x.reshape(b, t * d)).reshape(b, t, d)
 
     def proj(kernel):
       return jnp.einsum("btd,dnh->btnh", x, kernel[...].astype(x.dtype))
@@ -110,12 +113,5 @@ class ComplexMultiHeadAttention(nnx.Module):
     q, k, v = proj(self.q_kernel), proj(self.k_kernel), proj(self.v_kernel)
     if self.use_rope:
       q, k = cplx.complex_rope(q), cplx.complex_rope(k)
-    if self.mixer == "born":
-      y = cplx.born_attention(q, k, v, is_causal=True)
-    elif self.mixer == "pct":
-      y = cplx.pct_attention(
-        q, k, v, self.gate_bias[...], is_causal=True, gate=self.gate
-      )
-    else:
-      y = complex_softmax_attention(q, k, v)
+    y = self.core(x, q, k, v)
     return jnp.einsum("btnh,nhd->btd", y, self.out_kernel[...].astype(y.dtype))
