@@ -52,6 +52,14 @@ builds one (`jaxnorm.nn.models.CNN` places one per block with
 """
 
 from jaxnorm.nn.attention._base import AttentionCore, HeadDims
+from jaxnorm.nn.attention._registry import (
+  ATTENTION_NAMES,
+  ATTENTIONS,
+  IMAGE_ATTENTIONS,
+  TOKEN_ATTENTIONS,
+  AttentionName,
+  make_image_attention,
+)
 from jaxnorm.nn.attention.affine_scaled import (
   AffineScaledAttention,
   AffineScaleEMA,
@@ -60,16 +68,7 @@ from jaxnorm.nn.attention.ela import ELA
 from jaxnorm.nn.attention.from_flax import from_flax_attention
 from jaxnorm.nn.attention.lina import LinaAttention
 from jaxnorm.nn.attention.linear import CausalLinearAttention
-from jaxnorm.nn.attention.multihead import (
-  ATTENTION_NAMES,
-  ATTENTIONS,
-  IMAGE_ATTENTIONS,
-  TOKEN_ATTENTIONS,
-  AttentionName,
-  MultiHeadAttention,
-  make_attention,
-  make_image_attention,
-)
+from jaxnorm.nn.attention.multihead import MultiHeadAttention, make_attention
 from jaxnorm.nn.attention.mxfp4 import MXFP4Attention
 from jaxnorm.nn.attention.nala import NaLaAttention
 from jaxnorm.nn.attention.psa import PolarizedSelfAttention

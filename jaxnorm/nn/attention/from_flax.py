@@ -8,7 +8,7 @@ from typing import Any
 import jax.numpy as jnp
 from flax import nnx
 
-from jaxnorm.nn.attention import multihead
+from jaxnorm.nn.attention import _registry, multihead
 
 # flax submodule -> (kernel path, bias path) in jaxnorm.
 _PROJECTIONS = (
@@ -22,7 +22,7 @@ _PROJECTIONS = (
 def from_flax_attention(
   flax_mha: nnx.MultiHeadAttention,
   *,
-  attention: multihead.AttentionName = "softmax",
+  attention: _registry.AttentionName = "softmax",
   attention_kwargs: Mapping[str, Any] | None = None,
   is_causal: bool = False,
   use_rope: bool = False,

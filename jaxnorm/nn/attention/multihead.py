@@ -1,10 +1,11 @@
-"""The attention registry and `MultiHeadAttention`, which runs any core."""
+"""`MultiHeadAttention`, which runs any registered core.
+
+The registry itself (`ATTENTIONS`) is `jaxnorm.nn.attention._registry`.
+"""
 
 from __future__ import annotations
 
 import inspect
-import math
-import types
 from collections.abc import Mapping
 from typing import Any, Literal
 
@@ -14,170 +15,14 @@ from flax import nnx
 
 from jaxnorm import _checks, sharding
 from jaxnorm import attention as attn
-from jaxnorm.nn import _param, norms, registry
-from jaxnorm.nn.attention import (
-  _base,
-  affine_scaled,
-  ela,
-  lina,
-  linear,
-  mxfp4,
-  nala,
-  psa,
-  sinkhorn,
-  sinks,
-  soft,
-  softmax,
+from jaxnorm.nn import _param, norms
+from jaxnorm.nn.attention import _base
+from jaxnorm.nn.attention._registry import (
+  ATTENTIONS,
+  TOKEN_ATTENTIONS,
+  AttentionName,
+  check_name,
 )
-from jaxnorm.nn.cplx import _registry as cplx_attention
-
-AttentionName = Literal[
-  "softmax",
-  "off_by_one",
-  "sink",
-  "gated",
-  "affine_scaled",
-  "soft",
-  "nala",
-  "lina",
-  "causal_linear",
-  "mxfp4",
-  "sinkhorn",
-  "ela",
-  "psa",
-  "born",
-  "complexformer",
-  "pct",
-  "complex_softmax",
-]
-
-
-def _lina_defaults(
-  num_heads: int, head_dim: int, num_tokens: int | None
-) -> dict[str, Any]:
-  """Static KV gates over every position when the length is fixed."""
-  del num_heads, head_dim
-  return {} if num_tokens is None else {"max_len": num_tokens}
-
-
-def _soft_defaults(
-  num_heads: int, head_dim: int, num_tokens: int | None
-) -> dict[str, Any]:
-  """Landmark windows of 2 tokens, or 1 when 2 does not tile the length."""
-  del num_heads, head_dim
-  return {} if num_tokens is None else {"ratio": math.gcd(num_tokens, 2)}
-
-
-_IMAGES = frozenset({"images"})
-
-ATTENTIONS: Mapping[str, registry.AttentionSpec] = types.MappingProxyType(
-  {
-    "softmax": registry.AttentionSpec(
-      softmax.SoftmaxAttention, "Vaswani et al., arXiv:1706.03762", kernel=True
-    ),
-    "off_by_one": registry.AttentionSpec(
-      sinks.OffByOneAttention,
-      "Miller, Attention Is Off By One (2023)",
-      kernel=True,
-    ),
-    "sink": registry.AttentionSpec(
-      sinks.SinkAttention, "OpenAI, arXiv:2508.10925", kernel=True
-    ),
-    "gated": registry.AttentionSpec(
-      sinks.GatedAttention, "Qiu et al., arXiv:2505.06708", kernel=True
-    ),
-    "affine_scaled": registry.AttentionSpec(
-      affine_scaled.AffineScaledAttention,
-      "Bae et al., arXiv:2602.23057",
-      kernel=True,
-    ),
-    "soft": registry.AttentionSpec(
-      soft.SoftAttention,
-      "Lu et al., arXiv:2110.11945",
-      defaults=_soft_defaults,
-      causal=False,
-      takes_mask=False,
-      takes_bias=False,
-    ),
-    "nala": registry.AttentionSpec(
-      nala.NaLaAttention,
-      "Meng et al., arXiv:2506.21137",
-      causal=False,
-      takes_mask=False,
-      takes_bias=False,
-    ),
-    "lina": registry.AttentionSpec(
-      lina.LinaAttention,
-      "Wang et al., arXiv:2601.22630",
-      defaults=_lina_defaults,
-      causal=False,
-      takes_mask=False,
-      takes_bias=False,
-    ),
-    "causal_linear": registry.AttentionSpec(
-      linear.CausalLinearAttention,
-      "Katharopoulos et al., arXiv:2006.16236",
-      takes_mask=False,
-      takes_bias=False,
-      kernel=True,
-    ),
-    "mxfp4": registry.AttentionSpec(
-      mxfp4.MXFP4Attention, "Yu et al., arXiv:2607.24377"
-    ),
-    "sinkhorn": registry.AttentionSpec(
-      sinkhorn.SinkhornAttention, "Freytes, arXiv:2601.11618"
-    ),
-    "ela": registry.AttentionSpec(
-      ela.ELA,
-      "Xu & Wan, arXiv:2403.01123",
-      causal=False,
-      takes_mask=False,
-      takes_bias=False,
-      layouts=_IMAGES,
-    ),
-    "psa": registry.AttentionSpec(
-      psa.PolarizedSelfAttention,
-      "Liu et al., arXiv:2107.00782",
-      causal=False,
-      takes_mask=False,
-      takes_bias=False,
-      layouts=_IMAGES,
-    ),
-    **cplx_attention.ATTENTION_SPECS,
-  }
-)
-"""Attention name -> `registry.AttentionSpec` (core class and capabilities).
-
-Adding a paper: its core class in `jaxnorm/nn/attention/<paper>.py`, one
-entry here and its name in `AttentionName`. The ``images`` entries (ELA,
-PSA) register whole layers on NHWC maps, built by `make_image_attention`;
-the ``tokens`` entries are cores of `MultiHeadAttention`."""
-
-ATTENTION_NAMES: tuple[str, ...] = tuple(ATTENTIONS)
-TOKEN_ATTENTIONS: tuple[str, ...] = tuple(
-  n for n, s in ATTENTIONS.items() if "tokens" in s.layouts
-)
-"""The names of the cores of `MultiHeadAttention` (``tokens`` layout)."""
-IMAGE_ATTENTIONS: tuple[str, ...] = tuple(
-  n for n, s in ATTENTIONS.items() if "images" in s.layouts
-)
-"""The names of the NHWC attention layers (``images``; `make_image_attention`
-builds them)."""
-
-
-def _check_name(who: str, name: str) -> registry.AttentionSpec:
-  if name not in ATTENTIONS:
-    raise ValueError(
-      f"{who}: unknown attention {name!r}; valid names are "
-      f"{', '.join(TOKEN_ATTENTIONS)}"
-    )
-  if "tokens" not in ATTENTIONS[name].layouts:
-    raise ValueError(
-      f"{who}: attention {name!r} acts on NHWC images, not on tokens; build "
-      f"it with make_image_attention({name!r}, channels, rngs=...); token "
-      f"attentions are {', '.join(TOKEN_ATTENTIONS)}"
-    )
-  return ATTENTIONS[name]
 
 
 class MultiHeadAttention(nnx.Module):
@@ -285,7 +130,7 @@ class MultiHeadAttention(nnx.Module):
         core that takes no ``inputs_k``.
     """
     who = "MultiHeadAttention"
-    spec = _check_name(who, attention)
+    spec = check_name(who, attention)
     _checks.check_positive_int(who, "num_features", num_features)
     _checks.check_positive_int(who, "num_heads", num_heads)
     kv = num_heads if num_kv_heads is None else num_kv_heads
@@ -655,7 +500,7 @@ def make_attention(
       ``images`` name (the message points to `make_image_attention`) or an
       option the core does not take.
   """
-  _check_name("make_attention", name)
+  check_name("make_attention", name)
   core_kwargs = dict(kwargs.pop("attention_kwargs", None) or {})
   core_kwargs.update({k: kwargs.pop(k) for k in set(kwargs) - _MHA_ARGS})
   return MultiHeadAttention(
@@ -666,41 +511,3 @@ def make_attention(
     rngs=rngs,
     **kwargs,
   )
-
-
-def make_image_attention(
-  name: str, channels: int, *, rngs: nnx.Rngs, **kwargs: Any
-) -> nnx.Module:
-  """Builds the ``images`` attention ``name``: a whole layer on NHWC maps.
-
-  The spec's ``core`` is the layer itself, ``(B, H, W, C) -> (B, H, W, C)``
-  (ELA: `ELA`, PSA: `PolarizedSelfAttention`), built as ``core(channels, *,
-  rngs, **kwargs)``; it has no projections, heads, mask or causal form.
-
-  Args:
-    name: one of `IMAGE_ATTENTIONS`.
-    channels: ``C``, the channel (last) axis of the maps.
-    rngs: parameter RNG streams.
-    **kwargs: the layer's options, e.g. ``variant="T"`` for ``"ela"`` or
-      ``variant="sequential"`` for ``"psa"``, ``dtype``, ``param_dtype``.
-
-  Returns:
-    The module.
-
-  Raises:
-    ValueError: for a name that is not an ``images`` attention (the message
-      lists them), or what the layer refuses (channels its groups do not
-      divide, an unknown variant).
-  """
-  spec = ATTENTIONS.get(name)
-  if spec is None or "images" not in spec.layouts:
-    reason = (
-      "unknown attention"
-      if spec is None
-      else "a token attention: build it with make_attention"
-    )
-    raise ValueError(
-      f"make_image_attention: {name!r} is not an images attention ({reason});"
-      f" valid names are {', '.join(IMAGE_ATTENTIONS)}"
-    )
-  return spec.core(channels, rngs=rngs, **kwargs)
