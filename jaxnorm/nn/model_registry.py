@@ -76,7 +76,7 @@ MODELS: Mapping[str, registry.ModelSpec] = types.MappingProxyType(
     "lm": registry.ModelSpec(
       models.LMConfig,
       models.DecoderLM,
-      "decoder-only transformer (GPT-style)",
+      "Radford et al., GPT-2 (2019): decoder-only transformer",
       "text",
       parts=_ALL_PARTS,
       heads=True,

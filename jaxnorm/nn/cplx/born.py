@@ -5,18 +5,13 @@ The maths is `jaxnorm.cplx.born_attention` (`jaxnorm.cplx.born`).
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
-
 import jax
-import jax.numpy as jnp
-from flax import nnx
 
 from jaxnorm import cplx
-from jaxnorm.nn.attention import _base
 from jaxnorm.nn.cplx import _common
 
 
-class BornAttention(_base.AttentionCore):
+class BornAttention(_common.FunctionCore):
   """CNet Born attention, `jaxnorm.cplx.born_attention`.
 
   Complex-valued (``dtype_kind = "complex"``): the heads ``q, k, v (B, T,
@@ -32,24 +27,7 @@ class BornAttention(_base.AttentionCore):
     Crasmaru, *CNet* (code ``crasmarum/CNet``).
   """
 
-  dtype_kind: ClassVar[str] = "complex"
-
-  def __init__(
-    self,
-    dims: _base.HeadDims,
-    *,
-    is_causal: bool = False,
-    real_pairs: bool = False,
-    param_dtype: Any = jnp.float32,
-    rngs: nnx.Rngs,
-    **options: Any,
-  ):
-    del param_dtype, rngs
-    who = type(self).__name__
-    if real_pairs:
-      _common.even_head(who, dims)
-    self.is_causal, self.real_pairs = is_causal, real_pairs
-    self.options = _base.check_options(who, cplx.born_attention, options)
+  function = staticmethod(cplx.born_attention)
 
   def __call__(self, x, q, k, v, *, mask=None, bias=None) -> jax.Array:
     """``(B, T, N, H)``: Born attention of the heads."""
