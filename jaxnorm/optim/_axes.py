@@ -236,8 +236,14 @@ _NONE = _NoneMarker()
 
 
 def leaf_dims(who: str, axes: AxesSpec, tree: Any) -> list[Dims | None]:
-  """`resolve_tree` flattened in the leaf order of ``tree``."""
+  """`resolve_tree` flattened in the leaf order of ``tree``.
+
+  A tree without leaves (``optax.tree.map_params``' placeholder) has no
+  dims; ``axes`` is not evaluated on it.
+  """
   treedef = jax.tree.structure(tree)
+  if treedef.num_leaves == 0:
+    return []
   return treedef.flatten_up_to(resolve_tree(who, axes, tree))
 
 

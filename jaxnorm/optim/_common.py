@@ -7,8 +7,12 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
+from flax import nnx
+from flax.core import meta
+from jax.typing import DTypeLike
 
-from jaxnorm import _numerics
+from jaxnorm import _checks, _numerics
 
 
 def f32(x: jax.Array) -> jax.Array:
@@ -19,6 +23,52 @@ def f32(x: jax.Array) -> jax.Array:
 def as_scalar(v: Any, like: jax.Array) -> jax.Array:
   """A hyperparameter as a scalar of ``like``'s dtype (strict promotion)."""
   return jnp.asarray(v).astype(like.dtype)
+
+
+def moment_dtype(mu_dtype: DTypeLike | None, p: jax.Array) -> jnp.dtype:
+  """A moment's dtype: ``mu_dtype`` if given, else ``p``'s compute dtype.
+
+  ``None`` means jaxnorm's default (float32 for half-precision ``p``, else
+  ``p.dtype``); any dtype-like (``jnp.bfloat16``, ``"float32"``,
+  ``np.dtype(...)``) forces it, canonicalized as optax does.
+  """
+  if mu_dtype is None:
+    return _numerics.compute_dtype(p)
+  return jax.dtypes.canonicalize_dtype(mu_dtype)
+
+
+def _is_box(x: Any) -> bool:
+  return isinstance(x, (nnx.Variable, meta.AxisMetadata))
+
+
+def box_structure(tree: Any) -> Any:
+  """The treedef of ``tree`` with parameter boxes as leaves.
+
+  nnx ``Variable`` and linen ``AxisMetadata`` boxes (``nn.Partitioned``)
+  hold one array each. A state tree unflattened from this treedef has the
+  parameters' structure, so ``optax.tree.map_params`` finds it, but bare
+  arrays at the boxes: leaves that are not parameter-shaped (a basis, a
+  norm) carry no parameter sharding metadata.
+  """
+  return jax.tree.structure(tree, is_leaf=_is_box)
+
+
+def per_leaf(tree: Any, values: list[Any]) -> Any:
+  """One value per array leaf of ``tree`` as a tree of its structure.
+
+  ``values`` are in leaf order, ``None`` for a leaf without an entry. The
+  result has bare values at parameter boxes (see `box_structure`). ``None``
+  entries become `optax.MaskedNode`, optax's empty placeholder
+  (no leaves, so ``jax.tree.map`` and ``optax.tree.map_params`` skip it).
+  """
+  return box_structure(tree).unflatten(
+    [optax.MaskedNode() if v is None else v for v in values]
+  )
+
+
+def leaves_of(tree: Any, state_tree: Any) -> list[Any]:
+  """A `per_leaf` tree's entries in the leaf order of ``tree``."""
+  return box_structure(tree).flatten_up_to(state_tree)
 
 
 def increment(count: jax.Array) -> jax.Array:
@@ -70,7 +120,9 @@ def leaf_mask(who: str, mask: Any, tree: Any) -> list[bool]:
     ValueError: if a mask entry is not a Python or NumPy bool.
   """
   treedef = jax.tree.structure(tree)
-  if mask is None:
+  if mask is None or treedef.num_leaves == 0:
+    # No leaves (optax.tree.map_params' placeholder): nothing to mask, and
+    # a mask callable or pytree would not fit it.
     return [True] * treedef.num_leaves
   m = mask(tree) if callable(mask) else mask
 
@@ -117,14 +169,36 @@ def check_hyper(
     )
 
 
+def check_step_count(who: str, name: str, value: Any) -> None:
+  """Checks an integer hyperparameter that may arrive as an array.
+
+  A Python or NumPy integer must be positive; an array (traced under
+  ``optax.inject_hyperparams``, which injects ints as int32 scalars) must
+  be an integer scalar, whose value is not checked.
+
+  Raises:
+    ValueError: for a non-positive or non-integer Python number.
+    TypeError: for an array that is not an integer scalar.
+  """
+  if not isinstance(value, (jax.Array, np.ndarray)):
+    _checks.check_positive_int(who, name, value)
+  elif value.ndim or not jnp.issubdtype(value.dtype, jnp.integer):
+    raise TypeError(
+      f"{who}: {name} must be a positive int or an integer scalar array, "
+      f"got an array of shape {value.shape} and dtype {value.dtype}"
+    )
+
+
 def standard_promotion(tx: Any) -> Any:
   """``tx`` with init/update traced under standard dtype promotion.
 
   optax's own transforms (``adamw``'s ``decay ** count``) mix Python floats
   with int32 counters, which raises under ``jax_numpy_dtype_promotion=strict``.
-  The wrapped transform computes exactly the same values.
+  The wrapped transform computes exactly the same values. Extra keyword
+  arguments of ``update`` (``optax.GradientTransformationExtraArgs``) reach
+  ``tx`` if it takes them and are ignored otherwise, as in ``optax.chain``.
   """
-  import optax
+  tx = optax.with_extra_args_support(tx)
 
   def init_fn(params):
     with jax.numpy_dtype_promotion("standard"):
@@ -132,9 +206,7 @@ def standard_promotion(tx: Any) -> Any:
 
   def update_fn(updates, state, params=None, **extra_args):
     with jax.numpy_dtype_promotion("standard"):
-      if extra_args:
-        return tx.update(updates, state, params, **extra_args)
-      return tx.update(updates, state, params)
+      return tx.update(updates, state, params, **extra_args)
 
   return optax.GradientTransformationExtraArgs(init_fn, update_fn)
 
@@ -148,7 +220,6 @@ def in_compute_dtype(tx: Any) -> Any:
   Also traces under standard dtype promotion (see `standard_promotion`).
   """
   inner = standard_promotion(tx)
-  import optax
 
   def up(tree):
     return jax.tree.map(f32, tree)

@@ -24,7 +24,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 import optax
-from jax.typing import ArrayLike
+from jax.typing import ArrayLike, DTypeLike
 
 from jaxnorm import _numerics
 from jaxnorm.optim import _axes, _common
@@ -68,7 +68,8 @@ def _project(
 
   Returns:
     The projected ``u`` and the per-batch decay factor (``wd_ratio`` where a
-    view fired, else 1), shaped to broadcast against ``p``.
+    view fired, else 1), of ``p``'s rank with size-1 reduction and output
+    axes.
   """
   red, out = d.reduction, d.output
   pp = _axes.reduce_sum(p * p, red)
@@ -90,20 +91,15 @@ def _project(
   fire_l = cos_l < delta / jnp.sqrt(jnp.asarray(d.fan_in * d.fan_out, p.dtype))
   fire_l = jnp.logical_and(fire_l, jnp.logical_not(fire_c))
   # The channel coefficient has per-channel shape, the layer one per-batch
-  # shape; both broadcast against p after explicit broadcasting.
+  # shape; both keep p's rank and broadcast over their size-1 axes (no
+  # broadcast_to: under an explicit mesh a materialized broadcast would be
+  # replicated and clash with the sharded operand).
   coef_c = pu / jnp.square(jnp.sqrt(pp) + eps)
   coef_l = lpu / jnp.square(jnp.sqrt(lpp) + eps)
-  fire_cb = jnp.broadcast_to(fire_c, coef_c.shape)
   coef = jnp.where(
-    fire_cb,
-    coef_c,
-    jnp.where(
-      jnp.broadcast_to(fire_l, coef_c.shape),
-      jnp.broadcast_to(coef_l, coef_c.shape),
-      jnp.zeros((), p.dtype),
-    ),
+    fire_c, coef_c, jnp.where(fire_l, coef_l, jnp.zeros((), p.dtype))
   )
-  u = u - p * jnp.broadcast_to(coef, p.shape)
+  u = u - p * coef
   wd = jnp.where(jnp.logical_or(fire_c, fire_l), wd_ratio.astype(p.dtype), one)
   return u, wd
 
@@ -126,7 +122,7 @@ def scale_by_adamp(
   delta: ArrayLike = 0.1,
   wd_ratio: ArrayLike = 0.1,
   nesterov: bool = False,
-  mu_dtype: Any = None,
+  mu_dtype: DTypeLike | None = None,
   axes: _axes.AxesSpec = None,
   mask: Any = None,
 ) -> optax.GradientTransformation:
@@ -159,8 +155,9 @@ def scale_by_adamp(
     delta: cosine threshold; the view's threshold is ``delta / sqrt(dim)``.
     wd_ratio: decay multiplier for projected weights.
     nesterov: use the Nesterov direction.
-    mu_dtype: dtype of both moments (default float32, or float64 for float64
-      params).
+    mu_dtype: first-moment dtype, as optax's ``mu_dtype``: ``None`` (default)
+      is float32 for half-precision params and the params' dtype otherwise;
+      a dtype forces it. The second moment always takes the default.
     axes: `MatrixAxes`, a pytree/callable of them (see
       `jaxnorm.optim.MatrixAxes`), evaluated on ``params``; ``None`` = Flax
       layout, output = last axis.
@@ -187,14 +184,14 @@ def scale_by_adamp(
   _common.check_hyper(who, "b2", b2, high=1.0)
 
   def init_fn(params):
-    def zeros(p):
-      dt = mu_dtype or _numerics.compute_dtype(p)
-      return jnp.zeros(p.shape, dt)
-
     return ScaleByAdampState(
       count=jnp.zeros([], jnp.int32),
-      mu=jax.tree.map(zeros, params),
-      nu=jax.tree.map(zeros, params),
+      mu=jax.tree.map(
+        lambda p: jnp.zeros_like(p, _common.moment_dtype(mu_dtype, p)), params
+      ),
+      nu=jax.tree.map(
+        lambda p: jnp.zeros_like(p, _numerics.compute_dtype(p)), params
+      ),
     )
 
   def update_fn(updates, state, params=None):
@@ -239,7 +236,6 @@ def scale_by_adamp(
           _common.as_scalar(wd_ratio, g),
           eps_,
         )
-        wd = jnp.broadcast_to(wd, p.shape)
       else:
         wd = one
       out = u / bc1
@@ -264,7 +260,7 @@ def adamp(
   delta: ArrayLike = 0.1,
   wd_ratio: ArrayLike = 0.1,
   nesterov: bool = False,
-  mu_dtype: Any = None,
+  mu_dtype: DTypeLike | None = None,
   axes: _axes.AxesSpec = None,
   mask: Any = None,
 ) -> optax.GradientTransformation:
@@ -285,7 +281,8 @@ def adamp(
     delta: cosine threshold.
     wd_ratio: decay multiplier on projected weights.
     nesterov: Nesterov direction.
-    mu_dtype: moment dtype (default float32).
+    mu_dtype: first-moment dtype (``None``: float32 for half-precision
+      params, else theirs).
     axes: matrix axes spec (default: Flax layout, output = last axis).
     mask: which leaves are decayed, as ``optax.adamw(mask=...)``: a pytree
       of bools (the params' structure or a prefix of it) or a callable from
@@ -327,7 +324,7 @@ def scale_by_sgdp(
   eps: ArrayLike = 1e-8,
   delta: ArrayLike = 0.1,
   wd_ratio: ArrayLike = 0.1,
-  mu_dtype: Any = None,
+  mu_dtype: DTypeLike | None = None,
   axes: _axes.AxesSpec = None,
   mask: Any = None,
 ) -> optax.GradientTransformation:
@@ -356,7 +353,8 @@ def scale_by_sgdp(
     eps: cosine / normalization epsilon.
     delta: cosine threshold.
     wd_ratio: decay multiplier on projected weights.
-    mu_dtype: momentum dtype (default float32).
+    mu_dtype: momentum dtype (``None``: float32 for half-precision params,
+      else theirs; a dtype forces it).
     axes: matrix axes spec (default: Flax layout, output = last axis).
     mask: which leaves are decayed, as ``optax.adamw(mask=...)``: a pytree
       of bools (the params' structure or a prefix of it) or a callable from
@@ -380,11 +378,11 @@ def scale_by_sgdp(
   _common.check_hyper(who, "dampening", dampening, high=1.0, high_open=False)
 
   def init_fn(params):
-    def zeros(p):
-      return jnp.zeros(p.shape, mu_dtype or _numerics.compute_dtype(p))
-
     return ScaleBySgdpState(
-      jnp.zeros([], jnp.int32), jax.tree.map(zeros, params)
+      jnp.zeros([], jnp.int32),
+      jax.tree.map(
+        lambda p: jnp.zeros_like(p, _common.moment_dtype(mu_dtype, p)), params
+      ),
     )
 
   def update_fn(updates, state, params=None):
@@ -418,7 +416,6 @@ def scale_by_sgdp(
           _common.as_scalar(wd_ratio, g),
           _common.as_scalar(eps, g),
         )
-        wd = jnp.broadcast_to(wd, p.shape)
         if not nesterov:
           b = direction  # the official in-place aliasing, see docstring
       else:
@@ -446,7 +443,7 @@ def sgdp(
   eps: ArrayLike = 1e-8,
   delta: ArrayLike = 0.1,
   wd_ratio: ArrayLike = 0.1,
-  mu_dtype: Any = None,
+  mu_dtype: DTypeLike | None = None,
   axes: _axes.AxesSpec = None,
   mask: Any = None,
 ) -> optax.GradientTransformation:
@@ -465,7 +462,8 @@ def sgdp(
     eps: cosine / normalization epsilon.
     delta: cosine threshold.
     wd_ratio: decay multiplier on projected weights.
-    mu_dtype: momentum dtype (default float32).
+    mu_dtype: momentum dtype (``None``: float32 for half-precision params,
+      else theirs; a dtype forces it).
     axes: matrix axes spec (default: Flax layout, output = last axis).
     mask: which leaves are decayed, as ``optax.adamw(mask=...)``: a pytree
       of bools (the params' structure or a prefix of it) or a callable from

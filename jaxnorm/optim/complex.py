@@ -16,9 +16,10 @@ from typing import Any, Literal, NamedTuple
 import jax
 import jax.numpy as jnp
 import optax
-from jax.typing import ArrayLike
+from jax.typing import ArrayLike, DTypeLike
 
 from jaxnorm import _checks
+from jaxnorm.optim import _common
 
 SecondMoment = Literal["per_component", "modulus"]
 SECOND_MOMENTS: tuple[str, ...] = ("per_component", "modulus")
@@ -127,7 +128,7 @@ def scale_by_complex_adam(
   eps: ArrayLike = 1e-8,
   *,
   second_moment: SecondMoment = "per_component",
-  mu_dtype: Any = None,
+  mu_dtype: DTypeLike | None = None,
 ) -> optax.GradientTransformation:
   r"""Adam scaling of (already conjugated) complex updates.
 
@@ -168,30 +169,10 @@ def scale_by_complex_adam(
     inner = optax.scale_by_adam(b1=b1, b2=b2, eps=eps, mu_dtype=mu_dtype)
   else:
     inner = _per_component_adam(b1, b2, eps, mu_dtype)
-  return _standard_promotion(inner)
-
-
-def _standard_promotion(
-  inner: optax.GradientTransformation,
-) -> optax.GradientTransformation:
-  """Runs ``inner`` under standard dtype promotion.
-
-  optax's Adam computes ``b ** count`` (a Python float to an int32 power)
-  and, on complex leaves, adds a real ``|g|^2`` to its complex-typed second
-  moment: both raise under strict promotion (the library's test setting).
-  The state keeps optax's dtypes (a complex leaf's second moment is stored
-  complex with a zero imaginary part).
-  """
-
-  def init_fn(params):
-    with jax.numpy_dtype_promotion("standard"):
-      return inner.init(params)
-
-  def update_fn(updates, state, params=None):
-    with jax.numpy_dtype_promotion("standard"):
-      return inner.update(updates, state, params)
-
-  return optax.GradientTransformation(init_fn, update_fn)
+  # optax's Adam computes ``b ** count`` (a Python float to an int32 power)
+  # and, on complex leaves, adds a real ``|g|^2`` to its complex-typed second
+  # moment: both raise under strict promotion (the library's test setting).
+  return _common.standard_promotion(inner)
 
 
 def complex_adam(
@@ -204,7 +185,7 @@ def complex_adam(
   mask: Any = None,
   second_moment: SecondMoment = "per_component",
   conjugate: bool = True,
-  mu_dtype: Any = None,
+  mu_dtype: DTypeLike | None = None,
 ) -> optax.GradientTransformation:
   r"""Adam(W) for complex (and real) parameters, driven by ``jax.grad``.
 
@@ -250,4 +231,4 @@ def complex_adam(
   ]
   # Hyperparameters injected as float32 arrays meet complex leaves in the
   # decay and learning-rate steps: also standard promotion.
-  return _standard_promotion(optax.chain(*parts))
+  return _common.standard_promotion(optax.chain(*parts))

@@ -50,9 +50,15 @@ values in descending order.
 the first moment to every device for the refresh (every
 ``update_proj_gap`` steps, inside a ``lax.cond`` so other steps skip it) and
 every device computes the same basis; we document rather than hide that
-gather. The bases are not parameter-shaped, so the state keeps them in a
-tuple (one entry per matrix leaf): they carry no parameter sharding metadata
-(``nnx.Optimizer`` and linen ``nn.Partitioned`` trees), and are replicated.
+gather. Under an explicit mesh (``jax.set_mesh`` with ``AxisType.Explicit``
+axes) the gather is spelled out and wider: each matrix leaf's gradient and
+moments are resharded to replicated for its projected step (every step, not
+only at refreshes) and the results resharded back to the parameter's
+sharding; mesh axes of type ``Auto`` keep the partitioner's plan. The bases
+keep the parameters' tree structure (`optax.MaskedNode` at leaves without
+matrix axes, so ``optax.tree.map_params`` works) but are bare, replicated
+arrays: they carry no parameter sharding metadata (``nnx.Optimizer`` and
+linen ``nn.Partitioned`` trees).
 
 **One counter.** `conda` is a single transform (the learning rate, the
 schedule and the post-step decay are applied inside it from the one
@@ -68,7 +74,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from jax.typing import ArrayLike
+from jax.typing import ArrayLike, DTypeLike
 
 from jaxnorm import _checks, _numerics
 from jaxnorm.optim import _axes, _common
@@ -84,8 +90,9 @@ class ScaleByCondaState(NamedTuple):
   # Second moment, parameter shape; projected coordinates for matrix leaves
   # (low-rank: the leading r rows or columns, the rest zero).
   nu: optax.Updates
-  # One batch_shape + (k, r) basis per matrix leaf, in leaf order.
-  basis: tuple[jax.Array, ...]
+  # The parameters' structure: a batch_shape + (k, r) basis per matrix leaf,
+  # optax.MaskedNode at the others.
+  basis: optax.Updates
 
 
 class PostStepDecayState(NamedTuple):
@@ -127,6 +134,25 @@ def orthogonal_basis(m: jax.Array, side: str) -> jax.Array:
   return u if side == "in" else jnp.swapaxes(vh, -1, -2)
 
 
+def _is_sharded(x: jax.Array) -> bool:
+  """Whether ``x``'s type carries a sharding (an explicit-mesh array)."""
+  return any(s is not None for s in jax.typeof(x).sharding.spec)
+
+
+def _replicated(x: jax.Array) -> jax.Array:
+  """``x`` resharded to replicated if its type is sharded, else ``x``."""
+  if not _is_sharded(x):
+    return x
+  return jax.sharding.reshard(x, jax.sharding.PartitionSpec())
+
+
+def _sharded_like(x: jax.Array, like: jax.Array) -> jax.Array:
+  """``x`` resharded to ``like``'s type sharding if that is sharded."""
+  if not _is_sharded(like):
+    return x
+  return jax.sharding.reshard(x, jax.typeof(like).sharding)
+
+
 def _proj(x: jax.Array, p: jax.Array, side: str) -> jax.Array:
   if side == "in":
     return jnp.einsum("bki,bkj->bij", p, x)
@@ -151,9 +177,14 @@ def _stored(v: jax.Array, d: _axes.Dims) -> jax.Array:
 
 
 def _check_gap(who: str, gap: Any, offset: Any) -> None:
-  if isinstance(gap, (int, np.integer)):
-    _checks.check_positive_int(who, "update_proj_gap", gap)
-  if isinstance(offset, (int, np.integer)) and offset not in (0, 1):
+  _common.check_step_count(who, "update_proj_gap", gap)
+  if isinstance(offset, (jax.Array, np.ndarray)):
+    if offset.ndim or not jnp.issubdtype(offset.dtype, jnp.integer):
+      raise TypeError(
+        f"{who}: refresh_offset must be 0, 1 or an integer scalar array, "
+        f"got an array of shape {offset.shape} and dtype {offset.dtype}"
+      )
+  elif isinstance(offset, bool) or offset not in (0, 1):
     raise ValueError(
       f"{who}: refresh_offset must be 0 (official schedule) "
       f"or 1 (pytorch_optimizer schedule), got "
@@ -169,8 +200,8 @@ def scale_by_conda(
   update_proj_gap: ArrayLike = 2000,
   scale: ArrayLike = 1.0,
   projection_type: str = "std",
-  refresh_offset: int = 0,
-  mu_dtype: Any = None,
+  refresh_offset: ArrayLike = 0,
+  mu_dtype: DTypeLike | None = None,
   axes: _axes.AxesSpec = None,
 ) -> optax.GradientTransformation:
   r"""Conda's projected, column-normalized Adam direction.
@@ -207,8 +238,9 @@ def scale_by_conda(
       see the module doc for the low-rank cases. ``'full'`` (both sides) is
       not implemented.
     refresh_offset: 0 (official) or 1 (pytorch_optimizer) schedule.
-    mu_dtype: first-moment dtype (default float32); ``V`` and the basis are
-      float32.
+    mu_dtype: first-moment dtype, as optax's ``mu_dtype``: ``None`` (default)
+      is float32 for half-precision params and the params' dtype otherwise;
+      a dtype forces it. ``V`` and the basis always take the default.
     axes: matrix axes spec (see `jaxnorm.optim.MatrixAxes`), evaluated on
       ``params`` when given, else on the updates.
 
@@ -218,6 +250,9 @@ def scale_by_conda(
   Raises:
     ValueError: bad ``projection_type``, ``update_proj_gap``,
       ``refresh_offset``, betas outside [0, 1) or negative ``eps``.
+    TypeError: an ``update_proj_gap`` or ``refresh_offset`` array that is
+      not an integer scalar (arrays, e.g. from ``optax.inject_hyperparams``,
+      are used unchecked).
 
   References:
     Wang et al., *Conda: Column-Normalized Adam for Training Large Language
@@ -239,20 +274,29 @@ def scale_by_conda(
     mus, nus, bases = [], [], []
     for p, d in zip(ps, dims):
       dt = _numerics.compute_dtype(p)
-      mus.append(jnp.zeros(p.shape, mu_dtype or dt))
-      nus.append(jnp.zeros(p.shape, dt))
-      if d is not None:
+      mus.append(jnp.zeros_like(p, _common.moment_dtype(mu_dtype, p)))
+      nus.append(jnp.zeros_like(p, dt))
+      if d is None:
+        bases.append(None)
+      else:
         shape = _basis_shape(d, _side(d, projection_type))
         bases.append(jnp.zeros(d.batch_shape + shape, dt))
     un = treedef.unflatten
     return ScaleByCondaState(
-      jnp.zeros([], jnp.int32), un(mus), un(nus), tuple(bases)
+      jnp.zeros([], jnp.int32),
+      un(mus),
+      un(nus),
+      _common.per_leaf(params, bases),
     )
 
   def matrix_step(g, m, v_in, q_in, d, refresh, b2_, eps_):
+    # On an explicit mesh the step runs on replicated copies (the SVD has no
+    # partitioning rule, and merging or contracting sharded axes needs a
+    # gather anyway); the results take back their inputs' sharding.
     side = _side(d, projection_type)
     k, r = _basis_shape(d, side)
-    gm, mm = _axes.to_matrix(g, d), _axes.to_matrix(m, d)
+    gm = _axes.to_matrix(_replicated(g), d)
+    mm = _axes.to_matrix(_replicated(m), d)
     q_old = jnp.reshape(q_in, (d.num_batch, k, r))
     q = jax.lax.cond(
       refresh,
@@ -260,12 +304,16 @@ def scale_by_conda(
       lambda: q_old.astype(g.dtype),
     )
     gp, mp = _proj(gm, q, side), _proj(mm, q, side)
-    vm = _projected(_axes.to_matrix(v_in.astype(g.dtype), d), r, side)
-    v = b2_ * vm + (jnp.ones((), g.dtype) - b2_) * gp * gp
+    vm = _axes.to_matrix(_replicated(v_in).astype(g.dtype), d)
+    v = b2_ * _projected(vm, r, side) + (jnp.ones((), g.dtype) - b2_) * gp * gp
     n = mp / (jnp.sqrt(v) + eps_)
     u = _axes.from_matrix(_back(n, q, side), d) * _common.as_scalar(scale, g)
     v = _axes.from_matrix(_stored(v, d), d)
-    return u, v, jnp.reshape(q, q_in.shape).astype(q_in.dtype)
+    return (
+      _sharded_like(u, g),
+      _sharded_like(v, v_in),
+      jnp.reshape(q, q_in.shape).astype(q_in.dtype),
+    )
 
   def update_fn(updates, state, params=None):
     tree = updates if params is None else params
@@ -274,14 +322,14 @@ def scale_by_conda(
     gs = treedef.flatten_up_to(updates)
     ms = treedef.flatten_up_to(state.mu)
     vs = treedef.flatten_up_to(state.nu)
-    qs = iter(state.basis)
+    qs = _common.leaves_of(updates, state.basis)
     t = state.count
     gap = jnp.asarray(update_proj_gap).astype(jnp.int32)
     offset = jnp.asarray(refresh_offset).astype(jnp.int32)
     refresh = jnp.logical_or(t == 0, (t + offset) % gap == 0)
     count = _common.increment(t)
     out_u, out_m, out_v, out_q = [], [], [], []
-    for g_in, m_in, v_in, d in zip(gs, ms, vs, dims):
+    for g_in, m_in, v_in, q_in, d in zip(gs, ms, vs, qs, dims):
       g = _common.f32(g_in)
       one = jnp.ones((), g.dtype)
       b1_, b2_ = _common.as_scalar(b1, g), _common.as_scalar(b2, g)
@@ -290,8 +338,9 @@ def scale_by_conda(
       if d is None:
         v = b2_ * v_in.astype(g.dtype) + (one - b2_) * g * g
         u = m / (jnp.sqrt(v) + eps_)
+        out_q.append(None)
       else:
-        u, v, q = matrix_step(g, m, v_in, next(qs), d, refresh, b2_, eps_)
+        u, v, q = matrix_step(g, m, v_in, q_in, d, refresh, b2_, eps_)
         out_q.append(q)
       tt = count.astype(g.dtype)
       u = u * (jnp.sqrt(one - b2_**tt) / (one - b1_**tt))
@@ -300,7 +349,7 @@ def scale_by_conda(
       out_v.append(v.astype(v_in.dtype))
     un = treedef.unflatten
     return un(out_u), ScaleByCondaState(
-      count, un(out_m), un(out_v), tuple(out_q)
+      count, un(out_m), un(out_v), _common.per_leaf(updates, out_q)
     )
 
   return optax.GradientTransformation(init_fn, update_fn)
@@ -372,8 +421,8 @@ def conda(
   update_proj_gap: ArrayLike = 2000,
   scale: ArrayLike = 1.0,
   projection_type: str = "std",
-  refresh_offset: int = 0,
-  mu_dtype: Any = None,
+  refresh_offset: ArrayLike = 0,
+  mu_dtype: DTypeLike | None = None,
   axes: _axes.AxesSpec = None,
   mask: Any = None,
   adam_learning_rate: optax.ScalarOrSchedule | None = None,
@@ -411,7 +460,8 @@ def conda(
     scale: update multiplier of matrix leaves (recipes 0.25).
     projection_type: see `scale_by_conda`.
     refresh_offset: 0 official schedule, 1 pytorch_optimizer schedule.
-    mu_dtype: first-moment dtype (default float32).
+    mu_dtype: first-moment dtype (``None``: float32 for half-precision
+      params, else theirs; a dtype forces it).
     axes: matrix axes spec, evaluated on ``params`` (never on optax
       placeholders); ``None`` entries take the Adam step.
     mask: which leaves are decayed, as ``optax.adamw(mask=...)``: a pytree

@@ -42,9 +42,10 @@ class NapProjectState(NamedTuple):
   """State of `nap_project`."""
 
   count: jax.Array  # shape (), int32
-  # Norms at init, one per masked leaf in leaf order (not parameter-shaped,
-  # so a tuple: it carries no parameter sharding metadata).
-  target: tuple[jax.Array, ...]
+  # Norms at init in the parameters' structure: per masked leaf a bare
+  # array (compute dtype, the leaf's rank with size-1 reduced axes, no
+  # parameter sharding metadata), optax.MaskedNode at unmasked leaves.
+  target: optax.Updates
 
 
 def _reduce_axes(
@@ -67,7 +68,7 @@ def nap_project(
   *,
   eps: ArrayLike = 1e-12,
   granularity: str = "layer",
-  period: int = 1,
+  period: ArrayLike = 1,
   axes: _axes.AxesSpec = None,
 ) -> optax.GradientTransformation:
   r"""Projects masked weights back to their initial norm after each update.
@@ -90,7 +91,9 @@ def nap_project(
       ``'unit'`` (jaxnorm extension: one norm per output unit, over the
       reduction axes of ``axes``).
     period: project every ``period`` updates (1 = every step; the paper
-      found every step and every 1000 steps nearly identical).
+      found every step and every 1000 steps nearly identical). A Python int
+      is checked at construction; an integer array (e.g. from
+      ``optax.inject_hyperparams``) is used as is.
     axes: matrix axes spec (see `jaxnorm.optim.MatrixAxes`); batch axes get
       one norm each, and ``'unit'`` needs the reduction axes.
 
@@ -101,6 +104,7 @@ def nap_project(
     ValueError: unknown ``granularity``, non-positive ``period``, negative
       ``eps``, ``granularity='unit'`` on a masked leaf of rank < 2, or (at
       update) missing ``params``.
+    TypeError: a ``period`` array that is not an integer scalar.
 
   References:
     Lyle et al., *Normalization and effective learning rates in
@@ -108,7 +112,7 @@ def nap_project(
   """
   who = "nap_project"
   _checks.check_choice(who, "granularity", granularity, GRANULARITIES)
-  _checks.check_positive_int(who, "period", period)
+  _common.check_step_count(who, "period", period)
   _common.check_hyper(who, "eps", eps)
 
   def leaf_info(params):
@@ -125,12 +129,13 @@ def nap_project(
 
   def init_fn(params):
     treedef, flags, dims = leaf_info(params)
-    targets = tuple(
-      _norm(p, _reduce_axes(p, d, granularity))
+    targets = [
+      _norm(p, _reduce_axes(p, d, granularity)) if f else None
       for p, f, d in zip(treedef.flatten_up_to(params), flags, dims)
-      if f
+    ]
+    return NapProjectState(
+      jnp.zeros([], jnp.int32), _common.per_leaf(params, targets)
     )
-    return NapProjectState(jnp.zeros([], jnp.int32), targets)
 
   def update_fn(updates, state, params=None):
     if params is None:
@@ -139,16 +144,15 @@ def nap_project(
       )
     treedef, flags, dims = leaf_info(params)
     count = _common.increment(state.count)
-    fire = count % jnp.int32(period) == 0
+    fire = count % jnp.asarray(period).astype(jnp.int32) == 0
     us = treedef.flatten_up_to(updates)
     ps = treedef.flatten_up_to(params)
-    ts = iter(state.target)
+    ts = _common.leaves_of(params, state.target)
     out = []
-    for u, p, f, d in zip(us, ps, flags, dims):
+    for u, p, tau, f, d in zip(us, ps, ts, flags, dims):
       if not f:
         out.append(u)
         continue
-      tau = next(ts)
       new = _common.f32(p) + _common.f32(u).astype(_numerics.compute_dtype(p))
       norm = _norm(new, _reduce_axes(p, d, granularity))
       factor = tau.astype(new.dtype) / jnp.maximum(

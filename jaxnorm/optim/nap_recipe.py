@@ -168,7 +168,9 @@ class NapProjectJointState(NamedTuple):
   """State of `nap_project_joint`."""
 
   count: jax.Array  # shape (), int32
-  target: tuple[jax.Array, ...]  # joint init norm, one per group id
+  # The parameters' structure: each grouped leaf holds its group's joint
+  # norm at init (a compute-dtype scalar), ungrouped leaves optax.MaskedNode.
+  target: optax.Updates
 
 
 def nap_project_joint(
@@ -206,6 +208,8 @@ def nap_project_joint(
 
   def ids(params):
     treedef = jax.tree.structure(params)
+    if treedef.num_leaves == 0:  # optax.tree.map_params' placeholder
+      return treedef, [], []
     g = groups(params) if callable(groups) else groups
     flat = treedef.flatten_up_to(g)
     for i in flat:
@@ -229,8 +233,11 @@ def nap_project_joint(
   def init_fn(params):
     treedef, flat, keys = ids(params)
     leaves = treedef.flatten_up_to(params)
-    target = tuple(jnp.sqrt(s) for s in sq_norms(leaves, flat, keys))
-    return NapProjectJointState(jnp.zeros([], jnp.int32), target)
+    joint = dict(zip(keys, (jnp.sqrt(s) for s in sq_norms(leaves, flat, keys))))
+    target = [joint[i] if i >= 0 else None for i in flat]
+    return NapProjectJointState(
+      jnp.zeros([], jnp.int32), _common.per_leaf(params, target)
+    )
 
   def update_fn(updates, state, params=None):
     if params is None:
@@ -242,9 +249,13 @@ def nap_project_joint(
     us = treedef.flatten_up_to(updates)
     new = [_f32(p) + _f32(u) for p, u in zip(ps, us)]
     norms = [jnp.sqrt(s) for s in sq_norms(new, flat, keys)]
+    target = {}
+    for t, i in zip(_common.leaves_of(params, state.target), flat):
+      if i >= 0:
+        target.setdefault(i, t)  # every leaf of a group holds the same
     factor = {
-      k: t / jnp.maximum(n, _common.as_scalar(eps, n))
-      for k, t, n in zip(keys, state.target, norms)
+      k: target[k] / jnp.maximum(n, _common.as_scalar(eps, n))
+      for k, n in zip(keys, norms)
     }
     out = [
       u if i < 0 else (x * factor[i].astype(x.dtype) - _f32(p)).astype(u.dtype)

@@ -30,7 +30,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 import optax
-from jax.typing import ArrayLike
+from jax.typing import ArrayLike, DTypeLike
 
 from jaxnorm import _numerics
 from jaxnorm.optim import _axes, _common
@@ -107,7 +107,7 @@ def scale_by_rmnp(
   ema: bool = False,
   shape_scale: bool = True,
   eps: ArrayLike = 1e-12,
-  mu_dtype: Any = None,
+  mu_dtype: DTypeLike | None = None,
   axes: _axes.AxesSpec = None,
 ) -> optax.GradientTransformation:
   r"""RMNP's momentum, row normalization and shape scaling.
@@ -137,7 +137,9 @@ def scale_by_rmnp(
     ema: exponential moving average instead of the plain sum.
     shape_scale: multiply by the shape factor.
     eps: lower bound of each unit's norm (torch ``F.normalize``: 1e-12).
-    mu_dtype: momentum dtype (default float32).
+    mu_dtype: momentum dtype, as optax's ``mu_dtype``: ``None`` (default) is
+      float32 for half-precision params and the params' dtype otherwise; a
+      dtype forces it.
     axes: matrix axes spec (see `jaxnorm.optim.MatrixAxes`), evaluated on
       ``params`` when given, else on the updates; every leaf this transform
       sees must be a matrix.
@@ -163,8 +165,7 @@ def scale_by_rmnp(
     return ScaleByRmnpState(
       jnp.zeros([], jnp.int32),
       jax.tree.map(
-        lambda p: jnp.zeros(p.shape, mu_dtype or _numerics.compute_dtype(p)),
-        params,
+        lambda p: jnp.zeros_like(p, _common.moment_dtype(mu_dtype, p)), params
       ),
     )
 
@@ -201,7 +202,7 @@ def rmnp(
   ema: bool = False,
   shape_scale: bool = True,
   eps: ArrayLike = 1e-12,
-  mu_dtype: Any = None,
+  mu_dtype: DTypeLike | None = None,
   axes: _axes.AxesSpec = None,
   mask: Any = None,
   adam_learning_rate: optax.ScalarOrSchedule | None = None,
@@ -230,7 +231,9 @@ def rmnp(
     ema: EMA momentum (paper formula) instead of the plain sum.
     shape_scale: apply the shape factor.
     eps: row-norm lower bound.
-    mu_dtype: momentum dtype (default float32).
+    mu_dtype: dtype of the momentum and of Adam's first moment (``None``:
+      float32 for half-precision params, else theirs; a dtype forces it).
+      Adam's second moment always takes the default.
     axes: matrix axes spec, evaluated on ``params`` (never on optax
       placeholders); ``None`` entries take the AdamW step.
     mask: which leaves are decayed, as ``optax.adamw(mask=...)``: a pytree
@@ -270,19 +273,15 @@ def rmnp(
     treedef = jax.tree.structure(params)
     ps = treedef.flatten_up_to(params)
 
-    def zeros(p):
-      return jnp.zeros(p.shape, mu_dtype or _numerics.compute_dtype(p))
-
+    mus = [jnp.zeros_like(p, _common.moment_dtype(mu_dtype, p)) for p in ps]
     nus = [
       optax.MaskedNode()
       if d is not None
-      else jnp.zeros(p.shape, _numerics.compute_dtype(p))
+      else jnp.zeros_like(p, _numerics.compute_dtype(p))
       for p, d in zip(ps, dims)
     ]
     return RmnpState(
-      jnp.zeros([], jnp.int32),
-      treedef.unflatten([zeros(p) for p in ps]),
-      treedef.unflatten(nus),
+      jnp.zeros([], jnp.int32), treedef.unflatten(mus), treedef.unflatten(nus)
     )
 
   def update_fn(updates, state, params=None):
