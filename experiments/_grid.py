@@ -7,10 +7,14 @@ base config. Every finished run appends one line to ``<name>.jsonl``
 (variant, seed, changes, final losses, accuracy, tokens/s, parameters,
 steps, early stop); a rerun skips the (variant, seed) pairs already there,
 so an interrupted grid resumes where it stopped. Cells report the mean and
-the sample standard deviation (``ddof=1``) over seeds. The figure has the
-validation loss against steps per variant (mean line, min-max band over
-seeds) and a bar chart of the final metric with one-standard-deviation
-error bars.
+the sample standard deviation (``ddof=1``) over seeds, and keep the values
+by seed. Verdicts come from `jaxnorm.training.claims`: `claim_record`
+pairs a claim's variant and baseline seed by seed and writes its record
+(paired t interval, verdict, provenance); `verdict` is the same rule
+behind the old call signature, for the scripts not yet on records. The
+figure has the validation loss against steps per variant (mean line,
+min-max band over seeds) and a bar chart of the final metric with
+one-standard-deviation error bars.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from experiments import _report
-from jaxnorm.training import build, metrics, trainer
+from jaxnorm.training import build, claims, metrics, trainer
 from jaxnorm.training import config as config_lib
 
 # Summary fields copied into each table line.
@@ -188,14 +192,25 @@ def read_table(table: pathlib.Path) -> list[dict[str, Any]]:
 def cells(
   lines: Sequence[Mapping[str, Any]], metric: str
 ) -> dict[str, dict[str, Any]]:
-  """Per variant, in first-seen order: mean, std (ddof=1), n, the values."""
-  values: dict[str, list[float]] = {}
+  """Per variant, in first-seen order: mean, std (ddof=1), n, the values.
+
+  When every line of a variant has a ``seed`` (as `run_grid`'s do), its
+  values are in seed order and ``seeds`` lists them, so that `paired` can
+  match two variants seed by seed.
+  """
+  by_variant: dict[str, list[Mapping[str, Any]]] = {}
   for ln in lines:
-    values.setdefault(ln["variant"], []).append(float(ln[metric]))
+    by_variant.setdefault(ln["variant"], []).append(ln)
   out = {}
-  for name, vs in values.items():
+  for name, lns in by_variant.items():
+    seeded = all("seed" in ln for ln in lns)
+    if seeded:
+      lns = sorted(lns, key=lambda ln: ln["seed"])
+    vs = [float(ln[metric]) for ln in lns]
     mean, std = _report.mean_spread(vs)
     out[name] = {"mean": mean, "std": std, "n": len(vs), "values": vs}
+    if seeded:
+      out[name]["seeds"] = [ln["seed"] for ln in lns]
   return out
 
 
@@ -273,6 +288,100 @@ def figure(
   plt.close(fig)
 
 
+def paired(
+  a: Mapping[str, Any], b: Mapping[str, Any]
+) -> tuple[list[Any], list[float], list[float]]:
+  """Two `cells` entries matched seed by seed: seeds, a's and b's values.
+
+  With ``seeds`` in both cells, the seeds they share, in increasing order
+  (a seed that one variant lacks, e.g. a run filtered out, is left out).
+  Cells without seeds (values measured in the same rounds, or built by
+  hand) are matched by position, labelled ``"#0"``, ``"#1"``, ...
+
+  Raises:
+    ValueError: no shared seed, or cells without seeds of different
+      lengths.
+  """
+  if "seeds" in a and "seeds" in b:
+    va, vb = (
+      dict(zip(a["seeds"], a["values"])),
+      dict(zip(b["seeds"], b["values"])),
+    )
+    seeds = sorted(set(va) & set(vb))
+    if not seeds:
+      raise ValueError(
+        f"paired: no shared seed, got seeds {a['seeds']} and {b['seeds']}"
+      )
+    return seeds, [va[s] for s in seeds], [vb[s] for s in seeds]
+  if len(a["values"]) != len(b["values"]):
+    raise ValueError(
+      f"paired: cells without seeds are matched by position and need the "
+      f"same number of values, got {len(a['values'])} and "
+      f"{len(b['values'])}; give the lines a 'seed'"
+    )
+  seeds = [f"#{i}" for i in range(len(a["values"]))]
+  return seeds, list(a["values"]), list(b["values"])
+
+
+def claim_record(
+  lines: Sequence[Mapping[str, Any]],
+  claim: claims.Claim,
+  *,
+  baseline_trained: bool,
+  config: Any,
+  commit: Any = None,
+  testable: bool = True,
+  reason: str | None = None,
+) -> dict[str, Any]:
+  """`claims.record` of ``claim`` from a grid's lines, paired by seed.
+
+  ``claim.metric`` is the lines' key, ``claim.a`` and ``claim.b`` their
+  variants; the values are matched by `paired` over `cells`.
+
+  Args:
+    lines: the grid's lines (`run_grid`, or lines with derived metrics).
+    claim: the claim.
+    baseline_trained: False when ``claim.b`` did not train (see
+      `claims.record`).
+    config: the grid's shared config, JSON-able (e.g.
+      ``dataclasses.asdict(base)``).
+    commit: the code's commit; ``None``: `claims.commit` of this tree.
+    testable: False when the phenomenon is absent in the baseline.
+    reason: why not testable or not trained, or a note.
+
+  Returns:
+    The record (`claims.RECORD_KEYS`).
+
+  Raises:
+    ValueError: a variant has no line with ``claim.metric``, or `paired`'s
+      and `claims.record`'s errors.
+  """
+  grid = cells([ln for ln in lines if claim.metric in ln], claim.metric)
+  missing = [v for v in (claim.a, claim.b) if v not in grid]
+  if missing:
+    raise ValueError(
+      f"claim_record: no line of variant(s) {missing} has metric "
+      f"{claim.metric!r}; variants with it: {sorted(grid)}"
+    )
+  seeds, a_values, b_values = paired(grid[claim.a], grid[claim.b])
+  return claims.record(
+    claim,
+    seeds,
+    a_values,
+    b_values,
+    baseline_trained=baseline_trained,
+    commit=claims.commit() if commit is None else commit,
+    config=config,
+    testable=testable,
+    reason=reason,
+  )
+
+
+# The old rule's vocabulary, kept by `verdict` for the scripts that combine
+# its verdicts (``optimizers_claims.both``) until they move to records.
+_LEGACY = {"contradicted": "not reproduced at this scale"}
+
+
 def verdict(
   grid: Mapping[str, Mapping[str, Any]],
   variant: str,
@@ -282,44 +391,86 @@ def verdict(
 ) -> tuple[str, str]:
   """The verdict on "``variant`` is lower than / equal to ``reference``".
 
-  The difference of means ``d`` is judged against its standard error
-  ``se = sqrt(s_a^2 / n_a + s_b^2 / n_b)``. ``claim="lower"``: reproduced
-  when ``d < -2 se``, not reproduced when ``d > 2 se``, else inconclusive.
-  ``claim="equal"``: reproduced when ``|d| <= max(2 se, tolerance)``, else
-  not reproduced at this scale.
+  Transition adapter for the scripts written before `claims`: the cells
+  are matched by `paired` and judged by `claims.judge` at level 0.95 (a
+  one-sided 5% test on the paired t interval, 90% two-sided).
+  ``claim="lower"`` is a ``superior`` claim with margin 0 on a ``"lower"``
+  metric; ``claim="equal"`` an ``equivalent`` claim with margin
+  ``tolerance`` (> 0). ``contradicted`` is reported in the old words,
+  ``"not reproduced at this scale"``; one seed is ``inconclusive``.
 
   Returns:
-    The verdict and a one-line account (``d`` and ``se``).
+    The verdict and a one-line account (mean ``a - b``, interval, n).
+
+  Raises:
+    ValueError: ``claim`` is not ``"lower"`` or ``"equal"``, ``"equal"``
+      without a positive ``tolerance``, or `paired`'s errors.
   """
-  a, b = grid[variant], grid[reference]
-  d = a["mean"] - b["mean"]
-  se = float(np.sqrt(a["std"] ** 2 / a["n"] + b["std"] ** 2 / b["n"]))
-  why = f"{variant} - {reference} = {d:+.4f} (se {se:.4f})"
-  if claim == "lower":
-    if d < -2 * se:
-      return "reproduced", why
-    if d > 2 * se:
-      return "not reproduced at this scale", why
-    return "inconclusive", why
-  if claim == "equal":
-    if abs(d) <= max(2 * se, tolerance):
-      return "reproduced", why
-    return "not reproduced at this scale", why
-  raise ValueError(f"verdict: claim must be 'lower' or 'equal', got {claim!r}")
+  kinds = {"lower": ("superior", 0.0), "equal": ("equivalent", tolerance)}
+  if claim not in kinds:
+    raise ValueError(
+      f"verdict: claim must be 'lower' or 'equal', got {claim!r}"
+    )
+  kind, margin = kinds[claim]
+  if kind == "equivalent" and not margin > 0:
+    raise ValueError(
+      f"verdict: claim='equal' needs a tolerance > 0 (the equivalence "
+      f"margin), got tolerance={tolerance!r}"
+    )
+  _, a, b = paired(grid[variant], grid[reference])
+  judged = claims.judge(a, b, kind=kind, direction="lower", margin=margin)
+  iv = judged.interval
+  if iv is None:
+    why = f"{variant} - {reference}: one seed, no interval"
+  else:
+    why = (
+      f"{variant} - {reference} = {iv.mean:+.4f} [{iv.low:+.4f}, "
+      f"{iv.high:+.4f}] (90% paired t, n={iv.n})"
+    )
+  return _LEGACY.get(judged.verdict, judged.verdict), why
+
+
+def _difference(rec: Mapping[str, Any]) -> str:
+  if rec["ci"] is None:
+    return "—" if rec["mean_diff"] is None else f"{rec['mean_diff']:+.4g}"
+  lo, hi = rec["ci"]
+  pct = f"{100 * (2 * rec['level'] - 1):g}%"
+  return f"{rec['mean_diff']:+.4g} [{lo:+.4g}, {hi:+.4g}] ({pct})"
 
 
 def verdict_table(
   verdicts: Sequence[Mapping[str, Any]], columns: Sequence[str] = ()
 ) -> list[str]:
-  """Markdown rows: claim, the extra ``columns``, bold verdict, evidence."""
-  head = ["claim", *columns, "verdict", "evidence"]
+  """Markdown rows of verdicts, the extra ``columns`` after the claim.
+
+  `claims.record` dicts get: paper, claim, columns, kind, margin, mean
+  ``a - b`` with its interval, n and the bold verdict. Other verdict dicts
+  (``claim``, ``verdict``, ``why``; the scripts not yet on records) get:
+  claim, columns, bold verdict, evidence.
+  """
+  records = bool(verdicts) and all("ci" in v for v in verdicts)
+  if records:
+    head = ["paper", "claim", *columns, "kind", "margin", "a − b", "n"]
+  else:
+    head = ["claim", *columns]
+  head += ["verdict"] if records else ["verdict", "evidence"]
   rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
   for v in verdicts:
-    cells = [
-      v["claim"],
-      *(str(v[c]) for c in columns),
-      f"**Verdict: {v['verdict']}**",
-      v["why"],
-    ]
-    rows.append("| " + " | ".join(cells) + " |")
+    extra = [str(v[c]) for c in columns]
+    bold = f"**Verdict: {v['verdict']}**"
+    if records:
+      paper = f"{v['paper']['name']} (arXiv:{v['paper']['arxiv']})"
+      cells_ = [
+        paper,
+        f"{v['a']} vs {v['b']}: {v['claim']}",
+        *extra,
+        v["kind"],
+        f"{v['margin']:g}",
+        _difference(v),
+        str(v["n"]),
+        bold,
+      ]
+    else:
+      cells_ = [v["claim"], *extra, bold, v["why"]]
+    rows.append("| " + " | ".join(cells_) + " |")
   return rows

@@ -13,6 +13,8 @@ from typing import Any
 import jax
 import numpy as np
 
+from jaxnorm.training import claims
+
 
 def parser(doc: str) -> argparse.ArgumentParser:
   """Flags every script takes: ``--out`` and ``--quick``."""
@@ -58,11 +60,13 @@ def median_ms(fn: Callable[[Any], Any], x: Any, reps: int) -> float:
 
 
 def command_line(name: str, args: argparse.Namespace) -> str:
-  """The Markdown line naming the command, its duration and the host."""
+  """The Markdown line naming the command, duration, host and commit."""
   quick = " --quick" if args.quick else ""
+  code = claims.commit()
+  dirty = ", uncommitted changes" if code["dirty"] else ""
   return (
     f"Command: `python -m experiments.{name}{quick}` ({args.elapsed:.0f} s "
-    f"on {platform.machine()})."
+    f"on {platform.machine()}, commit {code['sha'][:12]}{dirty})."
   )
 
 
@@ -77,7 +81,13 @@ def run(
 
   ``compute`` returns the result (NumPy values are written as lists);
   ``markdown`` returns the file's lines, a title and a blank line first
-  (the command line goes after them), and may read ``args.elapsed``.
+  (the command line goes after them), and may read ``args.elapsed``. The
+  result's ``claims`` (`jaxnorm.training.claims.record` dicts), if any,
+  must pass `claims.check_records` before anything is written.
+
+  Raises:
+    ValueError: a claim record's verdict or numbers do not follow from its
+      per-seed values.
   """
   out = pathlib.Path(args.out)
   out.mkdir(parents=True, exist_ok=True)
@@ -87,6 +97,7 @@ def run(
   with jax.numpy_dtype_promotion("standard"):
     result = compute()
   args.elapsed = time.time() - start
+  claims.check_records(result.get("claims", ()))
   (out / f"{name}.json").write_text(
     json.dumps(result, indent=2, default=_jsonable)
   )

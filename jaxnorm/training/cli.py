@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import itertools
+import math
 import os
 import pathlib
 import sys
@@ -30,7 +31,15 @@ from collections.abc import Callable, Sequence
 import jax
 
 from jaxnorm import aot
-from jaxnorm.training import build, checkpoints, data, flags, metrics, trainer
+from jaxnorm.training import (
+  build,
+  checkpoints,
+  claims,
+  data,
+  flags,
+  metrics,
+  trainer,
+)
 from jaxnorm.training import config as config_lib
 from jaxnorm.training import plan as plan_lib
 
@@ -250,16 +259,83 @@ def _parse_vary(items: Sequence[str]) -> dict[str, list[str]]:
   return grid
 
 
-def sweep_main(argv: Sequence[str] | None = None) -> int:
-  """Entry point of ``jaxnorm-sweep``: a grid of variants, same data/seed."""
+# The metrics `jaxnorm-sweep --seeds` compares, and which values are better.
+_SWEEP_METRICS = (("val_loss", "lower"), ("val_accuracy", "higher"))
 
-  def vary(parser):
+
+def _sweep_comparison(
+  runs: Sequence[tuple[str, Sequence[tuple[int, dict]]]], level: float = 0.95
+) -> list[str]:
+  """Markdown rows: each variant minus the first one, paired by seed.
+
+  Per metric of `_SWEEP_METRICS`, the mean of ``variant - first`` over the
+  seeds both ran, its two-sided paired t interval at ``level``
+  (`claims.paired_interval`) and the one-sided p-value that the variant
+  is better; "better" / "worse" when the interval excludes 0 on that side
+  (a two-sided test at ``1 - level``), else "no difference at ``level``"
+  (or a non-finite value: a run diverged).
+  """
+  (first, base), *others = runs
+  by_seed = dict(base)
+  pct = f"{100 * level:g}%"
+  rows = [
+    f"Paired by seed against {first} ({pct} paired t interval of the mean "
+    f"difference; p: one-sided, that the variant is better):",
+    "",
+    f"| metric | variant | n | mean (variant − {first}) | {pct} interval "
+    f"| p | reading |",
+    "|---|---|---|---|---|---|---|",
+  ]
+  for metric, direction in _SWEEP_METRICS:
+    for name, summaries in others:
+      pairs = [(s[metric], by_seed[seed][metric]) for seed, s in summaries]
+      iv = claims.paired_interval(
+        [a for a, _ in pairs], [b for _, b in pairs], level, direction=direction
+      )
+      gain = sorted(
+        -x if direction == "lower" else x for x in (iv.low, iv.high)
+      )
+      if not math.isfinite(iv.mean):
+        reading = "non-finite value (a run diverged)"
+      elif gain[0] > 0:
+        reading = "better"
+      elif gain[1] < 0:
+        reading = "worse"
+      else:
+        reading = f"no difference at {pct}"
+      rows.append(
+        f"| {metric} ({direction} is better) | {name} | {iv.n} | "
+        f"{iv.mean:+.4f} | [{iv.low:+.4f}, {iv.high:+.4f}] | "
+        f"{iv.p_value:.3g} | {reading} |"
+      )
+  return rows
+
+
+def sweep_main(argv: Sequence[str] | None = None) -> int:
+  """Entry point of ``jaxnorm-sweep``: a grid of variants, same data/seed.
+
+  With ``--seeds N`` (N >= 2) every variant runs with seeds ``seed`` to
+  ``seed + N - 1`` (run directories ``<out-dir>/<variant>/seed<s>``) and
+  the table adds each variant against the first, paired by seed
+  (`_sweep_comparison`). Exit status 2 for a config error.
+  """
+
+  def extra(parser):
     parser.add_argument(
       "--vary",
       action="append",
       default=[],
       metavar="FIELD=V1,V2",
       help="a config field and its values (repeatable)",
+    )
+    parser.add_argument(
+      "--seeds",
+      type=int,
+      default=1,
+      metavar="N",
+      help="run every variant with seeds SEED..SEED+N-1 and compare each "
+      "variant with the first, paired by seed (mean difference, 95%% t "
+      "interval, p-value); default 1",
     )
 
   args, base = _parse(
@@ -268,11 +344,16 @@ def sweep_main(argv: Sequence[str] | None = None) -> int:
     "comparison table and one plot.",
     argv,
     config_lib.TrainConfig(out_dir="runs/sweep"),
-    vary,
+    extra,
   )
   if base is None:
     return 0
   try:
+    if args.seeds < 1:
+      raise ValueError(
+        f"--seeds must be a number of seeds >= 1, got --seeds {args.seeds}"
+      )
+    seeds = range(base.seed, base.seed + args.seeds)
     grid = _parse_vary(args.vary)
     variants = []
     for values in itertools.product(*grid.values()):
@@ -290,19 +371,30 @@ def sweep_main(argv: Sequence[str] | None = None) -> int:
     print(f"jaxnorm-sweep: error: {e}", file=sys.stderr)
     return 2
   _maybe_initialize_distributed()
-  rows = []
+  rows, runs, logs = [], [], []
   for name, cfg in variants:
-    print(f"== {name}", file=sys.stderr)
-    rows.append((name, trainer.train(cfg)))
+    per_seed = []
+    for seed in seeds:
+      label, run = name, cfg
+      if len(seeds) > 1:
+        label = f"{name}/seed{seed}"
+        run = dataclasses.replace(
+          cfg, seed=seed, out_dir=str(pathlib.Path(cfg.out_dir) / f"seed{seed}")
+        )
+      print(f"== {label}", file=sys.stderr)
+      summary = trainer.train(run)
+      rows.append((label, summary))
+      per_seed.append((seed, summary))
+      logs.append((label, pathlib.Path(run.out_dir) / "metrics.jsonl"))
+    runs.append((name, per_seed))
   out = pathlib.Path(base.out_dir)
   table = metrics.summary_table(rows)
+  if len(seeds) > 1 and len(runs) > 1:
+    table += "\n\n" + "\n".join(_sweep_comparison(runs))
   (out / "sweep.md").write_text(table + "\n")
   first = rows[0][1]
   metrics.plot_runs(
-    [
-      (name, pathlib.Path(cfg.out_dir) / "metrics.jsonl")
-      for name, cfg in variants
-    ],
+    logs,
     out / "sweep.png",
     title=f"{base.model} on {base.data}: {', '.join(grid) or 'base'}",
     baseline=first["baseline"],
@@ -310,7 +402,9 @@ def sweep_main(argv: Sequence[str] | None = None) -> int:
     if first["kind"] == "lm"
     else "uniform guess",
   )
-  _report(rows, out / "sweep.png")
+  print()
+  print(table)
+  print(f"\nplot: {out / 'sweep.png'}")
   return 0
 
 
