@@ -23,6 +23,10 @@ ptxas first on ``PATH``.
 `CHIPS` holds each chip's datasheet numbers (HBM, bandwidth, peak dense
 bfloat16 flops) and the on-chip limits the kernels' tiling takes (shared
 memory and registers per SM; physical and default scoped VMEM per TPU core).
+
+Examples:
+  >>> sorted(CHIPS)
+  ['a100', 'h100', 'h200', 'v5e', 'v5p', 'v6e']
 """
 
 from __future__ import annotations
@@ -58,6 +62,13 @@ class Chip:
     vmem_bytes: physical VMEM per TensorCore (TPU).
     scoped_vmem_bytes: Mosaic's default scoped-VMEM limit per kernel (TPU),
       raised per call with ``CompilerParams(vmem_limit_bytes=...)``.
+
+  Examples:
+    >>> v5e, h100 = CHIPS["v5e"], CHIPS["h100"]
+    >>> v5e.platform, v5e.vmem_bytes // 2**20, v5e.scoped_vmem_bytes // 2**20
+    ('tpu', 128, 16)
+    >>> h100.platform, h100.smem_per_block // 2**10, h100.hbm_bandwidth
+    ('gpu', 227, 3350000000000.0)
   """
 
   name: str
@@ -115,6 +126,12 @@ def chip_of(device_kind: str) -> Chip | None:
 
   GPU kinds match by model (``"NVIDIA H100 PCIe"`` is an H100); TPU kinds
   exactly (``"TPU v5"`` is v5p, ``"TPU v5 lite"`` v5e).
+
+  Examples:
+    >>> chip_of("NVIDIA H100 PCIe").name, chip_of("TPU v5").name
+    ('h100', 'v5p')
+    >>> chip_of("cpu") is None
+    True
   """
   for chip in CHIPS.values():
     if chip.platform == "tpu" and device_kind == chip.device_kind:
@@ -173,8 +190,8 @@ def setup_environment() -> None:
   ptxas of ``nvidia-cuda-nvcc-cu12`` first on ``PATH`` (XLA takes the first
   one it finds). Values already set are kept. ``TPU_WORKER_HOSTNAMES`` is
   left unset: it would silence libtpu's harmless "host bounds" line, but
-  JAX then takes the process for a TPU pod worker and
-  ``jax.distributed.initialize`` for due. It may run after ``import
+  JAX then takes the process for a TPU pod worker and expects
+  ``jax.distributed.initialize`` to be called. It may run after ``import
   jax`` but must run before JAX initializes a backend (the CUDA plugin
   validates a local CUDA install unless the platforms exclude it). On a
   machine with a GPU or TPU to run on, do not call it: it hides them.
@@ -201,7 +218,12 @@ def _need(module: str, what: str) -> None:
 
 
 def available(platform: str) -> bool:
-  """Whether the compilers for ``platform`` (``"gpu"``/``"tpu"``) installed."""
+  """Whether the compilers for ``platform`` (``"gpu"``/``"tpu"``) installed.
+
+  Examples:
+    >>> isinstance(available("gpu"), bool)  # True with the aot extra
+    True
+  """
   module = {"gpu": "jax_cuda12_plugin", "tpu": "libtpu"}[platform]
   return importlib.util.find_spec(module) is not None
 
@@ -211,6 +233,13 @@ def parse(name: str) -> tuple[Chip, tuple[int, ...]]:
 
   Raises:
     ValueError: for an unknown name, listing the valid forms.
+
+  Examples:
+    >>> chip, shape = parse("v5e:2x2")
+    >>> chip.name, chip.platform, shape
+    ('v5e', 'tpu', (2, 2))
+    >>> parse("h100:8")[1]  # GPUs: N devices of one host
+    (8,)
   """
   m = re.fullmatch(r"([a-z0-9]+):(\d+(?:x\d+)*)", name.strip().lower())
   chip = CHIPS.get(m.group(1)) if m else None
@@ -249,6 +278,13 @@ def topology(name: str, axis_names: tuple[str, ...] | None = None) -> Any:
       that do not match the shape.
     ModuleNotFoundError: when the aot extra is missing, naming the pip
       command.
+
+  Examples:
+    A name is checked before any compiler is needed (v5e is 2-D):
+
+    >>> topology("v5e:8")
+    Traceback (most recent call last):
+    ValueError: topology: unknown topology 'v5e:8'; valid: GPUs as NAME:N ...
   """
   chip, shape = parse(name)
   if axis_names is None:
@@ -290,6 +326,11 @@ class PtxasKernel:
     registers: 32-bit registers per thread.
     spill_stores: bytes spilled to local memory.
     spill_loads: bytes reloaded from it.
+
+  Examples:
+    >>> kernel = PtxasKernel("add_kernel", 32, 0, 0)
+    >>> kernel.registers, kernel.spill_stores + kernel.spill_loads
+    (32, 0)
   """
 
   name: str
@@ -308,6 +349,14 @@ def parse_ptxas(text: str) -> list[PtxasKernel]:
   ends at "Used N registers". The warning "wgmma.mma_async instructions are
   serialized due to insufficient register resources" is not parsed: search
   the text for it.
+
+  Examples:
+    >>> report = '''ptxas info : Compiling entry function 'add' for 'sm_90a'
+    ... ptxas info : Function properties for add
+    ...     8 bytes stack frame, 4 bytes spill stores, 4 bytes spill loads
+    ... ptxas info : Used 32 registers, 384 bytes cmem[0]'''
+    >>> parse_ptxas(report)
+    [PtxasKernel(name='add', registers=32, spill_stores=4, spill_loads=4)]
   """
   kernels: dict[str, PtxasKernel] = {}
   name, spills = None, (0, 0)

@@ -20,6 +20,13 @@ the parameter dtypes, as flax does), ``param_dtype`` (float32) and
 ``scale_metadata``); ``None`` leaves the parameters unboxed. linen replicates
 names without a rule in ``nn.logical_axis_rules``; derive rules for your
 mesh with `jaxnorm.sharding.rules_for_mesh`.
+
+Examples:
+  >>> attn = nn.MultiHeadDotProductAttention(
+  ...     num_heads=2, attention_fn=dot_product_attention)
+  >>> x = jnp.ones((1, 3, 8), jnp.float32)
+  >>> attn.apply(attn.init(jax.random.key(0), x), x).shape
+  (1, 3, 8)
 """
 
 from __future__ import annotations
@@ -88,6 +95,15 @@ class LayerNorm(nn.Module):
   Parameters ``scale`` (``scale_init``, ones) and ``bias`` (zeros), as
   ``nn.LayerNorm``. ``mask=`` restricts the statistics to its ``True``
   elements, as in flax (see `jaxnorm.nn.LayerNorm`).
+
+  Examples:
+    >>> norm = LayerNorm()
+    >>> x = jnp.array([[1.0, 3.0]], jnp.float32)
+    >>> variables = norm.init(jax.random.key(0), x)
+    >>> jax.tree.map(jnp.shape, nn.unbox(variables))
+    {'params': {'bias': (2,), 'scale': (2,)}}
+    >>> [round(v, 4) for v in norm.apply(variables, x)[0].tolist()]
+    [-1.0, 1.0]
   """
 
   eps: float = 1e-6
@@ -126,6 +142,13 @@ class RMSNorm(nn.Module):
   """RMSNorm over the last axis; maths in `jaxnorm.norms.rms_norm`.
 
   Parameter ``scale`` (ones), as ``nn.RMSNorm``; ``mask=`` as in flax.
+
+  Examples:
+    >>> norm = RMSNorm()
+    >>> x = jnp.array([[1.0, 7.0]], jnp.float32)  # RMS 5
+    >>> variables = norm.init(jax.random.key(0), x)
+    >>> [round(v, 4) for v in norm.apply(variables, x)[0].tolist()]
+    [0.2, 1.4]
   """
 
   eps: float = 1e-6
@@ -159,7 +182,15 @@ class RMSNorm(nn.Module):
 
 
 class CRMSNorm(nn.Module):
-  """Compressed RMSNorm on ``d-1`` features; see `jaxnorm.norms.crms_norm`."""
+  """Compressed RMSNorm on ``d-1`` features; see `jaxnorm.norms.crms_norm`.
+
+  Examples:
+    >>> norm = CRMSNorm()
+    >>> z = jnp.array([[1.0, 1.0]], jnp.float32)  # x = (1, 1, -2), RMS sqrt(2)
+    >>> variables = norm.init(jax.random.key(0), z)
+    >>> [round(v, 4) for v in norm.apply(variables, z)[0].tolist()]
+    [0.7071, 0.7071]
+  """
 
   eps: float = 1e-6
   use_scale: bool = True
@@ -182,6 +213,13 @@ class DyT(nn.Module):
 
   Parameters ``alpha`` (shape ``(1,)``, ``alpha_init``), ``scale`` (ones)
   and ``bias`` (zeros), as `jaxnorm.nn.DyT`.
+
+  Examples:
+    >>> dyt = DyT()  # alpha 0.5
+    >>> x = jnp.array([[0.0, 2.0]], jnp.float32)
+    >>> variables = dyt.init(jax.random.key(0), x)
+    >>> [round(v, 4) for v in dyt.apply(variables, x)[0].tolist()]  # tanh(x/2)
+    [0.0, 0.7616]
   """
 
   alpha_init: float = 0.5
@@ -215,6 +253,15 @@ class SeeDNorm(nn.Module):
   Parameters ``scale`` (1), ``dyn_scale`` (``dyn_scale_init``) and
   ``dyn_proj`` (0), as `jaxnorm.nn.SeeDNorm`; the paper decays
   ``dyn_scale`` and ``dyn_proj``.
+
+  Examples:
+    >>> norm = SeeDNorm()
+    >>> x = jnp.array([[1.0, 7.0]], jnp.float32)  # RMS 5
+    >>> variables = norm.init(jax.random.key(0), x)
+    >>> sorted(variables["params"])
+    ['dyn_proj', 'dyn_scale', 'scale']
+    >>> [round(v, 4) for v in norm.apply(variables, x)[0].tolist()]  # RMSNorm
+    [0.2, 1.4]
   """
 
   eps: float = 1e-6
@@ -250,6 +297,13 @@ class GroupNorm(nn.Module):
 
   Parameters ``scale`` (ones) and ``bias`` (zeros); ``reduction_axes`` and
   ``mask=`` as in `jaxnorm.nn.GroupNorm`.
+
+  Examples:
+    >>> norm = GroupNorm(num_groups=2)
+    >>> x = jnp.array([[0.0, 2.0, 4.0, 8.0]], jnp.float32)  # 2 groups of 2
+    >>> variables = norm.init(jax.random.key(0), x)
+    >>> [round(v, 4) for v in norm.apply(variables, x)[0].tolist()]
+    [-1.0, 1.0, -1.0, 1.0]
   """
 
   num_groups: int | None = 32

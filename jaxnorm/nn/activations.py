@@ -2,6 +2,10 @@
 
 They only hold parameters (stored as logarithms so positivity holds by
 construction) and call the pure functions; see those for the maths.
+
+Examples:
+  >>> sorted(n for n, spec in ACTIVATIONS.items() if spec.build is not None)
+  ['galu', 'salu', 'swalu']
 """
 
 from __future__ import annotations
@@ -38,6 +42,14 @@ class SALU(nnx.Module):
   unverified against the paper; for use as a normalization replacement a
   larger ``init_amplitude`` keeps it near-linear over the activation range.
   Use `from_gain_curvature` to initialize from the paper's ``(a, b)``.
+
+  Examples:
+    >>> salu = SALU(3)  # S = W = 1
+    >>> salu.log_amplitude[...].tolist(), salu.log_width.shape
+    ([0.0, 0.0, 0.0], (3,))
+    >>> y = salu(jnp.array([-1.0, 0.0, 2.0], jnp.float32))
+    >>> [round(v, 4) for v in y.tolist()]  # x / sqrt(1 + x^2) at S = W = 1
+    [-0.7071, 0.0, 0.8944]
   """
 
   def __init__(
@@ -133,14 +145,28 @@ class _Gate(nnx.Module):
 
 
 class SWALU(_Gate):
-  """Learnable-width SWALU gate (experimental; see `activations.swalu`)."""
+  """Learnable-width SWALU gate (experimental; see `activations.swalu`).
+
+  Examples:
+    >>> gate = SWALU(3, experimental=True)  # refused without experimental
+    >>> y = gate(jnp.array([-1.0, 0.0, 2.0], jnp.float32))
+    >>> gate.log_width.shape, [round(v, 4) for v in y.tolist()]
+    ((3,), [-0.2764, 0.0, 1.7071])
+  """
 
   _fn = staticmethod(activations.swalu)
   _default_width = activations.SWALU_WIDTH
 
 
 class GALU(_Gate):
-  """Learnable-width GALU gate (experimental; see `activations.galu`)."""
+  """Learnable-width GALU gate (experimental; see `activations.galu`).
+
+  Examples:
+    >>> gate = GALU(3, experimental=True)  # refused without experimental
+    >>> y = gate(jnp.array([-1.0, 0.0, 2.0], jnp.float32))
+    >>> gate.log_width.shape, [round(v, 4) for v in y.tolist()]
+    ((3,), [-0.1882, 0.0, 1.8474])
+  """
 
   _fn = staticmethod(activations.galu)
   _default_width = activations.GALU_WIDTH
@@ -153,6 +179,15 @@ class AlphaDropout(nnx.Module):
   `nnx.Dropout`, it is active unless ``deterministic`` is True: set it here,
   per call, through ``model.eval()`` / ``model.train()``, or through flax's
   view protocol, ``nnx.view(model, deterministic=True)`` (`set_view`).
+
+  Examples:
+    >>> drop = AlphaDropout(0.5, rngs=nnx.Rngs(dropout=0))
+    >>> x = jnp.ones((2, 4), jnp.float32)
+    >>> drop(x).shape  # training: a random keep-mask
+    (2, 4)
+    >>> drop.eval()
+    >>> bool((drop(x) == x).all())  # deterministic: the identity
+    True
   """
 
   def __init__(
@@ -210,6 +245,13 @@ class ActivationSpec:
     build: ``build(width, rngs) -> module`` of a learnable activation.
     gated: a GLU form: the MLP's up projection is doubled and the output is
       ``fn(a) * b``.
+
+  Examples:
+    >>> spec = ACTIVATIONS["swiglu"]
+    >>> spec.gated, spec.elementwise, spec.fn is jax.nn.silu
+    (True, False, True)
+    >>> type(ACTIVATIONS["salu"].build(4, nnx.Rngs(0))).__name__
+    'SALU'
   """
 
   fn: Callable[[jax.Array], jax.Array] | None = None

@@ -9,6 +9,11 @@ owners looked up are the norms of `jaxnorm.nn.NORMS`, flax's own norms
 (scales and biases never decayed), the attention cores of `ATTENTIONS`
 and the residual modules listed in the ``modules`` of a `RESIDUALS` spec
 (HC's ``static_alpha`` and mHC's ``b_res`` are not decayed).
+
+Examples:
+  >>> from jaxnorm.nn.registry import decays
+  >>> decays("kernel", 2), decays("scale", 1)  # matrices yes, vectors no
+  (True, False)
 """
 
 from __future__ import annotations
@@ -44,6 +49,11 @@ def module_decay(module: nnx.Module) -> Mapping[str, bool] | None:
     The ``decay`` mapping of the spec registering its class (or a base
     class) in `NORMS`, flax's norms, the attention or residual registry;
     ``None`` for an unregistered module.
+
+  Examples:
+    >>> from jaxnorm.nn import HyperConnection
+    >>> module_decay(HyperConnection(4, layer_index=0, rngs=nnx.Rngs(0)))
+    mappingproxy({'static_alpha': False})
   """
   override = norms.norm_decay(module)
   if override is not None:
@@ -71,6 +81,20 @@ def decay_mask(model: nnx.Module) -> Any:
     as ``mask=`` of ``optax.adamw`` / ``optax.add_decayed_weights``, or to
     ``optax.masked``; it fits both the variables `nnx.Optimizer` gives to
     ``init`` and the arrays it gives to ``update``.
+
+  Examples:
+    >>> from jaxnorm.nn import HyperConnection, make_attention
+    >>> mha = make_attention("sink", 8, 2, qk_norm="rmsnorm", rngs=nnx.Rngs(0))
+    >>> mask = nnx.to_pure_dict(decay_mask(mha))
+    >>> mask["q_kernel"], mask["core"]["sinks"], mask["q_norm"]["scale"]
+    (True, False, False)
+
+    A spec's override: HC's ``static_alpha`` is 2-D but not decayed.
+
+    >>> hc = HyperConnection(4, layer_index=0, rngs=nnx.Rngs(0))
+    >>> mask = nnx.to_pure_dict(decay_mask(hc))
+    >>> mask["dynamic_alpha"], mask["static_alpha"]
+    (True, False)
 
   References:
     Loshchilov & Hutter, *Decoupled Weight Decay Regularization*,

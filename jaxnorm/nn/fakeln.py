@@ -26,6 +26,12 @@ separate removal steps). jaxnorm's attention reads Q, K and V from one
 normalized input, so ``ln_1`` is one FakeLN, removed at the V-path step
 (the later of the two).
 
+Examples:
+  >>> from jaxnorm.norms.fakeln import removal_steps
+  >>> steps = removal_steps(1, start=10)  # one layer, all real until 10
+  >>> steps[("ln_2", 0)], steps[("ln_1v", 0)], steps[("ln_f", None)]
+  (10, 14, 17)
+
 References:
   Baroni, Khara, Schaeffer, Subkhankulov & Heimersheim, *Transformers Don't
   Need LayerNorm at Inference Time: Scaling LayerNorm Removal to GPT-2 XL
@@ -49,7 +55,13 @@ from jaxnorm.norms import fakeln as fakeln_fn
 
 
 class FakeLNStat(nnx.BatchStat):
-  """State of a `FakeLayerNorm`: the fields of `jaxnorm.norms.FakeLNState`."""
+  """State of a `FakeLayerNorm`: the fields of `jaxnorm.norms.FakeLNState`.
+
+  Examples:
+    >>> ln = FakeLayerNorm(4, rngs=nnx.Rngs(0))
+    >>> sorted(nnx.to_pure_dict(nnx.state(ln, FakeLNStat)))
+    ['bos_off_at', 'bos_std', 'count', 'remove_at', 'std', 'step']
+  """
 
 
 class FakeLayerNorm(nnx.Module):
@@ -64,6 +76,18 @@ class FakeLayerNorm(nnx.Module):
   Training calls (the default) update the state;
   ``use_running_average=True`` (set by ``model.eval()``) only reads it.
   Inputs are ``(..., T, d)`` with positions on axis -2.
+
+  Examples:
+    >>> ln = FakeLayerNorm(2, remove_at=2, rngs=nnx.Rngs(0))
+    >>> x = jnp.array([[[1.0, 3.0]]], jnp.float32)  # (B, T, d), std 1
+    >>> [round(v, 4) for v in ln(x)[0, 0].tolist()]  # step 0: real
+    [-1.0, 1.0]
+    >>> _ = ln(x)  # step 1: real; then fake with the running std 1
+    >>> [round(v, 4) for v in ln(2 * x)[0, 0].tolist()], int(ln.step[...])
+    ([-2.0, 2.0], 3)
+
+    (A real LayerNorm maps ``2 x`` to ``[-1, 1]`` again; the fake one is
+    linear.)
   """
 
   def __init__(
@@ -203,6 +227,17 @@ def install_fake_ln(
 
   Raises:
     ValueError: for a model that is not a pre-norm LayerNorm `DecoderLM`.
+
+  Examples:
+    >>> from jaxnorm.nn.models import DecoderLM, LMConfig
+    >>> model = DecoderLM(LMConfig(vocab_size=16, width=8, depth=1,
+    ...                            num_heads=2, norm="layernorm",
+    ...                            tie_embeddings=False), rngs=nnx.Rngs(0))
+    >>> schedule = install_fake_ln(model, start=10)
+    >>> schedule[("ln_1v", 0)], schedule[("bos_off", None)]
+    (14, 29)
+    >>> type(model.final_norm).__name__, int(model.final_norm.remove_at[...])
+    ('FakeLayerNorm', 17)
   """
   who = "install_fake_ln"
   config = getattr(model, "config", None)

@@ -21,6 +21,10 @@ The layer is the official code's post-norm block (`GraphTransformerLayer`).
 The maths is in `jaxnorm.graph.graph_attention`; modules only hold
 parameters.
 
+Examples:
+  >>> GRAPHS, POSITIONAL
+  (('sparse', 'full'), ('lap', 'none'))
+
 References:
   Dwivedi & Bresson, *A Generalization of Transformer Networks to Graphs*,
   arXiv:2012.09699 (2020); official code ``graphdeeplearning/graphtransformer``
@@ -53,6 +57,11 @@ def graph_norms() -> tuple[str, ...]:
   `jaxnorm.nn.BatchNorm` takes its statistics over the real nodes of the
   batch) and per-node norms of the ``graphs`` layout without batch
   statistics.
+
+  Examples:
+    >>> names = graph_norms()
+    >>> "batchnorm" in names, "layernorm" in names, "groupnorm" in names
+    (True, True, False)
   """
   return tuple(
     sorted(
@@ -95,6 +104,14 @@ class GraphTransformerConfig:
     norm_kwargs: extra keyword arguments of every norm, ``(name, value)``
       pairs; they override torch's defaults (``eps=1e-5``, BatchNorm
       ``momentum=0.9`` in jaxnorm's convention).
+
+  Examples:
+    >>> cfg = GraphTransformerConfig(num_classes=3, vocab_size=5)
+    >>> cfg.norm, cfg.graph, cfg.pe, cfg.width, cfg.depth
+    ('batchnorm', 'sparse', 'lap', 80, 10)
+    >>> GraphTransformerConfig(3, 5, norm="groupnorm")
+    Traceback (most recent call last):
+    ValueError: GraphTransformerConfig: norm 'groupnorm' cannot normalize ...
   """
 
   num_classes: int
@@ -211,6 +228,16 @@ class GraphTransformerLayer(nnx.Module):
   attention also returns the edge scores :math:`\hat s_{ij}`, which pass
   through the edge stream's own projection, norms and FFN; edge norms take
   their statistics over the real edges (the attention adjacency).
+
+  Examples:
+    >>> cfg = GraphTransformerConfig(3, 5, norm="layernorm", width=8,
+    ...                              num_heads=2)
+    >>> layer = GraphTransformerLayer(cfg, dtype=jnp.float32, rngs=nnx.Rngs(0))
+    >>> mask = jnp.ones((1, 4), bool)  # (B, N): 4 real nodes
+    >>> adjacency = ~jnp.eye(4, dtype=bool)[None]  # (B, N, N): all others
+    >>> h, e = layer(jnp.ones((1, 4, 8), jnp.float32), None, adjacency, mask)
+    >>> h.shape, e is None  # no edge stream
+    ((1, 4, 8), True)
   """
 
   def __init__(self, cfg: GraphTransformerConfig, *, dtype: Any, rngs):
@@ -272,6 +299,16 @@ class GraphTransformer(nnx.Module):
   never reach a real node (no edges) and are excluded from BatchNorm
   statistics; their logits are meaningless (mask them in the loss).
   ``model.train()`` / ``model.eval()`` switch BatchNorm and dropout.
+
+  Examples:
+    >>> cfg = GraphTransformerConfig(3, 5, width=8, depth=2, num_heads=2,
+    ...                              pe="none")
+    >>> model = GraphTransformer(cfg, rngs=nnx.Rngs(0))
+    >>> features = jnp.array([[0, 1, 2, 4]], jnp.int32)  # (B, N) node values
+    >>> node_mask = jnp.array([[True, True, True, False]])  # node 3: padding
+    >>> adjacency = ~jnp.eye(4, dtype=bool)[None]  # (B, N, N)
+    >>> model(features, adjacency, node_mask).shape  # (B, N, C) logits
+    (1, 4, 3)
   """
 
   def __init__(

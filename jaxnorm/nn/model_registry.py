@@ -5,6 +5,10 @@ and the registry-driven tests read: a model's config and module, the data
 it takes, which part fields it builds by name, its positional encodings,
 and the fields that follow from the data. A new model is one entry here
 (and its name in `ModelName`).
+
+Examples:
+  >>> MODEL_NAMES
+  ('lm', 'vit', 'cnn', 'mlp', 'graph', 'clm', 'cvcnn')
 """
 
 from __future__ import annotations
@@ -162,7 +166,15 @@ MODEL_NAMES: tuple[str, ...] = tuple(MODELS)
 
 
 def spec(name: str) -> registry.ModelSpec:
-  """The spec of model ``name``; an unknown name lists the valid ones."""
+  """The spec of model ``name``; an unknown name lists the valid ones.
+
+  Examples:
+    >>> lm = spec("lm")
+    >>> lm.config.__name__, lm.data, lm.layout, lm.causal, lm.positional
+    ('LMConfig', 'text', 'tokens', True, ('learned', 'rope', 'none'))
+    >>> lm.derive({}, {"vocab_size": 256, "max_len": 64})
+    {'vocab_size': 256, 'max_len': 64}
+  """
   if name not in MODELS:
     raise ValueError(
       f"model_registry: unknown model {name!r}; valid names are "
@@ -189,6 +201,16 @@ def registries(
 
   Returns:
     ``{"norm", "attention", "residual", "activation"} -> sorted names``.
+
+  Examples:
+    >>> sorted(registries("cnn"))
+    ['activation', 'attention', 'norm', 'residual']
+    >>> "batchnorm" in registries("cnn")["norm"]
+    True
+    >>> "batchnorm" in registries("lm")["norm"]  # causal: opt-in only
+    False
+    >>> "batchnorm" in registries("lm", allow_batch_stats=True)["norm"]
+    True
   """
   s = spec(model)
   names = {

@@ -11,6 +11,11 @@ selects the hidden kernels, the matrices the projection may rescale because
 a norm follows them; the readout is not scale-invariant and stays out
 (the spec's correction). Sources are secondary (the paper body could not be
 read, see the spec, norms section 12): UNVERIFIED beyond them.
+
+Examples:
+  >>> mlp = NaPMLP((4, 8, 2), norm="rmsnorm", rngs=nnx.Rngs(0))
+  >>> type(mlp.norms[0]).__name__, mlp.hidden[0].bias is None
+  ('RMSNorm', True)
 """
 
 from __future__ import annotations
@@ -37,10 +42,20 @@ class NaPMLP(nnx.Module):
       (``"layernorm"`` removes the bias before it, as the paper does; any
       registered norm is accepted).
     activation: an elementwise name of `jaxnorm.nn.activations.ACTIVATIONS`.
+    dtype: compute dtype of the dense layers.
     rngs: parameter RNG streams.
 
   Raises:
     ValueError: fewer than two sizes, or a gated/learnable activation.
+
+  Examples:
+    >>> mlp = NaPMLP((4, 8, 8, 2), rngs=nnx.Rngs(0))
+    >>> [d.bias is None for d in mlp.hidden], mlp.readout.bias is None
+    ([True, True], False)
+    >>> [type(n).__name__ for n in mlp.norms]
+    ['LayerNorm', 'LayerNorm']
+    >>> mlp(jnp.ones((3, 4), jnp.float32)).shape
+    (3, 2)
   """
 
   def __init__(
@@ -98,6 +113,13 @@ def nap_mask(model: NaPMLP) -> nnx.State:
 
   Shaped like ``nnx.state(model, nnx.Param)`` (pure), so it is a valid
   ``mask`` of `jaxnorm.optim.nap_project`.
+
+  Examples:
+    >>> mask = nap_mask(NaPMLP((4, 8, 2), rngs=nnx.Rngs(0)))
+    >>> mask["hidden"][0]["kernel"], mask["readout"]["kernel"]
+    (True, False)
+    >>> mask["norms"][0]["scale"]
+    False
   """
   params = nnx.as_pure(nnx.state(model, nnx.Param))
   mask = jax.tree.map(lambda _: False, params)

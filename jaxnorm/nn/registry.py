@@ -12,6 +12,12 @@ has two or more dimensions (matrices, kernels, embeddings), and not
 otherwise (norm scales, biases, gates, scalars), unless the spec of the
 module that owns it names the parameter in ``decay`` with the paper's rule
 (e.g. SeeDNorm decays its ``dyn_scale`` and ``dyn_proj``).
+
+Examples:
+  >>> from jaxnorm.nn import NORMS
+  >>> override = NORMS["seednorm"].decay
+  >>> dict(override), decays("dyn_scale", 1, override), decays("scale", 1)
+  ({'dyn_scale': True, 'dyn_proj': True}, True, False)
 """
 
 from __future__ import annotations
@@ -37,7 +43,12 @@ def _resolve_dtype_kind(spec: Any, cls: type) -> None:
 
 
 def no_defaults(*args: Any) -> dict[str, Any]:
-  """Default keyword arguments of a part that needs none."""
+  """Default keyword arguments of a part that needs none.
+
+  Examples:
+    >>> no_defaults(64)
+    {}
+  """
   del args
   return {}
 
@@ -74,6 +85,14 @@ class NormSpec:
       complex128, ``num_features`` complex channels). None (the default)
       takes the module class's ``dtype_kind`` attribute (``"real"`` if it
       has none), so the spec and the module cannot disagree.
+
+  Examples:
+    >>> from jaxnorm.nn import NORMS
+    >>> spec = NORMS["batchnorm"]
+    >>> spec.module.__name__, spec.batch_stats, spec.takes_mask, spec.dtype_kind
+    ('BatchNorm', True, True, 'real')
+    >>> NORMS["rmsnorm"].causal, "graphs" in NORMS["rmsnorm"].layouts
+    (True, True)
   """
 
   module: type
@@ -126,6 +145,14 @@ class AttentionSpec:
       core takes (complex: `MultiHeadAttention` with a complex input and
       ``param_dtype``); None takes the core class's ``dtype_kind``
       attribute (``"real"`` if it has none), as ``needs_grid``.
+
+  Examples:
+    >>> from jaxnorm.nn import ATTENTIONS
+    >>> spec = ATTENTIONS["gated"]
+    >>> spec.core.__name__, spec.causal, spec.takes_mask, spec.needs_grid
+    ('GatedAttention', True, True, False)
+    >>> ATTENTIONS["psa"].layouts  # a whole layer on NHWC maps
+    frozenset({'images'})
   """
 
   core: type
@@ -185,6 +212,16 @@ class ResidualSpec:
   Raises:
     ValueError: for a scheme without ``step`` that does not say why it
       cannot be scanned, or a norm-free scheme that places no norm.
+
+  Examples:
+    >>> from jaxnorm.nn import RESIDUALS
+    >>> spec = RESIDUALS["hc"]
+    >>> spec.defaults(8, 2)  # (num_sublayers, sublayers_per_layer)
+    {'num_streams': 4, 'readout': 'mean'}
+    >>> dict(spec.decay), spec.modules[0].__name__
+    ({'static_alpha': False}, 'HyperConnection')
+    >>> RESIDUALS["attnres"].scannable, RESIDUALS["attnres"].scan_refusal
+    (False, 'has no fixed-size scan carry')
   """
 
   build: Callable[..., Any]
@@ -272,6 +309,14 @@ class ModelSpec:
       the module's ``causal`` (False if it has none).
     dtype_kind: ``real`` or ``complex`` parts; None takes the module's
       ``dtype_kind`` (``real`` if it has none).
+
+  Examples:
+    >>> from jaxnorm.nn.model_registry import MODELS
+    >>> spec = MODELS["cvcnn"]
+    >>> spec.module.__name__, spec.data, spec.layout, spec.dtype_kind
+    ('CVCNN', 'images', 'images', 'complex')
+    >>> sorted(spec.parts), spec.counterparts["activation"]["relu"]
+    (['activation'], 'crelu')
   """
 
   config: type
@@ -332,6 +377,12 @@ def decays(
 
   Returns:
     Whether decoupled weight decay applies to the parameter.
+
+  Examples:
+    >>> decays("kernel", 2), decays("bias", 1)
+    (True, False)
+    >>> decays("gate", 1, {"gate": True})  # the owner's spec overrides
+    True
   """
   if override is not None and name in override:
     return override[name]

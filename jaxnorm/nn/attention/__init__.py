@@ -49,6 +49,12 @@ The ``images`` entries of `ATTENTIONS` (`IMAGE_ATTENTIONS`: ``"ela"``,
 not cores: ``make_image_attention(name, channels, *, rngs, **options)``
 builds one (`jaxnorm.nn.models.CNN` places one per block with
 ``block_attention``); `TOKEN_ATTENTIONS` are the cores above.
+
+Examples:
+  >>> from flax import nnx
+  >>> mha = make_attention("sink", 8, 2, is_causal=True, rngs=nnx.Rngs(0))
+  >>> sorted(nnx.to_pure_dict(nnx.state(mha, nnx.Param)))  # core: sinks
+  ['core', 'k_kernel', 'out_kernel', 'q_kernel', 'v_kernel']
 """
 
 from jaxnorm.nn.attention._base import AttentionCore, HeadDims

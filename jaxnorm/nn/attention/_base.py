@@ -9,6 +9,11 @@ the whole cache. It owns the parameters and state its
 paper adds (sink logits, gates, running estimates) and calls one pure
 function of `jaxnorm.attention`. `FunctionCore` is the parameter-free core
 that only forwards to its pure function.
+
+Examples:
+  >>> dims = HeadDims(num_features=8, num_heads=4, num_kv_heads=2, head_dim=2)
+  >>> dims.num_heads // dims.num_kv_heads  # query heads per key/value head
+  2
 """
 
 from __future__ import annotations
@@ -154,6 +159,16 @@ class AttentionCore(nnx.Module):
       `MultiHeadAttention`): each query's output depends on the keys it may
       see and on its own input only, so feeding the cache with a mask gives
       the full causal forward.
+
+  Examples:
+    >>> from jaxnorm.nn.attention import ATTENTIONS
+    >>> cls = ATTENTIONS["sink"].core  # a registered core class
+    >>> issubclass(cls, AttentionCore), cls.supports_cache, cls.ties_keys
+    (True, True, False)
+    >>> core = cls(HeadDims(8, 2, 2, 4), is_causal=True, rngs=nnx.Rngs(0))
+    >>> q = jnp.zeros((1, 3, 2, 4), jnp.float32)  # (B, T, N, H)
+    >>> core(None, q, q, q).shape  # x, q, k, v -> (B, T, N, H)
+    (1, 3, 2, 4)
   """
 
   ties_keys: ClassVar[bool] = False

@@ -4,6 +4,13 @@
 builds the ``images`` entries (whole layers on NHWC maps), and
 `jaxnorm.nn.attention.make_attention` the ``tokens`` cores inside a
 `MultiHeadAttention`.
+
+Examples:
+  >>> spec = ATTENTIONS["soft"]
+  >>> spec.core.__name__, spec.causal, spec.takes_mask, spec.needs_grid
+  ('SoftAttention', False, False, True)
+  >>> "ela" in IMAGE_ATTENTIONS, "ela" in TOKEN_ATTENTIONS
+  (True, False)
 """
 
 from __future__ import annotations
@@ -204,6 +211,17 @@ def make_image_attention(
     ValueError: for a name that is not an ``images`` attention (the message
       lists them), or what the layer refuses (channels its groups do not
       divide, an unknown variant).
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> ela = make_image_attention("ela", 16, rngs=nnx.Rngs(0))  # ELA-B
+    >>> ela(jnp.ones((2, 4, 4, 16), jnp.float32)).shape  # (B, H, W, C)
+    (2, 4, 4, 16)
+    >>> psa = make_image_attention(
+    ...     "psa", 8, variant="sequential", rngs=nnx.Rngs(0)
+    ... )
+    >>> type(psa).__name__, psa.channel_down.shape  # C' = 4, C_b = 1
+    ('PolarizedSelfAttention', (4, 1))
   """
   spec = ATTENTIONS.get(name)
   if spec is None or "images" not in spec.layouts:

@@ -2,6 +2,12 @@
 
 `AffineScaledAttention` holds ``alpha_kernel (D, N)`` and the running
 estimate `AffineScaleEMA` ``alpha_ma``; it decodes from a cache in eval mode.
+
+Examples:
+  >>> from jaxnorm.nn.attention import make_attention
+  >>> mha = make_attention("affine_scaled", 8, 2, rngs=nnx.Rngs(0))
+  >>> mha.core.alpha_kernel.shape, mha.core.alpha_ma.shape
+  ((8, 2), (2,))
 """
 
 from __future__ import annotations
@@ -19,7 +25,17 @@ from jaxnorm.nn.attention import _base
 
 
 class AffineScaleEMA(nnx.BatchStat):
-  """The running estimate ``alpha_ma`` of Affine-Scaled Attention."""
+  """The running estimate ``alpha_ma`` of Affine-Scaled Attention.
+
+  Examples:
+    >>> from jaxnorm.nn.attention import HeadDims
+    >>> core = AffineScaledAttention(HeadDims(8, 2, 2, 4),
+    ...                              ema_axes="per_layer", rngs=nnx.Rngs(0))
+    >>> list(nnx.to_pure_dict(nnx.state(core, AffineScaleEMA)))  # the state
+    ['alpha_ma']
+    >>> core.alpha_ma.shape  # one estimate for the layer
+    ()
+  """
 
 
 class AffineScaledAttention(_base.AttentionCore):
@@ -34,6 +50,16 @@ class AffineScaledAttention(_base.AttentionCore):
 
   Causal form: ``is_causal=True`` with the pure function's causal handling
   of the running estimate (see its docstring).
+
+  Examples:
+    >>> from jaxnorm.nn.attention import HeadDims
+    >>> core = AffineScaledAttention(HeadDims(8, 2, 2, 4), rngs=nnx.Rngs(0))
+    >>> core.alpha_kernel.shape, core.alpha_ma[...].tolist()  # (D, N), (N,)
+    ((8, 2), [0.0, 0.0])
+    >>> q = jnp.ones((1, 3, 2, 4), jnp.float32)
+    >>> y = core(jnp.ones((1, 3, 8), jnp.float32), q, q, q)  # training mode
+    >>> y.shape, bool((core.alpha_ma[...] != 0).all())  # alpha_ma updated
+    ((1, 3, 2, 4), True)
 
   References:
     Bae et al., *Affine-Scaled Attention: Towards Flexible and Stable

@@ -2,6 +2,11 @@
 
 It holds the conv / norm weights and calls the pure function. Parameters
 carry the logical axis name ``channels``.
+
+Examples:
+  >>> from jaxnorm.attention import ela_config
+  >>> ela_config("B", 16)  # (kernel_size, conv_groups, norm_groups)
+  (7, 16, 16)
 """
 
 from __future__ import annotations
@@ -22,6 +27,15 @@ class ELA(nnx.Module):
   ``variant`` picks the T/B/S/L preset (`attention.ela_config`); the conv kernel
   ``(k, C/G, C)`` uses torch's default init (uniform in
   ``±1/sqrt(fan_in)``), the GroupNorm scale 1 and bias 0.
+
+  Examples:
+    >>> ela = ELA(16, variant="B", rngs=nnx.Rngs(0))  # kernel 7, depthwise
+    >>> ela.conv_kernel.shape, ela.norm_groups  # (k, C/G, C)
+    ((7, 1, 16), 16)
+    >>> x = jnp.ones((2, 4, 4, 16), jnp.float32)  # (B, H, W, C)
+    >>> y = ela(x)  # x times sigmoid gates on H and W
+    >>> y.shape, bool(((0 < y) & (y < x)).all())
+    ((2, 4, 4, 16), True)
   """
 
   def __init__(

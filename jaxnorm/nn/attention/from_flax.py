@@ -1,4 +1,11 @@
-"""Loading a flax ``nnx.MultiHeadAttention`` into `MultiHeadAttention`."""
+"""Loading a flax ``nnx.MultiHeadAttention`` into `MultiHeadAttention`.
+
+Examples:
+  >>> flax_mha = nnx.MultiHeadAttention(2, 8, normalize_qk=True,
+  ...                                   decode=False, rngs=nnx.Rngs(0))
+  >>> type(from_flax_attention(flax_mha).q_norm).__name__
+  'LayerNorm'
+"""
 
 from __future__ import annotations
 
@@ -65,6 +72,14 @@ def from_flax_attention(
     ValueError: if ``flax_mha`` is not an ``nnx.MultiHeadAttention`` or its
       ``out_features`` differ from ``in_features`` (jaxnorm's output width
       is its input width).
+
+  Examples:
+    >>> import jax
+    >>> flax_mha = nnx.MultiHeadAttention(2, 8, decode=False, rngs=nnx.Rngs(0))
+    >>> mha = from_flax_attention(flax_mha, is_causal=False)
+    >>> x = jax.random.normal(jax.random.key(0), (1, 3, 8), jnp.float32)
+    >>> bool(jnp.allclose(mha(x), flax_mha(x), atol=1e-5))
+    True
   """
   who = "from_flax_attention"
   if not isinstance(flax_mha, nnx.MultiHeadAttention):

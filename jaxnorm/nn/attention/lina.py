@@ -2,6 +2,12 @@
 
 `LinaAttention` holds, with ``max_len``, the static KV gates ``key_gate``
 and ``value_gate (max_len, K)``.
+
+Examples:
+  >>> from jaxnorm.nn.attention import make_attention
+  >>> mha = make_attention("lina", 8, 2, max_len=16, rngs=nnx.Rngs(0))
+  >>> mha.core.key_gate.shape
+  (16, 2)
 """
 
 from __future__ import annotations
@@ -26,6 +32,15 @@ class LinaAttention(_base.AttentionCore):
   1, indexed by key position; the keys (``inputs_k`` in cross-attention)
   may then be at most ``max_len`` long. No causal form, no
   mask.
+
+  Examples:
+    >>> from jaxnorm.nn.attention import HeadDims
+    >>> core = LinaAttention(HeadDims(8, 2, 2, 4), max_len=4, rngs=nnx.Rngs(0))
+    >>> core.key_gate.shape, core.value_gate[...].tolist()[0]  # init 1
+    ((4, 2), [1.0, 1.0])
+    >>> q = jnp.ones((1, 3, 2, 4), jnp.float32)  # up to max_len keys
+    >>> core(None, q, q, q).shape
+    (1, 3, 2, 4)
 
   References:
     Wang et al., *LINA: Linear Autoregressive Image Generative Models with

@@ -1,6 +1,11 @@
 """`MultiHeadAttention`, which runs any registered core.
 
 The registry itself (`ATTENTIONS`) is `jaxnorm.nn.attention._registry`.
+
+Examples:
+  >>> mha = MultiHeadAttention(8, 2, attention="off_by_one", rngs=nnx.Rngs(0))
+  >>> mha(jnp.ones((2, 3, 8), jnp.float32)).shape
+  (2, 3, 8)
 """
 
 from __future__ import annotations
@@ -71,6 +76,24 @@ class MultiHeadAttention(nnx.Module):
   Affine-Scaled Attention) and follows ``model.eval()`` / ``nnx.view``.
   Weights of a flax ``nnx.MultiHeadAttention`` load with
   `from_flax_attention`.
+
+  Examples:
+    Grouped-query causal attention with RoPE and a QK-norm:
+
+    >>> mha = MultiHeadAttention(8, 2, num_kv_heads=1, is_causal=True,
+    ...                          use_rope=True, qk_norm="rmsnorm",
+    ...                          rngs=nnx.Rngs(0))
+    >>> mha.q_kernel.shape, mha.k_kernel.shape, mha.out_kernel.shape
+    ((8, 2, 4), (8, 1, 4), (2, 4, 8))
+
+    Decoding one token at a time from the cache gives the full causal call:
+
+    >>> x = jax.random.normal(jax.random.key(0), (1, 4, 8), jnp.float32)
+    >>> full = mha(x)
+    >>> mha.init_cache((1, 4, 8))  # (batch, max_length, features)
+    >>> steps = [mha(x[:, t : t + 1], decode=True) for t in range(4)]
+    >>> bool(jnp.allclose(jnp.concatenate(steps, axis=1), full, atol=1e-5))
+    True
 
   References:
     Xiao et al., *Efficient Streaming Language Models with Attention
@@ -499,6 +522,13 @@ def make_attention(
     ValueError: for an unknown name (the message lists every valid name), an
       ``images`` name (the message points to `make_image_attention`) or an
       option the core does not take.
+
+  Examples:
+    >>> mha = make_attention("gated", 8, 2, headwise=True, rngs=nnx.Rngs(0))
+    >>> type(mha.core).__name__, mha.core.gate_kernel.shape  # (D, N, 1)
+    ('GatedAttention', (8, 2, 1))
+    >>> mha(jnp.ones((2, 3, 8), jnp.float32)).shape
+    (2, 3, 8)
   """
   check_name("make_attention", name)
   core_kwargs = dict(kwargs.pop("attention_kwargs", None) or {})

@@ -5,6 +5,10 @@
 builds it with ``grid_shape=(h, w)`` and ``num_prefix`` (its [CLS]) for the
 paper's layer; without ``grid_shape`` it runs a documented token form for
 1-D sequences.
+
+Examples:
+  >>> NaLaAttention.needs_grid, NaLaAttention.ties_keys
+  (True, False)
 """
 
 from __future__ import annotations
@@ -44,6 +48,16 @@ class NaLaAttention(_base.AttentionCore):
   Token form (no ``grid_shape``; for 1-D sequences): the attention kernel
   `attention.nala_attention` alone, without the LePE conv, LayerNorm, gate
   and RoPE of the paper's layer. No parameters.
+
+  Examples:
+    >>> from jaxnorm.nn.attention import HeadDims
+    >>> core = NaLaAttention(HeadDims(8, 2, 2, 4), grid_shape=(2, 2),
+    ...                      rngs=nnx.Rngs(0))  # map form
+    >>> core.gate_kernel.shape, core.lepe_kernel.shape  # (D, N, H), (k, k, NH)
+    ((8, 2, 4), (5, 5, 8))
+    >>> q = jnp.ones((1, 4, 2, 4), jnp.float32)  # the 2 x 2 map's tokens
+    >>> core(jnp.ones((1, 4, 8), jnp.float32), q, q, q).shape
+    (1, 4, 2, 4)
 
   References:
     Meng et al., *NaLaFormer: Norm-Aware Linear Attention for Transformer

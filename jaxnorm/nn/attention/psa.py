@@ -2,6 +2,10 @@
 
 It holds the 1x1 conv / norm weights of one PSA form and calls its pure
 function on NHWC maps. Parameters carry the logical axis name ``channels``.
+
+Examples:
+  >>> PSA_VARIANTS
+  ('parallel', 'sequential', 'paper_parallel', 'paper_sequential')
 """
 
 from __future__ import annotations
@@ -62,6 +66,13 @@ class PolarizedSelfAttention(nnx.Module):
   default, weights and biases ``U(+-1/sqrt(fan_in))`` with ``fan_in`` their
   input channels; LayerNorms start at scale 1, bias 0. The paper form's
   ``channel_up`` uses the same torch default (it has no official code).
+
+  Examples:
+    >>> psa = PolarizedSelfAttention(8, rngs=nnx.Rngs(0))  # PSA_p, C' = 4
+    >>> psa.channel_query.shape, psa.channel_value.shape, psa.channel_up.shape
+    ((8, 1), (8, 4), (4, 8))
+    >>> psa(jnp.ones((2, 4, 4, 8), jnp.float32)).shape  # (B, H, W, C)
+    (2, 4, 4, 8)
   """
 
   def __init__(

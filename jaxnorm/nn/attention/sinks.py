@@ -2,6 +2,12 @@
 
 All three have a causal form and a decode cache (``supports_cache``); their
 parameters are in the table of `jaxnorm.nn.attention`.
+
+Examples:
+  >>> from jaxnorm.nn.attention import make_attention
+  >>> mha = make_attention("sink", 8, 2, is_causal=True, rngs=nnx.Rngs(0))
+  >>> type(mha.core).__name__, mha.core.sinks.shape
+  ('SinkAttention', (2,))
 """
 
 from __future__ import annotations
@@ -23,6 +29,17 @@ class OffByOneAttention(_base.FunctionCore):
   Causal form: the lower-triangular mask; the sink is a key every query
   sees.
 
+  Examples:
+    >>> from jaxnorm.nn.attention import HeadDims
+    >>> core = OffByOneAttention(HeadDims(8, 2, 2, 4), is_causal=True,
+    ...                          rngs=nnx.Rngs(0))
+    >>> v = jnp.arange(24, dtype=jnp.float32).reshape(1, 3, 2, 4)
+    >>> [round(t, 4) for t in core(None, 0 * v, 0 * v, v)[0, :, 0, 0].tolist()]
+    [0.0, 2.6667, 6.0]
+
+    (zero queries and keys: the zero-logit sink joins the visible keys,
+    ``0 / 2``, ``(0 + 8) / 3``, ``(0 + 8 + 16) / 4``.)
+
   References:
     E. Miller, *Attention Is Off By One* (2023, blog).
   """
@@ -36,6 +53,17 @@ class SinkAttention(_base.AttentionCore):
 
   Parameters: ``sinks (N,)``, init 0 (off-by-one at init). Causal form: the
   lower-triangular mask.
+
+  Examples:
+    >>> from jaxnorm.nn.attention import HeadDims
+    >>> core = SinkAttention(HeadDims(8, 2, 2, 4), rngs=nnx.Rngs(0))
+    >>> core.sinks.shape, core.sinks[...].tolist()  # (N,), init 0
+    ((2,), [0.0, 0.0])
+    >>> v = jnp.arange(24, dtype=jnp.float32).reshape(1, 3, 2, 4)
+    >>> [round(t, 4) for t in core(None, 0 * v, 0 * v, v)[0, :, 0, 0].tolist()]
+    [6.0, 6.0, 6.0]
+
+    (three equal keys and the sink: ``(0 + 8 + 16) / 4``.)
 
   References:
     OpenAI, *gpt-oss-120b & gpt-oss-20b Model Card*, arXiv:2508.10925
@@ -80,6 +108,17 @@ class GatedAttention(_base.AttentionCore):
   Parameters: ``gate_kernel (D, N, H)``, or ``(D, N, 1)`` with
   ``headwise=True``, LeCun-normal init; `attention.gated_attention_output`.
   Causal form: the lower-triangular mask (the gate is per position).
+
+  Examples:
+    >>> from jaxnorm.nn.attention import HeadDims
+    >>> core = GatedAttention(HeadDims(8, 2, 2, 4), headwise=True,
+    ...                       rngs=nnx.Rngs(0))
+    >>> core.gate_kernel.shape  # (D, N, 1)
+    (8, 2, 1)
+    >>> v = jnp.arange(24, dtype=jnp.float32).reshape(1, 3, 2, 4)
+    >>> x = jnp.zeros((1, 3, 8), jnp.float32)  # gates sigmoid(0) = 0.5
+    >>> [round(t, 4) for t in core(x, 0 * v, 0 * v, v)[0, :, 0, 0].tolist()]
+    [4.0, 4.0, 4.0]
 
   References:
     Qiu et al., *Gated Attention for Large Language Models*,

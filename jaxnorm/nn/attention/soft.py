@@ -6,6 +6,10 @@ attribute ``needs_grid`` (read into its spec,
 builds it with ``grid_shape=(h, w)`` and ``num_prefix`` (its [CLS]) for the
 paper's layer; without ``grid_shape`` it runs a documented token form for
 1-D sequences.
+
+Examples:
+  >>> SoftAttention.ties_keys, SoftAttention.needs_grid
+  (True, True)
 """
 
 from __future__ import annotations
@@ -53,6 +57,16 @@ class SoftAttention(_base.AttentionCore):
   landmarks `attention.soft_landmarks`, means of ``ratio`` consecutive
   scaled queries (the length must be a multiple of ``ratio``), and no
   local branch. No parameters.
+
+  Examples:
+    >>> from jaxnorm.nn.attention import HeadDims
+    >>> core = SoftAttention(HeadDims(8, 2, 2, 4), grid_shape=(2, 2),
+    ...                      rngs=nnx.Rngs(0))  # map form, ratio 2
+    >>> core.landmark_kernel.shape, core.local_kernel.shape
+    ((2, 2, 4, 4), (3, 3, 2))
+    >>> q = jnp.ones((1, 4, 2, 4), jnp.float32)  # the 2 x 2 map's tokens
+    >>> core(None, q, None, q).shape  # x unused, k None (tied to q)
+    (1, 4, 2, 4)
 
   References:
     Lu et al., *SOFT: Softmax-free Transformer with Linear Complexity*,

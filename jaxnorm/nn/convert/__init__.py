@@ -22,6 +22,10 @@ Files, one per paper plus the shared tree:
 
 This package re-exports every public name.
 
+Examples:
+  >>> SUPPORTED_ATTENTIONS  # the cores whose only stream readers are q, k, v
+  ('softmax', 'off_by_one', 'sink')
+
 References:
   Jiang, Gu, Zhu & Pan, *Pre-RMSNorm and Pre-CRMSNorm Transformers:
   Equivalent and Efficient Pre-LN Transformers*, NeurIPS 2023,

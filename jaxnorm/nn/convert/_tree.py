@@ -11,6 +11,10 @@ kept.
 Conventions: dense kernels are ``(in, out)``; attention ``q/k/v_kernel`` are
 ``(D, N, H)`` and ``out_kernel`` ``(N, H, D)``; the stream axis ``D`` is the
 input axis of readers and the output axis of writers.
+
+Examples:
+  >>> LN_DEFAULTS  # the LayerNorm options a conversion reads, by default
+  {'eps': 1e-06, 'use_scale': True, 'use_bias': True, 'scale_offset': 0.0}
 """
 
 from __future__ import annotations
@@ -51,7 +55,16 @@ RMS_DEFAULTS = {
 
 
 def lm_params(model: models.DecoderLM) -> Params:
-  """The pure parameter (and state) tree of a `DecoderLM`."""
+  """The pure parameter (and state) tree of a `DecoderLM`.
+
+  Examples:
+    >>> model = models.DecoderLM(models.LMConfig(
+    ...     vocab_size=16, width=8, depth=1, num_heads=2, norm="layernorm",
+    ...     tie_embeddings=False), rngs=nnx.Rngs(0))
+    >>> params = lm_params(model)
+    >>> sorted(params), params["embed"].shape
+    (['embed', 'final_norm', 'head', 'net', 'pos'], (16, 8))
+  """
   return nnx.to_pure_dict(nnx.state(model))
 
 
@@ -65,6 +78,17 @@ def load_lm(
 
   Raises:
     ValueError: if the tree's paths or shapes differ from the model's.
+
+  Examples:
+    >>> model = models.DecoderLM(models.LMConfig(
+    ...     vocab_size=16, width=8, depth=1, num_heads=2, norm="layernorm",
+    ...     tie_embeddings=False), rngs=nnx.Rngs(0))
+    >>> import jax
+    >>> params = jax.tree.map(np.asarray, lm_params(model))  # NumPy leaves
+    >>> copy = load_lm(model.config, params)
+    >>> tokens = jnp.array([[1, 2, 3]], jnp.int32)
+    >>> bool((copy(tokens) == model(tokens)).all())
+    True
   """
   model = models.DecoderLM(config, dtype=dtype, rngs=nnx.Rngs(0))
   ref = lm_params(model)
@@ -299,6 +323,13 @@ def untie_embeddings(
   Returns:
     ``(params, config)`` with ``tie_embeddings=False``; unchanged copies if
     the model is already untied.
+
+  Examples:
+    >>> model = models.DecoderLM(models.LMConfig(
+    ...     vocab_size=16, width=8, depth=1, num_heads=2), rngs=nnx.Rngs(0))
+    >>> params, config = untie_embeddings(lm_params(model), model.config)
+    >>> config.tie_embeddings, params["head"]["kernel"].shape  # embed.T
+    (False, (8, 16))
   """
   if not config.tie_embeddings:
     return dict(params), config

@@ -26,6 +26,12 @@ Conventions left open by the paper and chosen here:
   zeros): folding ``bias W`` needs a bias on every reader.
 * The conversions use the source model's ``eps`` unchanged.
 
+Examples:
+  >>> from jaxnorm.nn.models import LMConfig
+  >>> to_pre_crmsnorm({}, LMConfig(norm="layernorm"))  # tied by default
+  Traceback (most recent call last):
+  ValueError: to_pre_crmsnorm: the model ties its head to the embedding; ...
+
 References:
   Jiang, Gu, Zhu & Pan, *Pre-RMSNorm and Pre-CRMSNorm Transformers:
   Equivalent and Efficient Pre-LN Transformers*, NeurIPS 2023,
@@ -60,6 +66,26 @@ def fold_layer_norm_affine(
   Raises:
     ValueError: for a non-LayerNorm, non-pre-norm or tied model, an
       unsupported attention variant or unknown ``norm_kwargs``.
+
+  Examples:
+    A Pre-LN model with untied embeddings:
+
+    >>> from flax import nnx
+    >>> from jaxnorm.nn.convert import lm_params, load_lm
+    >>> from jaxnorm.nn.models import DecoderLM, LMConfig
+    >>> model = DecoderLM(LMConfig(vocab_size=16, width=8, depth=1,
+    ...                            num_heads=2, norm="layernorm",
+    ...                            tie_embeddings=False), rngs=nnx.Rngs(0))
+
+    Folded, its LayerNorms are affine-free and its logits unchanged:
+
+    >>> params, config = fold_layer_norm_affine(lm_params(model), model.config)
+    >>> dict(config.norm_kwargs), config.use_bias
+    ({'eps': 1e-06, 'use_scale': False, 'use_bias': False}, True)
+    >>> tokens = np.array([[1, 2, 3]], np.int32)
+    >>> y = load_lm(config, params)(tokens)
+    >>> bool(np.allclose(y, model(tokens), atol=1e-5))
+    True
   """
   who = "fold_layer_norm_affine"
   _tree.check_lm(who, config, ("layernorm",))
@@ -96,6 +122,26 @@ def center_writers(
 
   Raises:
     ValueError: for an unsupported config (see `fold_layer_norm_affine`).
+
+  Examples:
+    A Pre-LN model with untied embeddings:
+
+    >>> from flax import nnx
+    >>> from jaxnorm.nn.convert import lm_params, load_lm
+    >>> from jaxnorm.nn.models import DecoderLM, LMConfig
+    >>> model = DecoderLM(LMConfig(vocab_size=16, width=8, depth=1,
+    ...                            num_heads=2, norm="layernorm",
+    ...                            tie_embeddings=False), rngs=nnx.Rngs(0))
+
+    Its writers, centered, write a zero-mean stream; the logits stay:
+
+    >>> params, config = center_writers(lm_params(model), model.config)
+    >>> bool(np.allclose(np.mean(params["embed"], axis=-1), 0.0, atol=1e-6))
+    True
+    >>> tokens = np.array([[1, 2, 3]], np.int32)
+    >>> y = load_lm(config, params)(tokens)
+    >>> bool(np.allclose(y, model(tokens), atol=1e-5))
+    True
   """
   who = "center_writers"
   _tree.check_lm(who, config, ("layernorm", "rmsnorm"))
@@ -147,6 +193,26 @@ def to_pre_rmsnorm(
     ValueError: for a post-norm (or other non-pre-norm) model, a norm other
       than LayerNorm, an unsupported attention, tied embeddings (inference
       form) or LayerNorm biases (training form).
+
+  Examples:
+    A Pre-LN model with untied embeddings:
+
+    >>> from flax import nnx
+    >>> from jaxnorm.nn.convert import lm_params, load_lm
+    >>> from jaxnorm.nn.models import DecoderLM, LMConfig
+    >>> model = DecoderLM(LMConfig(vocab_size=16, width=8, depth=1,
+    ...                            num_heads=2, norm="layernorm",
+    ...                            tie_embeddings=False), rngs=nnx.Rngs(0))
+
+    The equivalent Pre-RMSNorm model computes the same logits:
+
+    >>> params, config = to_pre_rmsnorm(lm_params(model), model.config)
+    >>> config.norm, dict(config.norm_kwargs)
+    ('rmsnorm', {'eps': 1e-06, 'use_scale': False})
+    >>> tokens = np.array([[1, 2, 3]], np.int32)
+    >>> y = load_lm(config, params)(tokens)
+    >>> bool(np.allclose(y, model(tokens), atol=1e-5))
+    True
   """
   who = "to_pre_rmsnorm"
   _tree.check_lm(who, config, ("layernorm",))
@@ -267,6 +333,26 @@ def to_pre_crmsnorm(
     ValueError: for unsupported configs (see `to_pre_rmsnorm`), tied
       embeddings, a model that is already CRMSNorm, or a Pre-RMSNorm model
       whose stream is not zero-mean.
+
+  Examples:
+    A Pre-LN model with untied embeddings:
+
+    >>> from flax import nnx
+    >>> from jaxnorm.nn.convert import lm_params, load_lm
+    >>> from jaxnorm.nn.models import DecoderLM, LMConfig
+    >>> model = DecoderLM(LMConfig(vocab_size=16, width=8, depth=1,
+    ...                            num_heads=2, norm="layernorm",
+    ...                            tie_embeddings=False), rngs=nnx.Rngs(0))
+
+    The Pre-CRMSNorm model has a ``d - 1`` stream and the same logits:
+
+    >>> params, config = to_pre_crmsnorm(lm_params(model), model.config)
+    >>> config.norm, config.width, params["embed"].shape
+    ('crmsnorm', 7, (16, 7))
+    >>> tokens = np.array([[1, 2, 3]], np.int32)
+    >>> y = load_lm(config, params)(tokens)
+    >>> bool(np.allclose(y, model(tokens), atol=1e-5))
+    True
   """
   who = "to_pre_crmsnorm"
   _tree.check_lm(who, config, ("layernorm", "rmsnorm"))

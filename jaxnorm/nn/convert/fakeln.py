@@ -7,6 +7,10 @@ every norm divides by a frozen constant, so `remove_fake_ln` folds
 ``1/std``, the centering and the affine into the readers and returns a
 model with ``norm="none"``.
 
+Examples:
+  >>> fakeln.FakeLNState._fields  # the state every norm's params must hold
+  ('std', 'bos_std', 'count', 'step', 'remove_at', 'bos_off_at')
+
 References:
   Baroni, Khara, Schaeffer, Subkhankulov & Heimersheim, *Transformers Don't
   Need LayerNorm at Inference Time: Scaling LayerNorm Removal to GPT-2 XL
@@ -48,6 +52,34 @@ def remove_fake_ln(
   Raises:
     ValueError: for an unsupported config, a tree without FakeLN state, or
       a norm that is still real or still uses its position-0 std.
+
+  Examples:
+    A Pre-LN model with FakeLN installed:
+
+    >>> from flax import nnx
+    >>> from jaxnorm.nn.fakeln import install_fake_ln
+    >>> from jaxnorm.nn.models import DecoderLM, LMConfig
+    >>> model = DecoderLM(LMConfig(vocab_size=16, width=8, depth=1,
+    ...                            num_heads=2, norm="layernorm",
+    ...                            tie_embeddings=False), rngs=nnx.Rngs(0))
+    >>> schedule = install_fake_ln(model, start=0)
+
+    Training calls (here without updates, as a stand-in for fine-tuning)
+    run the schedule; then the norms fold away:
+
+    >>> import jax.numpy as jnp
+    >>> tokens = jnp.array([[1, 2, 3]], jnp.int32)
+    >>> for _ in range(max(schedule.values()) + 1):
+    ...     _ = model(tokens)
+    >>> from jaxnorm.nn.convert import lm_params, load_lm
+    >>> params, config = remove_fake_ln(lm_params(model), model.config)
+
+    The exported model has no norm and the logits of the fake one:
+
+    >>> model.eval()
+    >>> y = load_lm(config, params)(tokens)
+    >>> config.norm, bool(jnp.allclose(y, model(tokens), atol=1e-5))
+    ('none', True)
   """
   who = "remove_fake_ln"
   _tree.check_lm(who, config, ("layernorm",))

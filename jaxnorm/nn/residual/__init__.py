@@ -93,6 +93,14 @@ completep          1.00    branches weighted 1/24 (base depth 1)
 =================  ======  ================================================
 
 The slow test recomputes every entry and checks it within 10%.
+
+Examples:
+  >>> import jax.numpy as jnp
+  >>> from flax import nnx
+  >>> net = make_residual("mhc", [jnp.tanh] * 4, num_features=8,
+  ...                     rngs=nnx.Rngs(0))
+  >>> net(jnp.ones((2, 8), jnp.float32)).shape  # 4 streams, read out by mean
+  (2, 8)
 """
 
 from jaxnorm.nn.residual._common import (

@@ -3,6 +3,11 @@
 Also the placement of a step in its stack (`Placement`) and the loops that
 make a stack's or a layer's steps with a scheme's step builder (the ``step``
 of its `jaxnorm.nn.registry.ResidualSpec`).
+
+Examples:
+  >>> p = Placement(layer=1, sublayer=3, num_sublayers=5, sublayers_per_layer=2)
+  >>> p.num_layers  # the last layer is partial
+  3
 """
 
 from __future__ import annotations
@@ -55,6 +60,14 @@ class LayerIndex(nnx.Variable):
   A step module built with a traced index (under ``nnx.vmap``, to stack the
   layers of an ``nnx.scan``) keeps it here, so each scanned layer reads its
   own index; a Python integer index stays a static attribute.
+
+  Examples:
+    >>> from jaxnorm.nn.residual import PreNormResidual
+    >>> step = PreNormResidual(4, layer_index=jnp.asarray(2), rngs=nnx.Rngs(0))
+    >>> type(step.layer_index).__name__, int(step.layer_index[...])
+    ('LayerIndex', 2)
+    >>> PreNormResidual(4, layer_index=2, rngs=nnx.Rngs(0)).layer_index
+    2
   """
 
 

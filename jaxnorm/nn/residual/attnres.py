@@ -2,6 +2,11 @@
 
 With the stack builders of the Full and Block AttnRes specs (AttnRes has no
 per-sublayer step: one module attends over depth).
+
+Examples:
+  >>> net = AttnResStack([jnp.tanh] * 2, num_features=4, rngs=nnx.Rngs(0))
+  >>> net(jnp.ones((3, 4), jnp.float32)).shape
+  (3, 4)
 """
 
 from __future__ import annotations
@@ -32,6 +37,14 @@ class AttnResQuery(nnx.Module):
 
   One per sublayer (and one for the readout); ``self(sources)`` is
   `jaxnorm.residual.attn_res`.
+
+  Examples:
+    >>> query = AttnResQuery(4)
+    >>> query.query[...].tolist(), query.key_scale.shape  # zero query
+    ([0.0, 0.0, 0.0, 0.0], (4,))
+    >>> x = jnp.ones((3, 4), jnp.float32)
+    >>> query(jnp.stack([0 * x, x]))[0].tolist()  # (m, ..., d): uniform mean
+    [0.5, 0.5, 0.5, 0.5]
   """
 
   def __init__(
@@ -77,6 +90,15 @@ class AttnResStack(nnx.Module):
 
   Unverified: the paper states the ``attnres`` readout for Block AttnRes
   only; Full AttnRes uses the same by default.
+
+  Examples:
+    >>> net = AttnResStack([jnp.tanh] * 4, num_features=4, block_size=2,
+    ...                    rngs=nnx.Rngs(0))  # Block AttnRes, 2 blocks
+    >>> len(net.queries), net.readout_query is not None
+    (4, True)
+    >>> y, h = net(jnp.ones((3, 4), jnp.float32), return_hidden=True)
+    >>> y.shape, h.shape  # h: every sublayer's input h_l
+    ((3, 4), (4, 3, 4))
   """
 
   def __init__(

@@ -3,6 +3,11 @@
 The DeepNorm and KEEL steps, DeepNorm's branch initialization gain, and the
 builders their specs carry (depth-muP and CompleteP build the scaled
 residual step of `jaxnorm.nn.residual.wiring` with a depth rule).
+
+Examples:
+  >>> from jaxnorm.residual import deepnorm_alpha, deepnorm_beta
+  >>> round(deepnorm_alpha(6), 4), round(deepnorm_beta(6), 4)  # 6 layers
+  (1.8612, 0.3799)
 """
 
 from __future__ import annotations
@@ -42,6 +47,17 @@ class ScaledPostNormResidual(nnx.Module):
   See `jaxnorm.residual.scaled_post_norm`. DeepNorm: ``pre_norm=False``,
   ``alpha = jaxnorm.residual.deepnorm_alpha(L)``; KEEL: ``pre_norm=True``,
   ``alpha = jaxnorm.residual.keel_alpha(L)`` (1 in the first layer's MLP).
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from jaxnorm.residual import deepnorm_alpha
+    >>> step = ScaledPostNormResidual(2, alpha=deepnorm_alpha(6),
+    ...                               rngs=nnx.Rngs(0))
+    >>> round(step.alpha, 4)  # (2 L)^(1/4), L = 6
+    1.8612
+    >>> x = jnp.array([[1.0, 3.0]], jnp.float32)
+    >>> [round(v, 4) for v in step(x, lambda h: h)[0].tolist()]  # LayerNorm
+    [-1.0, 1.0]
   """
 
   def __init__(
@@ -89,6 +105,13 @@ def keel_step(
   (attention) is the pre-norm step ``x + f(norm(x))``, the others are
   ``norm_out(x + f(norm_in(x)))`` (alpha 1); every later sublayer is
   ``norm_out(2L x + f(norm_in(x)))``.
+
+  Examples:
+    >>> kw = dict(sublayers_per_layer=2, num_layers=3, rngs=nnx.Rngs(0))
+    >>> [type(keel_step(4, sublayer=k, **kw)).__name__ for k in (0, 1)]
+    ['PreNormResidual', 'ScaledPostNormResidual']
+    >>> [keel_step(4, sublayer=k, **kw).alpha for k in (1, 2)]  # 1, then 2 L
+    [1.0, 6.0]
   """
   if sublayer == 0:
     return PreNormResidual(
@@ -123,6 +146,16 @@ def scale_branch_init(blocks: Sequence[Sublayer], gain: float) -> None:
   Args:
     blocks: the sublayers.
     gain: the factor, e.g. `jaxnorm.residual.deepnorm_beta`.
+
+  Examples:
+    >>> from jaxnorm.nn.attention import MultiHeadAttention
+    >>> mha = MultiHeadAttention(4, 2, rngs=nnx.Rngs(0))
+    >>> q, v = mha.q_kernel[...], mha.v_kernel[...]
+    >>> scale_branch_init([mha, jax.nn.gelu], 0.5)  # functions: nothing
+    >>> bool((mha.q_kernel[...] == q).all())  # QUERY_KEY: left alone
+    True
+    >>> bool((mha.v_kernel[...] == 0.5 * v).all())
+    True
   """
   for block in blocks:
     if not isinstance(block, nnx.Module):

@@ -2,6 +2,11 @@
 
 `StreamStack` runs the steps of every multi-stream scheme (HC here; mHC,
 oHC and iHC in `jaxnorm.nn.residual.manifold`).
+
+Examples:
+  >>> from jaxnorm.residual import expand_streams
+  >>> expand_streams(jnp.ones((2, 8), jnp.float32), 4).shape  # (..., n, d)
+  (2, 4, 8)
 """
 
 from __future__ import annotations
@@ -44,6 +49,14 @@ class HyperConnection(nnx.Module):
   0, ``alpha_scale`` = ``beta_scale`` = 0.01 and the coefficient norm gain
   ``norm_scale`` ``(d,)`` = 0. The branch keeps its own pre-norm ``norm``.
   Maths in `jaxnorm.residual.hc_maps` and `jaxnorm.residual.hyper_connection`.
+
+  Examples:
+    >>> hc = HyperConnection(4, layer_index=1, num_streams=2, rngs=nnx.Rngs(0))
+    >>> hc.static_alpha[...].tolist()  # [e_{k mod n} | I], k = 1
+    [[0.0, 1.0, 0.0], [1.0, 0.0, 1.0]]
+    >>> h = jnp.ones((3, 2, 4), jnp.float32)  # (..., n, d) stream state
+    >>> hc(h, jnp.tanh).shape
+    (3, 2, 4)
   """
 
   def __init__(
@@ -124,6 +137,13 @@ class StreamStack(nnx.Module):
   stream step per sublayer and reads the streams out (``"sum"``, as in HC,
   or ``"mean"``). See `jaxnorm.residual.expand_streams` and
   `jaxnorm.residual.reduce_streams`.
+
+  Examples:
+    >>> steps = [HyperConnection(4, layer_index=k, num_streams=2,
+    ...                          rngs=nnx.Rngs(k)) for k in range(2)]
+    >>> net = StreamStack([jnp.tanh] * 2, steps, num_features=4, num_streams=2)
+    >>> net(jnp.ones((3, 4), jnp.float32)).shape  # (..., d) in and out
+    (3, 4)
   """
 
   def __init__(

@@ -1,4 +1,11 @@
-"""Manifold-constrained Hyper-Connections: the mHC, oHC and iHC steps."""
+"""Manifold-constrained Hyper-Connections: the mHC, oHC and iHC steps.
+
+Examples:
+  >>> ihc = ManifoldHyperConnection(8, residual_map="identity",
+  ...                               rngs=nnx.Rngs(0))
+  >>> ihc.phi_res is None, ihc.b_res is None  # iHC: no stream mixing to learn
+  (True, True)
+"""
 
 from __future__ import annotations
 
@@ -39,6 +46,16 @@ class ManifoldHyperConnection(nnx.Module):
   (``pre_focus``), as HC's; without it the read is uniform and the streams
   never separate. The branch keeps its own pre-norm
   ``norm``. Maths in `jaxnorm.residual.mhc_maps`.
+
+  Examples:
+    >>> mhc = ManifoldHyperConnection(4, num_streams=2, rngs=nnx.Rngs(0))
+    >>> mhc.phi_res.shape, mhc.b_res.shape  # (n*d, n*n), (n, n)
+    ((8, 4), (2, 2))
+    >>> h_pre, h_post, h_res = mhc.maps(jnp.ones((3, 2, 4), jnp.float32))
+    >>> [[round(v, 4) for v in row] for row in h_res[0].tolist()]
+    [[0.99, 0.01], [0.01, 0.99]]
+
+    (``h_res`` is doubly stochastic, near the identity at init.)
   """
 
   def __init__(

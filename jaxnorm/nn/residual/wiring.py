@@ -4,6 +4,11 @@ The steps of pre-norm, post-norm, sandwich, the scaled residual (depth rule)
 and the gated ones (SkipInit, ReZero, LayerScale), the builders that the
 specs of those schemes carry, and the stack of one-stream steps (with the
 fused pre-norm path).
+
+Examples:
+  >>> step = PreNormResidual(4, norm=None, rngs=nnx.Rngs(0))  # x + f(x)
+  >>> step(jnp.ones((1, 4), jnp.float32), lambda h: 2.0 * h).tolist()
+  [[3.0, 3.0, 3.0, 3.0]]
 """
 
 from __future__ import annotations
@@ -44,6 +49,12 @@ class PreNormResidual(nnx.Module):
   integer scalar array when the layers are created under ``nnx.vmap`` for
   ``nnx.scan``) enables LayerNorm Scaling. ``norm=None`` is the norm-free
   step ``x + f(x)``.
+
+  Examples:
+    >>> step = PreNormResidual(4, norm="rmsnorm", rngs=nnx.Rngs(0))
+    >>> x = jnp.full((2, 4), 3.0, jnp.float32)  # RMS 3: norm(x) is 1
+    >>> [round(v, 4) for v in step(x, lambda h: 2.0 * h)[0].tolist()]
+    [5.0, 5.0, 5.0, 5.0]
   """
 
   def __init__(
@@ -73,7 +84,14 @@ class PreNormResidual(nnx.Module):
 
 
 class PostNormResidual(nnx.Module):
-  """Post-norm step ``norm(x + f(x))``; see `jaxnorm.residual.post_norm`."""
+  """Post-norm step ``norm(x + f(x))``; see `jaxnorm.residual.post_norm`.
+
+  Examples:
+    >>> step = PostNormResidual(2, rngs=nnx.Rngs(0))  # LayerNorm
+    >>> x = jnp.array([[1.0, 3.0]], jnp.float32)
+    >>> [round(v, 4) for v in step(x, lambda h: h)[0].tolist()]  # norm(2 x)
+    [-1.0, 1.0]
+  """
 
   def __init__(
     self,
@@ -100,6 +118,14 @@ class SandwichNormResidual(nnx.Module):
   See `jaxnorm.residual.sandwich_norm`; both norms are built by name.
   ``layer_index`` applies LayerNorm Scaling to ``norm_in`` as in
   `PreNormResidual`.
+
+  Examples:
+    >>> step = SandwichNormResidual(4, rngs=nnx.Rngs(0))  # two RMSNorms
+    >>> sorted(nnx.to_pure_dict(nnx.state(step, nnx.Param)))
+    ['norm_in', 'norm_out']
+    >>> x = jnp.full((1, 4), 3.0, jnp.float32)
+    >>> [round(v, 4) for v in step(x, lambda h: 5.0 * h)[0].tolist()]  # 3 + 1
+    [4.0, 4.0, 4.0, 4.0]
   """
 
   def __init__(
@@ -139,6 +165,13 @@ class ScaledResidual(nnx.Module):
   rule of Dherin & Munn), ``"1/sqrt(n)"`` or a float. ``norm=None`` (the
   paper's normalization-free setting) drops the norm. No parameters beyond
   the norm's. See `jaxnorm.residual.scaled_residual`.
+
+  Examples:
+    >>> step = ScaledResidual(4, num_residuals=8, norm=None, rngs=nnx.Rngs(0))
+    >>> step.scale  # "1/n"
+    0.125
+    >>> step(jnp.ones((1, 4), jnp.float32), lambda h: 4.0 * h).tolist()
+    [[1.5, 1.5, 1.5, 1.5]]
   """
 
   def __init__(
@@ -175,6 +208,16 @@ class GatedResidual(nnx.Module):
   (shape ``(d,)``), LayerScale with a pre-norm and a small ``init_value``
   (CaiT: 0.1 up to depth 18, 1e-5 at 24, 1e-6 beyond). See
   `jaxnorm.residual.scaled_residual`.
+
+  Examples:
+    >>> step = GatedResidual(4, rngs=nnx.Rngs(0))  # SkipInit: one gate, 0
+    >>> step.gate[...].tolist()
+    [0.0]
+    >>> x = jnp.ones((1, 4), jnp.float32)
+    >>> bool((step(x, jnp.tanh) == x).all())  # the identity at init
+    True
+    >>> GatedResidual(4, shape="vector", rngs=nnx.Rngs(0)).gate.shape
+    (4,)
   """
 
   def __init__(
@@ -281,6 +324,13 @@ class ResidualStack(nnx.Module):
   norm.add_and_norm(f(y_prev), h)`` (one kernel pass when the norm's
   ``implementation`` is ``"pallas"``); the recurrence is
   `jaxnorm.residual.fused_pre_norm`. The result equals the unfused stack.
+
+  Examples:
+    >>> steps = [PreNormResidual(4, rngs=nnx.Rngs(k)) for k in range(2)]
+    >>> net = ResidualStack([jnp.tanh, jnp.tanh], steps, num_features=4)
+    >>> y, hidden = net(jnp.ones((3, 4), jnp.float32), return_hidden=True)
+    >>> y.shape, hidden.shape  # hidden: (num_sublayers, ..., d)
+    ((3, 4), (2, 3, 4))
   """
 
   def __init__(
