@@ -4,6 +4,12 @@ Complex-native by default (complex ``(..., C)`` in and out); with
 ``real_pairs=True`` a norm reads a real ``(..., 2C)`` input as split halves
 ``[Re | Im]`` (`jaxnorm.cplx.to_complex`) and returns real ``(..., 2C)``.
 The maths lives in `jaxnorm.cplx`.
+
+flax's constructor conventions: ``use_scale``/``use_bias`` (False drops the
+parameter), ``scale_init``/``bias_init`` (called with the parameter's shape
+and dtype: ``(3, C)`` real for a whitening scale, ``(C,)`` complex for a
+bias), ``param_dtype`` and ``dtype``, the output dtype (complex, or real
+with ``real_pairs=True``; ``None`` keeps the input's).
 """
 
 from __future__ import annotations
@@ -20,6 +26,8 @@ from jaxnorm import _checks, cplx
 from jaxnorm.nn import _norm_keys, _param, registry
 from jaxnorm.nn.cplx.layers import Names
 
+Initializer = Callable[..., jax.Array]
+
 
 def _pairs(who: str, num_features: int, real_pairs: bool) -> int:
   """The complex width: ``num_features`` or half of it for real pairs."""
@@ -34,11 +42,32 @@ def _pairs(who: str, num_features: int, real_pairs: bool) -> int:
   return num_features
 
 
+def _check_dtype(who: str, dtype: Any, real_pairs: bool) -> None:
+  """The output ``dtype``: complex, or real floating for real pairs.
+
+  Raises:
+    TypeError: for a dtype of the other kind (or an integer dtype).
+  """
+  if dtype is None:
+    return
+  kind, want = (
+    (jnp.floating, "a real floating dtype (real_pairs=True: real output)")
+    if real_pairs
+    else (jnp.complexfloating, "a complex dtype (complex in, complex out)")
+  )
+  if not jnp.issubdtype(dtype, kind):
+    raise TypeError(
+      f"{who}: dtype must be {want}, got dtype={jnp.dtype(dtype).name}"
+    )
+
+
 def _apply(module: nnx.Module, fn: Callable[[jax.Array], jax.Array], x):
-  """``fn`` on complex ``x``, or on ``to_complex(x)`` for real pairs."""
-  if not module.real_pairs:
-    return fn(x)
-  return cplx.to_real(fn(cplx.to_complex(x)))
+  """``fn`` on complex ``x``, or on ``to_complex(x)`` for real pairs.
+
+  The result in the module's output ``dtype`` when one is set.
+  """
+  y = fn(x) if not module.real_pairs else cplx.to_real(fn(cplx.to_complex(x)))
+  return y if module.dtype is None else y.astype(module.dtype)
 
 
 def _whitening_dtype_rows(param_dtype: Any, axis_names: Names):
@@ -48,34 +77,54 @@ def _whitening_dtype_rows(param_dtype: Any, axis_names: Names):
   return cdt, rows
 
 
-def _init(who: str, num_features: int, real_pairs: bool, rngs) -> int:
-  """The complex width, checked; draws the norm family's two keys.
+def _init(
+  who: str, num_features: int, real_pairs: bool, dtype: Any, rngs
+) -> tuple[int, jax.Array, jax.Array]:
+  """The complex width and output dtype, checked; the family's two keys.
 
-  The init is constant, so the keys stay unused; drawing them keeps the
-  initialization of later layers independent of the norm chosen.
+  The keys are drawn whatever the options, which keeps the initialization
+  of later layers independent of the norm chosen.
   """
-  _norm_keys.draw_keys(rngs)
-  return _pairs(who, num_features, real_pairs)
+  keys = _norm_keys.draw_keys(rngs)
+  c = _pairs(who, num_features, real_pairs)
+  _check_dtype(who, dtype, real_pairs)
+  return c, *keys
+
+
+def _whitening_init(key: jax.Array, shape: tuple[int, ...], dtype: Any):
+  """The whitening scale's init ``(1/√2, 0, 1/√2)`` (Trabelsi et al.)."""
+  del key  # Constant.
+  return cplx.init_whitening_scale(shape[1], dtype)
 
 
 def _whitening_scale(
-  c: int, use_scale: bool, param_dtype: Any, axis_names: Names
+  c: int,
+  use_scale: bool,
+  init: Initializer,
+  key: jax.Array,
+  param_dtype: Any,
+  axis_names: Names,
 ) -> nnx.Param | None:
-  """Real ``scale (3, C)`` (γrr, γri, γii), init ``(1/√2, 0, 1/√2)``."""
+  """Real ``scale (3, C)`` (γrr, γri, γii) from ``init``, or None."""
   if not use_scale:
     return None
   _, rows = _whitening_dtype_rows(param_dtype, axis_names)
-  return _param.param(cplx.init_whitening_scale(c, param_dtype), rows)
+  return _param.param(init(key, (3, c), param_dtype), rows)
 
 
 def _complex_bias(
-  c: int, use_bias: bool, param_dtype: Any, axis_names: Names
+  c: int,
+  use_bias: bool,
+  init: Initializer,
+  key: jax.Array,
+  param_dtype: Any,
+  axis_names: Names,
 ) -> nnx.Param | None:
-  """Complex ``bias (C,)``, zeros."""
+  """Complex ``bias (C,)`` from ``init`` (zeros by default), or None."""
   if not use_bias:
     return None
   cdt, _ = _whitening_dtype_rows(param_dtype, axis_names)
-  return _param.param(jnp.zeros((c,), cdt), axis_names)
+  return _param.param(init(key, (c,), cdt), axis_names)
 
 
 class ComplexBatchNorm(nnx.Module):
@@ -86,7 +135,8 @@ class ComplexBatchNorm(nnx.Module):
   (`nnx.BatchStat`): ``mean (C,)`` complex, ``cov (3, C)`` real. Follows
   flax's train/eval protocol: ``use_running_average`` (``model.eval()``,
   ``nnx.view`` through `set_view`, or a call argument). ``real_pairs``:
-  real ``(..., 2C)`` input and output (split halves).
+  real ``(..., 2C)`` input and output (split halves). ``scale_init``
+  defaults to the paper's whitening init.
 
   This module does not subclass `jaxnorm.nn.norms`' ``RunningAverage``:
   importing the norm package here would be an import cycle, as the norm
@@ -95,6 +145,7 @@ class ComplexBatchNorm(nnx.Module):
 
   dtype_kind: ClassVar[str] = "complex"
 
+  @_param.paper_affine()
   def __init__(
     self,
     num_features: int,
@@ -103,19 +154,29 @@ class ComplexBatchNorm(nnx.Module):
     eps: float = 1e-4,
     use_scale: bool = True,
     use_bias: bool = True,
+    scale_init: Initializer = _whitening_init,
+    bias_init: Initializer = nnx.initializers.zeros,
     real_pairs: bool = False,
     use_running_average: bool = False,
     axis_name: str | None = None,
+    dtype: Any = None,
     param_dtype: Any = jnp.float32,
     axis_names: Names = ("norm",),
     rngs: nnx.Rngs,
   ):
-    c = _init("ComplexBatchNorm", num_features, real_pairs, rngs)
+    c, scale_key, bias_key = _init(
+      "ComplexBatchNorm", num_features, real_pairs, dtype, rngs
+    )
     self.real_pairs, self.momentum, self.eps = real_pairs, momentum, eps
     self.use_running_average, self.axis_name = use_running_average, axis_name
+    self.dtype = dtype
     cdt, rows = _whitening_dtype_rows(param_dtype, axis_names)
-    self.scale = _whitening_scale(c, use_scale, param_dtype, axis_names)
-    self.bias = _complex_bias(c, use_bias, param_dtype, axis_names)
+    self.scale = _whitening_scale(
+      c, use_scale, scale_init, scale_key, param_dtype, axis_names
+    )
+    self.bias = _complex_bias(
+      c, use_bias, bias_init, bias_key, param_dtype, axis_names
+    )
     state = cplx.init_complex_batch_norm_state(c, cdt)
     self.mean = _param.param(state.mean, axis_names, nnx.BatchStat)
     self.cov = _param.param(state.cov, rows, nnx.BatchStat)
@@ -165,11 +226,12 @@ class ComplexBatchNorm(nnx.Module):
 class ComplexLayerNorm(nnx.Module):
   """Complex layer norm; maths in `jaxnorm.cplx.complex_layer_norm`.
 
-  Parameters as `ComplexBatchNorm` (no running statistics).
+  Parameters and keywords as `ComplexBatchNorm` (no running statistics).
   """
 
   dtype_kind: ClassVar[str] = "complex"
 
+  @_param.paper_affine()
   def __init__(
     self,
     num_features: int,
@@ -177,15 +239,24 @@ class ComplexLayerNorm(nnx.Module):
     eps: float = 1e-4,
     use_scale: bool = True,
     use_bias: bool = True,
+    scale_init: Initializer = _whitening_init,
+    bias_init: Initializer = nnx.initializers.zeros,
     real_pairs: bool = False,
+    dtype: Any = None,
     param_dtype: Any = jnp.float32,
     axis_names: Names = ("norm",),
     rngs: nnx.Rngs,
   ):
-    c = _init("ComplexLayerNorm", num_features, real_pairs, rngs)
-    self.real_pairs, self.eps = real_pairs, eps
-    self.scale = _whitening_scale(c, use_scale, param_dtype, axis_names)
-    self.bias = _complex_bias(c, use_bias, param_dtype, axis_names)
+    c, scale_key, bias_key = _init(
+      "ComplexLayerNorm", num_features, real_pairs, dtype, rngs
+    )
+    self.real_pairs, self.eps, self.dtype = real_pairs, eps, dtype
+    self.scale = _whitening_scale(
+      c, use_scale, scale_init, scale_key, param_dtype, axis_names
+    )
+    self.bias = _complex_bias(
+      c, use_bias, bias_init, bias_key, param_dtype, axis_names
+    )
 
   def __call__(self, x: jax.Array) -> jax.Array:
     """Normalizes each token of ``x``."""
@@ -201,27 +272,36 @@ class ComplexLayerNorm(nnx.Module):
 class ComplexRMSNorm(nnx.Module):
   """CNet's TokenNorm; maths in `jaxnorm.cplx.complex_rms_norm`.
 
-  Parameter: ``scale (d,)`` complex, init 1 (``use_scale=False`` is CNet's
-  parameter-free TokenNorm).
+  Parameter: ``scale (d,)`` complex, init 1 (``scale_init``;
+  ``use_scale=False`` is CNet's parameter-free TokenNorm). No bias:
+  ``use_bias=True`` and ``bias_init`` are refused. ``dtype`` as in
+  `ComplexBatchNorm`.
   """
 
   dtype_kind: ClassVar[str] = "complex"
 
+  @_param.paper_affine(
+    no_bias="CNet's TokenNorm divides by the RMS modulus; no shift"
+  )
   def __init__(
     self,
     num_features: int,
     *,
     eps: float = 1e-5,
     use_scale: bool = True,
+    scale_init: Initializer = nnx.initializers.ones,
     real_pairs: bool = False,
+    dtype: Any = None,
     param_dtype: Any = jnp.complex64,
     axis_names: Names = ("norm",),
     rngs: nnx.Rngs,
   ):
-    c = _init("ComplexRMSNorm", num_features, real_pairs, rngs)
-    self.real_pairs, self.eps = real_pairs, eps
+    c, scale_key, _ = _init(
+      "ComplexRMSNorm", num_features, real_pairs, dtype, rngs
+    )
+    self.real_pairs, self.eps, self.dtype = real_pairs, eps, dtype
     self.scale = (
-      _param.param(jnp.ones((c,), param_dtype), axis_names)
+      _param.param(scale_init(scale_key, (c,), param_dtype), axis_names)
       if use_scale
       else None
     )

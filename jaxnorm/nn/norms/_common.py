@@ -17,16 +17,23 @@ Initializer = Callable[..., jax.Array]
 Names = Sequence[str | None] | None
 
 
+PromoteDtype = Callable[..., tuple[Any, ...]]
+"""flax's ``promote_dtype``: ``fn(args, dtype=...)`` returns ``args`` cast to
+one dtype (`flax.nnx.nn.dtypes.promote_dtype`)."""
+
+
 def promote(x: jax.Array, module: nnx.Module) -> jax.Array:
   """The input of a module call, promoted as flax's norms promote it.
 
-  With ``module.dtype=None`` the output dtype is the promotion of the input
-  dtype with the dtypes of the module's parameters, as in flax's
-  ``LayerNorm``/``RMSNorm``/``Linear``: a bfloat16 input with float32
-  parameters gives float32 (computed from the exact upcast input), a module
-  without parameters keeps the input dtype. The pure functions keep
-  ``x.dtype``; with an explicit ``dtype`` the input is left as is and
-  `cast` sets the output dtype.
+  The computation dtype of the module's call: with ``module.dtype=None``,
+  the promotion of the input dtype with the dtypes of the module's
+  parameters, as in flax's ``LayerNorm``/``RMSNorm``/``Linear`` (a bfloat16
+  input with float32 parameters gives float32, computed from the exact
+  upcast input; a module without parameters keeps the input dtype). With an
+  explicit ``dtype`` the input is upcast to it when it is narrower, and
+  kept otherwise (the statistics then run on the exact input, and `cast`
+  sets the output dtype). A non-floating input is left as is, so the pure
+  function refuses it with its `TypeError`.
   """
   params = jax.tree.leaves(nnx.state(module, nnx.Param))
   return promote_to(x, module.dtype, params)
@@ -41,11 +48,45 @@ def promote_to(
   ``None`` entries (absent parameters) are skipped.
   """
   x = jnp.asarray(x)
-  if dtype is not None or not jnp.issubdtype(x.dtype, jnp.floating):
+  if not jnp.issubdtype(x.dtype, jnp.floating):
     return x
   with jax.numpy_dtype_promotion("standard"):
-    out = jnp.result_type(x.dtype, *(p.dtype for p in params if p is not None))
+    if dtype is None:
+      out = jnp.result_type(x, *(p.dtype for p in params if p is not None))
+    else:
+      out = jnp.result_type(x, dtype)
   return x.astype(out)
+
+
+def promote_args(
+  module: Any,
+  x: jax.Array,
+  *params: jax.Array | None,
+  statistics: int = 0,
+) -> tuple[Any, ...]:
+  """``(x, *params)`` as the module computes with them.
+
+  Without ``module.promote_dtype``: ``x`` as `promote_to` gives it (the
+  parameters, which the pure functions cast to their compute dtype, as
+  they are). With it, flax's rule: ``module.promote_dtype((x, *params),
+  dtype=module.dtype)``, then ``x`` upcast to the output dtype where that
+  is wider, so the pure function, whose output has ``x.dtype``, returns
+  flax's output dtype and precision (the callable runs under standard
+  dtype promotion, as flax's assumes). The output dtype is ``dtype``, else
+  the promotion of the returned ``x`` and parameters except the first
+  ``statistics`` of them (BatchNorm's running ``mean`` and ``var``, which
+  flax promotes but leaves out of its output rule).
+  """
+  if module.promote_dtype is None:
+    return (promote_to(x, module.dtype, params), *params)
+  with jax.numpy_dtype_promotion("standard"):
+    x, *params = module.promote_dtype((x, *params), dtype=module.dtype)
+    x = jnp.asarray(x)
+    out = module.dtype
+    if out is None:
+      affine = params[statistics:]
+      out = jnp.result_type(x, *(p for p in affine if p is not None))
+    return (x.astype(jnp.result_type(x, out)), *params)
 
 
 def cast(y: jax.Array, module: Any) -> jax.Array:

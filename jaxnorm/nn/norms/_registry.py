@@ -237,8 +237,9 @@ Instance, region, EvoNorm-B0 and UnMix-TNS statistics run over the
 spatial (sequence) axes, so they are not. ``batch_stats``: training mode
 (or, for region norms and UnMix-TNS, every call) takes statistics over the
 batch. ``takes_mask``: ``__call__`` takes flax's ``mask=`` (LayerNorm,
-RMSNorm, BatchNorm; `GroupNorm` takes it too but is left unflagged, since
-`jaxnorm.nn.graph` reads the flag as "a graph norm with a node mask").
+RMSNorm, BatchNorm; `GroupNorm` and `InstanceNorm` take it too but are left
+unflagged, since `jaxnorm.nn.graph` reads the flag as "a graph norm with a
+node mask").
 ``defaults(num_features, layout=None)`` returns the width- and
 layout-dependent keyword arguments (a second positional argument is
 accepted by every spec's ``defaults``).

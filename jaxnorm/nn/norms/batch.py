@@ -13,13 +13,14 @@ from jaxnorm.nn._norm_keys import draw_keys
 from jaxnorm.nn.norms._common import (
   Initializer,
   Names,
+  PromoteDtype,
   RunningAverage,
   cast,
   flax_spelling,
   maybe,
   optional,
   param,
-  promote,
+  promote_args,
 )
 from jaxnorm.norms import masked as _masked
 
@@ -27,10 +28,16 @@ from jaxnorm.norms import masked as _masked
 class BatchNorm(RunningAverage):
   """BatchNorm over the last (feature) axis; see `jaxnorm.norms.batch_norm`.
 
-  Running statistics are `nnx.BatchStat` variables ``mean`` and ``var``.
-  ``use_running_average`` selects inference mode; ``model.eval()`` and
-  ``model.train()`` toggle it, and a call argument overrides it.
-  ``axis_name`` averages batch statistics across a mapped device axis.
+  Running statistics are `nnx.BatchStat` variables ``mean`` and ``var``,
+  float32 whatever ``param_dtype`` (as flax's), updated under
+  `jax.lax.stop_gradient` (no gradient flows through the running
+  averages). ``use_running_average`` selects inference mode;
+  ``model.eval()`` and ``model.train()`` toggle it, and a call argument
+  overrides it. ``axis_name`` averages batch statistics across a mapped
+  device axis. flax's keywords as in `LayerNorm`: ``promote_dtype``
+  receives ``(x, mean, var, scale, bias)``, and with ``dtype=None`` the
+  output dtype is the promotion of the input with all of them (float32
+  statistics: float32 or wider, as in flax).
   """
 
   @flax_spelling
@@ -48,14 +55,16 @@ class BatchNorm(RunningAverage):
     bias_init: Initializer = nnx.initializers.zeros,
     dtype: Any = None,
     param_dtype: Any = jnp.float32,
+    promote_dtype: PromoteDtype | None = None,
     axis_names: Names = ("norm",),
     rngs: nnx.Rngs,
   ):
     _checks.check_positive_int("BatchNorm", "num_features", num_features)
     self.num_features, self.momentum, self.eps = num_features, momentum, eps
     self.use_running_average, self.axis_name = use_running_average, axis_name
-    self.dtype = dtype
-    state = norms.init_batch_norm_state(num_features, param_dtype)
+    self.dtype, self.param_dtype = dtype, param_dtype
+    self.promote_dtype = promote_dtype
+    state = norms.init_batch_norm_state(num_features, jnp.float32)
     self.mean = param(state.mean, axis_names, nnx.BatchStat)
     self.var = param(state.var, axis_names, nnx.BatchStat)
     scale_key, bias_key = draw_keys(rngs)
@@ -69,15 +78,16 @@ class BatchNorm(RunningAverage):
   def __call__(
     self,
     x: jax.Array,
-    *,
     use_running_average: bool | None = None,
+    *,
     mask: jax.Array | None = None,
   ) -> jax.Array:
     """Normalizes ``x``; in training mode also updates ``mean``/``var``.
 
     Args:
       x: input ``(..., num_features)``.
-      use_running_average: overrides the module's mode for this call.
+      use_running_average: overrides the module's mode for this call
+        (positional too, as in flax).
       mask: boolean, True on the elements that enter the batch statistics
         (the real nodes of a padded graph batch): shape ``x.shape[:-1]``,
         or a flax mask with last dimension 1. The running statistics are
@@ -87,15 +97,20 @@ class BatchNorm(RunningAverage):
     Returns:
       The normalized ``x``.
     """
-    x = promote(x, self)
     eval_mode = self.eval_mode(use_running_average)
+    stored = norms.BatchNormState(self.mean[...], self.var[...])
+    x, mean, var, scale, bias = promote_args(
+      self, x, *stored, maybe(self.scale), maybe(self.bias), statistics=2
+    )
     if mask is not None:
       mask = _masked.position_mask("BatchNorm", mask, x)
-    state = norms.BatchNormState(self.mean[...], self.var[...])
+    # Inference normalizes with the (promoted) running statistics; training
+    # blends the stored float32 ones with the batch statistics.
+    state = norms.BatchNormState(mean, var) if eval_mode else stored
     y, new_state = norms.batch_norm(
       x,
-      maybe(self.scale),
-      maybe(self.bias),
+      scale,
+      bias,
       state,
       training=not eval_mode,
       momentum=self.momentum,
@@ -104,6 +119,7 @@ class BatchNorm(RunningAverage):
       mask=mask,
     )
     if not eval_mode:
+      new_state = jax.lax.stop_gradient(new_state)
       self.mean[...] = new_state.mean
       self.var[...] = new_state.var
     return cast(y, self)
@@ -116,15 +132,17 @@ class GroupNorm(nnx.Module):
   is the paper's image form (every axis but the batch axis); ``-1`` is one
   statistic per token and group, the causal-safe form for ``(batch, seq,
   d)`` sequences that `make_norm` builds for ``layout="tokens"``.
+  ``num_groups`` and ``group_size`` may be positional, as in flax's
+  ``nnx.GroupNorm``; its other keywords as in `LayerNorm`.
   """
 
   @flax_spelling
   def __init__(
     self,
     num_features: int,
-    *,
     num_groups: int | None = 32,
     group_size: int | None = None,
+    *,
     eps: float = 1e-6,
     reduction_axes: norms.Axis | None = None,
     use_scale: bool = True,
@@ -133,6 +151,7 @@ class GroupNorm(nnx.Module):
     bias_init: Initializer = nnx.initializers.zeros,
     dtype: Any = None,
     param_dtype: Any = jnp.float32,
+    promote_dtype: PromoteDtype | None = None,
     axis_names: Names = ("norm",),
     rngs: nnx.Rngs,
   ):
@@ -143,6 +162,7 @@ class GroupNorm(nnx.Module):
     )
     self.num_features, self.num_groups = num_features, num_groups
     self.eps, self.reduction_axes, self.dtype = eps, reduction_axes, dtype
+    self.promote_dtype = promote_dtype
     scale_key, bias_key = draw_keys(rngs)
     self.scale = optional(
       use_scale, scale_init, scale_key, num_features, param_dtype, axis_names
@@ -165,11 +185,11 @@ class GroupNorm(nnx.Module):
     Returns:
       The normalized ``x``.
     """
-    x = promote(x, self)
+    x, scale, bias = promote_args(self, x, maybe(self.scale), maybe(self.bias))
     y = norms.group_norm(
       x,
-      maybe(self.scale),
-      maybe(self.bias),
+      scale,
+      bias,
       num_groups=self.num_groups,
       eps=self.eps,
       reduction_axes=self.reduction_axes,
@@ -179,7 +199,10 @@ class GroupNorm(nnx.Module):
 
 
 class InstanceNorm(nnx.Module):
-  """InstanceNorm of channels-last input; see `jaxnorm.norms.instance_norm`."""
+  """InstanceNorm of channels-last input; see `jaxnorm.norms.instance_norm`.
+
+  flax's keywords as in `LayerNorm`, and ``mask=`` in the call.
+  """
 
   @flax_spelling
   def __init__(
@@ -193,11 +216,13 @@ class InstanceNorm(nnx.Module):
     bias_init: Initializer = nnx.initializers.zeros,
     dtype: Any = None,
     param_dtype: Any = jnp.float32,
+    promote_dtype: PromoteDtype | None = None,
     axis_names: Names = ("norm",),
     rngs: nnx.Rngs,
   ):
     _checks.check_positive_int("InstanceNorm", "num_features", num_features)
     self.num_features, self.eps, self.dtype = num_features, eps, dtype
+    self.promote_dtype = promote_dtype
     scale_key, bias_key = draw_keys(rngs)
     self.scale = optional(
       use_scale, scale_init, scale_key, num_features, param_dtype, axis_names
@@ -206,10 +231,30 @@ class InstanceNorm(nnx.Module):
       use_bias, bias_init, bias_key, num_features, param_dtype, axis_names
     )
 
-  def __call__(self, x: jax.Array) -> jax.Array:
-    """Normalizes ``x`` (features last) with this module's parameters."""
-    x = promote(x, self)
-    y = norms.instance_norm(
-      x, maybe(self.scale), maybe(self.bias), eps=self.eps
-    )
+  def __call__(
+    self, x: jax.Array, *, mask: jax.Array | None = None
+  ) -> jax.Array:
+    """Normalizes ``x`` (features last) with this module's parameters.
+
+    Args:
+      x: input ``(batch, *spatial, num_features)``, at least one spatial
+        axis.
+      mask: boolean, as in flax: each example's and channel's statistics
+        run over its ``True`` elements only (``x.shape[:-1]`` masks
+        positions, any other shape broadcasts against ``x``). The masked
+        form is `jaxnorm.norms.group_norm` with one channel per group (its
+        masked moments, `jaxnorm.norms.masked`), which is instance norm.
+
+    Returns:
+      The normalized ``x``.
+    """
+    x, scale, bias = promote_args(self, x, maybe(self.scale), maybe(self.bias))
+    if mask is None:
+      y = norms.instance_norm(x, scale, bias, eps=self.eps)
+    else:
+      _checks.check_ndim("InstanceNorm", "x", x, minimum=3)
+      _masked.check_mask("InstanceNorm", mask, x)
+      y = norms.group_norm(
+        x, scale, bias, num_groups=None, group_size=1, eps=self.eps, mask=mask
+      )
     return cast(y, self)

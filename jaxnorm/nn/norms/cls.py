@@ -10,10 +10,13 @@ from flax import nnx
 
 from jaxnorm import _checks, norms
 from jaxnorm.nn._norm_keys import draw_keys
+from jaxnorm.nn._param import paper_affine
 from jaxnorm.nn.norms._common import (
+  Initializer,
   Names,
   cast,
   maybe,
+  optional,
   param,
   promote,
 )
@@ -29,9 +32,17 @@ class CLSNorm(nnx.Module):
   from the call's ``token_type`` or, by default, from the layout
   ``[CLS] * num_cls_tokens, registers, patches`` along axis -2
   (`jaxnorm.norms.cls_token_type`). `from_shared` clones a trained shared
-  norm, so the specialized model starts equal to it.
+  norm, so the specialized model starts equal to it. ``scale_init`` and
+  ``bias_init`` initialize both copies (from one key each, so they start
+  equal); ``use_bias`` defaults to the kind's (a bias for ``"layer"``, none
+  for ``"rms"``, where ``use_bias=True`` is refused). The specialized
+  scales are the method: ``use_scale=False`` is refused.
   """
 
+  @paper_affine(
+    needs_scale="the per-type scales scale_cls and scale_patch are the "
+    "[CLS] specialization",
+  )
   def __init__(
     self,
     num_features: int,
@@ -42,6 +53,9 @@ class CLSNorm(nnx.Module):
     num_registers: int = 0,
     registers_with: norms.RegistersWith = "patch",
     role: NormRole = "input",
+    use_bias: bool | None = None,
+    scale_init: Initializer = nnx.initializers.ones,
+    bias_init: Initializer = nnx.initializers.zeros,
     dtype: Any = None,
     param_dtype: Any = jnp.float32,
     axis_names: Names = ("norm",),
@@ -54,23 +68,30 @@ class CLSNorm(nnx.Module):
       who, "registers_with", registers_with, ("patch", "cls")
     )
     _checks.check_choice(who, "role", role, NORM_ROLES)
-    draw_keys(rngs)  # Constant initialization: drawn, unused.
+    if kind == "rms" and use_bias:
+      raise ValueError(
+        f"{who}: use_bias=True is not available with kind='rms': the RMS "
+        "form re-scales only (no bias); give kind='layer' for a bias"
+      )
+    scale_key, bias_key = draw_keys(rngs)
     self.num_features, self.kind, self.eps = num_features, kind, eps
     self.num_cls_tokens, self.num_registers = num_cls_tokens, num_registers
     self.registers_with, self.role, self.dtype = registers_with, role, dtype
-
-    # A fresh array per parameter: a train step donates every buffer.
-    def ones():
-      return jnp.ones((num_features,), param_dtype)
-
-    def zeros():
-      return jnp.zeros((num_features,), param_dtype)
-
-    self.scale_cls = param(ones(), axis_names)
-    self.scale_patch = param(ones(), axis_names)
-    use_bias = kind == "layer"
-    self.bias_cls = param(zeros(), axis_names) if use_bias else None
-    self.bias_patch = param(zeros(), axis_names) if use_bias else None
+    use_bias = kind == "layer" if use_bias is None else use_bias
+    # A fresh array per parameter (a train step donates every buffer).
+    shape = (num_features,)
+    self.scale_cls = param(
+      scale_init(scale_key, shape, param_dtype), axis_names
+    )
+    self.scale_patch = param(
+      scale_init(scale_key, shape, param_dtype), axis_names
+    )
+    self.bias_cls = optional(
+      use_bias, bias_init, bias_key, num_features, param_dtype, axis_names
+    )
+    self.bias_patch = optional(
+      use_bias, bias_init, bias_key, num_features, param_dtype, axis_names
+    )
 
   @classmethod
   def from_shared(cls, norm: LayerNorm | RMSNorm, **kwargs: Any) -> CLSNorm:

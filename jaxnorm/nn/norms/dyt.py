@@ -10,6 +10,7 @@ from flax import nnx
 
 from jaxnorm import _checks, _dispatch, norms
 from jaxnorm.nn._norm_keys import draw_keys
+from jaxnorm.nn._param import paper_affine
 from jaxnorm.nn.norms._common import (
   Initializer,
   Names,
@@ -26,10 +27,13 @@ class DyT(nnx.Module):
 
   ``alpha`` is one learnable scalar (shape ``(1,)``) initialized to
   ``alpha_init`` (0.5 for vision; the LLaMA recipe uses per-position values
-  and ``use_bias=False``). ``implementation`` picks the Pallas kernel
-  (see `jaxnorm.norms.dyt`).
+  and ``use_bias=False``). ``alpha`` is not flax's scale: ``scale`` and
+  ``bias`` are the per-feature affine (``use_scale``, ``use_bias``,
+  ``scale_init``, ``bias_init``). ``implementation`` picks the Pallas
+  kernel (see `jaxnorm.norms.dyt`).
   """
 
+  @paper_affine()
   def __init__(
     self,
     num_features: int,

@@ -10,11 +10,14 @@ from flax import nnx
 
 from jaxnorm import _checks, _numerics, norms
 from jaxnorm.nn._norm_keys import draw_keys
+from jaxnorm.nn._param import paper_affine
 from jaxnorm.nn.norms._common import (
+  Initializer,
   Names,
   RunningAverage,
   cast,
   maybe,
+  optional,
   param,
   promote,
 )
@@ -26,9 +29,12 @@ class EvoNormB0(RunningAverage):
   Parameters ``scale`` (1), ``bias`` (0) and ``v`` (1, absent with
   ``apply_act=False``); running variance ``var`` is an `nnx.BatchStat`.
   ``momentum`` is Flax-style (0.9 = timm's 0.1). ``use_running_average``
-  selects inference, as in `BatchNorm`.
+  selects inference, as in `BatchNorm`. flax's ``use_scale``,
+  ``use_bias``, ``scale_init`` and ``bias_init`` act on ``scale`` and
+  ``bias``.
   """
 
+  @paper_affine()
   def __init__(
     self,
     num_features: int,
@@ -37,20 +43,28 @@ class EvoNormB0(RunningAverage):
     eps: float = 1e-3,
     use_running_average: bool = False,
     apply_act: bool = True,
+    use_scale: bool = True,
+    use_bias: bool = True,
     axis_name: str | None = None,
+    scale_init: Initializer = nnx.initializers.ones,
+    bias_init: Initializer = nnx.initializers.zeros,
     dtype: Any = None,
     param_dtype: Any = jnp.float32,
     axis_names: Names = ("norm",),
     rngs: nnx.Rngs,
   ):
     _checks.check_positive_int("EvoNormB0", "num_features", num_features)
-    draw_keys(rngs)  # Constant initialization: drawn, unused.
+    scale_key, bias_key = draw_keys(rngs)
     self.num_features, self.momentum, self.eps = num_features, momentum, eps
     self.use_running_average, self.axis_name = use_running_average, axis_name
     self.dtype = dtype
     shape = (num_features,)
-    self.scale = param(jnp.ones(shape, param_dtype), axis_names)
-    self.bias = param(jnp.zeros(shape, param_dtype), axis_names)
+    self.scale = optional(
+      use_scale, scale_init, scale_key, num_features, param_dtype, axis_names
+    )
+    self.bias = optional(
+      use_bias, bias_init, bias_key, num_features, param_dtype, axis_names
+    )
     self.v = (
       param(jnp.ones(shape, param_dtype), axis_names) if apply_act else None
     )
@@ -65,8 +79,8 @@ class EvoNormB0(RunningAverage):
     eval_mode = self.eval_mode(use_running_average)
     y, new_state = norms.evo_norm_b0(
       x,
-      self.scale[...],
-      self.bias[...],
+      maybe(self.scale),
+      maybe(self.bias),
       maybe(self.v),
       norms.EvoNormB0State(self.var[...]),
       training=not eval_mode,
@@ -84,9 +98,11 @@ class EvoNormS0(nnx.Module):
 
   Parameters ``scale`` (1), ``bias`` (0) and ``v`` (1, absent with
   ``apply_act=False``). Stateless. ``reduction_axes`` as in `GroupNorm`
-  (``-1``: per token and group, causal-safe on sequences).
+  (``-1``: per token and group, causal-safe on sequences). flax's affine
+  keywords as in `EvoNormB0`.
   """
 
+  @paper_affine()
   def __init__(
     self,
     num_features: int,
@@ -97,6 +113,10 @@ class EvoNormS0(nnx.Module):
     reduction_axes: norms.Axis | None = None,
     apply_act: bool = True,
     variant: norms.EvoNormS0Variant = "s0",
+    use_scale: bool = True,
+    use_bias: bool = True,
+    scale_init: Initializer = nnx.initializers.ones,
+    bias_init: Initializer = nnx.initializers.zeros,
     dtype: Any = None,
     param_dtype: Any = jnp.float32,
     axis_names: Names = ("norm",),
@@ -105,15 +125,19 @@ class EvoNormS0(nnx.Module):
     who = "EvoNormS0"
     _checks.check_positive_int(who, "num_features", num_features)
     _checks.check_choice(who, "variant", variant, ("s0", "s0a"))
-    draw_keys(rngs)  # Constant initialization: drawn, unused.
+    scale_key, bias_key = draw_keys(rngs)
     self.num_groups = _numerics.resolve_groups(
       who, "num_features", num_features, num_groups, group_size
     )
     self.num_features, self.eps, self.variant = num_features, eps, variant
     self.reduction_axes, self.dtype = reduction_axes, dtype
     shape = (num_features,)
-    self.scale = param(jnp.ones(shape, param_dtype), axis_names)
-    self.bias = param(jnp.zeros(shape, param_dtype), axis_names)
+    self.scale = optional(
+      use_scale, scale_init, scale_key, num_features, param_dtype, axis_names
+    )
+    self.bias = optional(
+      use_bias, bias_init, bias_key, num_features, param_dtype, axis_names
+    )
     self.v = (
       param(jnp.ones(shape, param_dtype), axis_names) if apply_act else None
     )
@@ -123,8 +147,8 @@ class EvoNormS0(nnx.Module):
     x = promote(x, self)
     y = norms.evo_norm_s0(
       x,
-      self.scale[...],
-      self.bias[...],
+      maybe(self.scale),
+      maybe(self.bias),
       maybe(self.v),
       num_groups=self.num_groups,
       eps=self.eps,

@@ -10,19 +10,27 @@ from flax import nnx
 
 from jaxnorm import _checks, norms
 from jaxnorm.nn._norm_keys import draw_keys
+from jaxnorm.nn._param import paper_affine
 from jaxnorm.nn.norms._common import (
+  Initializer,
   Names,
   RunningAverage,
   cast,
   maybe,
+  optional,
   param,
   promote,
 )
 
 
 class L1LayerNorm(nnx.Module):
-  """L1 LayerNorm over the last axis; see `jaxnorm.norms.l1_layer_norm`."""
+  """L1 LayerNorm over the last axis; see `jaxnorm.norms.l1_layer_norm`.
 
+  flax's ``use_scale``, ``use_bias``, ``scale_init`` and ``bias_init`` act
+  on ``scale`` and ``bias``.
+  """
+
+  @paper_affine()
   def __init__(
     self,
     num_features: int,
@@ -32,6 +40,8 @@ class L1LayerNorm(nnx.Module):
     eps_mode: norms.EpsMode = "outside",
     use_scale: bool = True,
     use_bias: bool = True,
+    scale_init: Initializer = nnx.initializers.ones,
+    bias_init: Initializer = nnx.initializers.zeros,
     dtype: Any = None,
     param_dtype: Any = jnp.float32,
     axis_names: Names = ("norm",),
@@ -39,15 +49,14 @@ class L1LayerNorm(nnx.Module):
   ):
     _checks.check_positive_int("L1LayerNorm", "num_features", num_features)
     _checks.check_choice("L1LayerNorm", "eps_mode", eps_mode, norms.EPS_MODES)
-    draw_keys(rngs)  # Constant initialization: drawn, unused.
+    scale_key, bias_key = draw_keys(rngs)
     self.num_features, self.eps, self.kappa = num_features, eps, kappa
     self.eps_mode, self.dtype = eps_mode, dtype
-    shape = (num_features,)
-    self.scale = (
-      param(jnp.ones(shape, param_dtype), axis_names) if use_scale else None
+    self.scale = optional(
+      use_scale, scale_init, scale_key, num_features, param_dtype, axis_names
     )
-    self.bias = (
-      param(jnp.zeros(shape, param_dtype), axis_names) if use_bias else None
+    self.bias = optional(
+      use_bias, bias_init, bias_key, num_features, param_dtype, axis_names
     )
 
   def __call__(self, x: jax.Array) -> jax.Array:
@@ -68,9 +77,11 @@ class L1BatchNorm(RunningAverage):
   """L1 BatchNorm (features last); see `jaxnorm.norms.l1_batch_norm`.
 
   `nnx.BatchStat` ``mean`` and ``dev``; ``use_running_average`` selects
-  inference, as in `BatchNorm`.
+  inference, as in `BatchNorm`. flax's affine keywords as in
+  `L1LayerNorm`.
   """
 
+  @paper_affine()
   def __init__(
     self,
     num_features: int,
@@ -81,6 +92,10 @@ class L1BatchNorm(RunningAverage):
     eps_mode: norms.EpsMode = "outside",
     use_running_average: bool = False,
     axis_name: str | None = None,
+    use_scale: bool = True,
+    use_bias: bool = True,
+    scale_init: Initializer = nnx.initializers.ones,
+    bias_init: Initializer = nnx.initializers.zeros,
     dtype: Any = None,
     param_dtype: Any = jnp.float32,
     axis_names: Names = ("norm",),
@@ -88,15 +103,18 @@ class L1BatchNorm(RunningAverage):
   ):
     _checks.check_positive_int("L1BatchNorm", "num_features", num_features)
     _checks.check_choice("L1BatchNorm", "eps_mode", eps_mode, norms.EPS_MODES)
-    draw_keys(rngs)  # Constant initialization: drawn, unused.
+    scale_key, bias_key = draw_keys(rngs)
     self.num_features, self.momentum, self.eps = num_features, momentum, eps
     self.kappa, self.eps_mode = kappa, eps_mode
     self.use_running_average, self.axis_name = use_running_average, axis_name
     self.dtype = dtype
-    shape = (num_features,)
     state = norms.init_l1_batch_norm_state(num_features, param_dtype)
-    self.scale = param(jnp.ones(shape, param_dtype), axis_names)
-    self.bias = param(jnp.zeros(shape, param_dtype), axis_names)
+    self.scale = optional(
+      use_scale, scale_init, scale_key, num_features, param_dtype, axis_names
+    )
+    self.bias = optional(
+      use_bias, bias_init, bias_key, num_features, param_dtype, axis_names
+    )
     self.mean = param(state.mean, axis_names, nnx.BatchStat)
     self.dev = param(state.dev, axis_names, nnx.BatchStat)
 
@@ -108,8 +126,8 @@ class L1BatchNorm(RunningAverage):
     eval_mode = self.eval_mode(use_running_average)
     y, new = norms.l1_batch_norm(
       x,
-      self.scale[...],
-      self.bias[...],
+      maybe(self.scale),
+      maybe(self.bias),
       norms.L1BatchNormState(self.mean[...], self.dev[...]),
       training=not eval_mode,
       momentum=self.momentum,

@@ -11,14 +11,22 @@ from flax import nnx
 
 from jaxnorm import _checks, fused_norms, norms
 from jaxnorm.nn._norm_keys import draw_keys
+from jaxnorm.nn._param import paper_affine
 from jaxnorm.nn.norms._common import (
   Initializer,
   Names,
+  PromoteDtype,
   cast,
   flax_spelling,
   maybe,
   optional,
   promote,
+  promote_args,
+)
+
+_RMS_NO_BIAS = (
+  "it re-scales without re-centring, as Zhang & Sennrich's RMSNorm; "
+  "LayerNorm has a bias"
 )
 
 
@@ -35,8 +43,10 @@ def fused_add_norm(
   ``h = x + residual`` has ``residual.dtype``; ``y`` equals ``module(h)``
   except that, with ``dtype=None`` and parameters wider than ``residual``,
   it is computed in ``residual.dtype`` and then promoted (Deviation: the
-  fused kernel writes the stream's dtype).
+  fused kernel writes the stream's dtype). A ``promote_dtype`` of the
+  module promotes the parameters as in ``module(h)``.
   """
+  ref, *params = promote_args(module, residual, *params)
   h, y = fused(
     x,
     residual,
@@ -46,11 +56,18 @@ def fused_add_norm(
     implementation=module.implementation,
     **kwargs,
   )
-  return h, cast(promote(y, module), module)
+  return h, cast(y.astype(ref.dtype), module)
 
 
 class LayerNorm(nnx.Module):
-  """LayerNorm over the last axis; maths in `jaxnorm.norms.layer_norm`."""
+  """LayerNorm over the last axis; maths in `jaxnorm.norms.layer_norm`.
+
+  flax's ``nnx.LayerNorm`` keywords: ``use_scale``/``use_bias`` (False
+  drops the parameter), ``scale_init``/``bias_init``, ``dtype`` (output),
+  ``param_dtype`` and ``promote_dtype`` (None: the input promoted with the
+  parameters' dtypes, upcast to an explicit ``dtype``; a callable:
+  ``promote_dtype((x, scale, bias), dtype=dtype)`` as in flax).
+  """
 
   @flax_spelling
   def __init__(
@@ -65,6 +82,7 @@ class LayerNorm(nnx.Module):
     bias_init: Initializer = nnx.initializers.zeros,
     dtype: Any = None,
     param_dtype: Any = jnp.float32,
+    promote_dtype: PromoteDtype | None = None,
     axis_names: Names = ("norm",),
     implementation: Literal["xla", "pallas"] | None = None,
     rngs: nnx.Rngs,
@@ -76,6 +94,7 @@ class LayerNorm(nnx.Module):
     self.implementation = implementation
     self.num_features, self.eps = num_features, eps
     self.scale_offset, self.dtype = scale_offset, dtype
+    self.promote_dtype = promote_dtype
     scale_key, bias_key = draw_keys(rngs)
     self.scale = optional(
       use_scale, scale_init, scale_key, num_features, param_dtype, axis_names
@@ -100,11 +119,11 @@ class LayerNorm(nnx.Module):
     Returns:
       The normalized ``x``.
     """
-    x = promote(x, self)
+    x, scale, bias = promote_args(self, x, maybe(self.scale), maybe(self.bias))
     y = norms.layer_norm(
       x,
-      maybe(self.scale),
-      maybe(self.bias),
+      scale,
+      bias,
       eps=self.eps,
       scale_offset=self.scale_offset,
       mask=mask,
@@ -131,9 +150,15 @@ class LayerNorm(nnx.Module):
 
 
 class RMSNorm(nnx.Module):
-  """RMSNorm over the last axis; maths in `jaxnorm.norms.rms_norm`."""
+  """RMSNorm over the last axis; maths in `jaxnorm.norms.rms_norm`.
+
+  flax's ``nnx.RMSNorm`` keywords as in `LayerNorm` (``promote_dtype``
+  receives ``(x, scale)``); it has no bias, so ``use_bias=True`` and
+  ``bias_init`` are a `ValueError` (``use_bias=False`` is accepted).
+  """
 
   @flax_spelling
+  @paper_affine(no_bias=_RMS_NO_BIAS)
   def __init__(
     self,
     num_features: int,
@@ -145,6 +170,7 @@ class RMSNorm(nnx.Module):
     scale_init: Initializer = nnx.initializers.ones,
     dtype: Any = None,
     param_dtype: Any = jnp.float32,
+    promote_dtype: PromoteDtype | None = None,
     axis_names: Names = ("norm",),
     implementation: Literal["xla", "pallas"] | None = None,
     rngs: nnx.Rngs,
@@ -157,6 +183,7 @@ class RMSNorm(nnx.Module):
     self.implementation = implementation
     self.num_features, self.eps, self.eps_mode = num_features, eps, eps_mode
     self.scale_offset, self.dtype = scale_offset, dtype
+    self.promote_dtype = promote_dtype
     scale_key, _ = draw_keys(rngs)
     self.scale = optional(
       use_scale, scale_init, scale_key, num_features, param_dtype, axis_names
@@ -173,10 +200,10 @@ class RMSNorm(nnx.Module):
     Returns:
       The normalized ``x``.
     """
-    x = promote(x, self)
+    x, scale = promote_args(self, x, maybe(self.scale))
     y = norms.rms_norm(
       x,
-      maybe(self.scale),
+      scale,
       eps=self.eps,
       eps_mode=self.eps_mode,
       scale_offset=self.scale_offset,
@@ -206,9 +233,10 @@ class RMSNorm(nnx.Module):
 class CRMSNorm(nnx.Module):
   """Compressed RMSNorm on ``d-1`` features; see `jaxnorm.norms.crms_norm`.
 
-  ``num_features`` is the compressed width ``d-1``.
+  ``num_features`` is the compressed width ``d-1``. No bias (as RMSNorm).
   """
 
+  @paper_affine(no_bias=_RMS_NO_BIAS)
   def __init__(
     self,
     num_features: int,

@@ -10,11 +10,15 @@ from flax import nnx
 
 from jaxnorm import _checks, _numerics, norms
 from jaxnorm.nn._norm_keys import draw_keys
+from jaxnorm.nn._param import paper_affine
 from jaxnorm.nn.norms._backward import BackwardStat, counter
 from jaxnorm.nn.norms._common import (
+  Initializer,
   Names,
   RunningAverage,
   cast,
+  maybe,
+  optional,
   param,
   promote,
 )
@@ -27,9 +31,11 @@ class PowerNorm(RunningAverage):
   ``running_phi``; `BackwardStat` ``grad_ema`` (updated through the
   backward pass, see `BackwardStat`). ``use_running_average`` selects
   inference, as in `BatchNorm`. Call with ``pad_mask`` (``x.shape[:-1]``,
-  True at pads) for padded batches.
+  True at pads) for padded batches. flax's ``use_scale``, ``use_bias``,
+  ``scale_init`` and ``bias_init`` act on ``scale`` and ``bias``.
   """
 
+  @paper_affine()
   def __init__(
     self,
     num_features: int,
@@ -43,6 +49,10 @@ class PowerNorm(RunningAverage):
     backward_stat: norms.BackwardStat = "batch",
     use_running_average: bool = False,
     axis_name: str | None = None,
+    use_scale: bool = True,
+    use_bias: bool = True,
+    scale_init: Initializer = nnx.initializers.ones,
+    bias_init: Initializer = nnx.initializers.zeros,
     dtype: Any = None,
     param_dtype: Any = jnp.float32,
     axis_names: Names = ("norm",),
@@ -57,16 +67,19 @@ class PowerNorm(RunningAverage):
       _numerics.resolve_groups(
         who, "num_features", num_features, num_groups, None
       )
-    draw_keys(rngs)  # Constant initialization: drawn, unused.
+    scale_key, bias_key = draw_keys(rngs)
     self.num_features, self.eps = num_features, eps
     self.alpha_fwd, self.alpha_bkw = alpha_fwd, alpha_bkw
     self.warmup_iters, self.num_groups = warmup_iters, num_groups
     self.group_eps, self.backward_stat = group_eps, backward_stat
     self.use_running_average, self.axis_name = use_running_average, axis_name
     self.dtype = dtype
-    shape = (num_features,)
-    self.scale = param(jnp.ones(shape, param_dtype), axis_names)
-    self.bias = param(jnp.zeros(shape, param_dtype), axis_names)
+    self.scale = optional(
+      use_scale, scale_init, scale_key, num_features, param_dtype, axis_names
+    )
+    self.bias = optional(
+      use_bias, bias_init, bias_key, num_features, param_dtype, axis_names
+    )
     state = norms.init_power_norm_state(num_features, param_dtype)
     self.count = counter(axis_names)
     self.running_phi = param(state.running_phi, axis_names, nnx.BatchStat)
@@ -90,8 +103,8 @@ class PowerNorm(RunningAverage):
     eval_mode = self.eval_mode(use_running_average)
     y, new = norms.power_norm(
       x,
-      self.scale[...],
-      self.bias[...],
+      maybe(self.scale),
+      maybe(self.bias),
       self.state_tuple(),
       training=not eval_mode,
       pad_mask=pad_mask,

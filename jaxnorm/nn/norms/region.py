@@ -11,7 +11,9 @@ from flax import nnx
 
 from jaxnorm import _checks, norms
 from jaxnorm.nn._norm_keys import draw_keys
+from jaxnorm.nn._param import paper_affine
 from jaxnorm.nn.norms._common import (
+  Initializer,
   Names,
   cast,
   param,
@@ -27,9 +29,16 @@ class RegionNormB(nnx.Module):
   pixels), ``(n, *spatial, 1)`` at any resolution: it is resized to the
   feature map with torch-style nearest interpolation. Without a mask the
   whole map is one region (training-mode BatchNorm plus the fg affine and
-  both shifts).
+  both shifts). ``scale_init`` and ``bias_init`` initialize the stored
+  ``scale_*`` and ``bias_*`` of both regions (zeros: gain 1, shift 0);
+  the per-region affine is the method, so ``use_scale=False`` and
+  ``use_bias=False`` are refused.
   """
 
+  @paper_affine(
+    needs_scale="RN-B's per-region gains scale_fg and scale_bg",
+    needs_bias="RN-B's per-region shifts bias_fg and bias_bg",
+  )
   def __init__(
     self,
     num_features: int,
@@ -37,26 +46,27 @@ class RegionNormB(nnx.Module):
     eps: float = 1e-5,
     masked_bias: bool = False,
     axis_name: str | None = None,
+    scale_init: Initializer = nnx.initializers.zeros,
+    bias_init: Initializer = nnx.initializers.zeros,
     dtype: Any = None,
     param_dtype: Any = jnp.float32,
     axis_names: Names = ("norm",),
     rngs: nnx.Rngs,
   ):
     _checks.check_positive_int("RegionNormB", "num_features", num_features)
-    draw_keys(rngs)  # Constant initialization: drawn, unused.
-    self.num_features, self.eps, self.masked_bias = (
-      num_features,
-      eps,
-      (masked_bias),
-    )
-    self.axis_name, self.dtype = axis_name, dtype
+    scale_key, bias_key = draw_keys(rngs)
+    self.num_features, self.eps = num_features, eps
+    self.masked_bias, self.axis_name, self.dtype = masked_bias, axis_name, dtype
 
-    # A fresh array per parameter: a train step donates every buffer.
-    def zeros():
-      return param(jnp.zeros((num_features,), param_dtype), axis_names)
+    # A fresh array per parameter (a train step donates every buffer), the
+    # two regions from the same key.
+    def init(fn, key):
+      return param(fn(key, (num_features,), param_dtype), axis_names)
 
-    self.scale_fg, self.bias_fg = zeros(), zeros()
-    self.scale_bg, self.bias_bg = zeros(), zeros()
+    self.scale_fg = init(scale_init, scale_key)
+    self.bias_fg = init(bias_init, bias_key)
+    self.scale_bg = init(scale_init, scale_key)
+    self.bias_bg = init(bias_init, bias_key)
 
   def __call__(self, x: jax.Array, mask: jax.Array | None = None) -> jax.Array:
     """Normalizes NHWC ``x`` within the regions of ``mask``."""
@@ -99,9 +109,20 @@ class RegionNormL(nnx.Module):
   Parameters (HWIO convs, torch default init): ``mask_kernel``
   ``(k, k, 2, 1)``; ``scale_kernel``/``scale_bias`` and
   ``bias_kernel``/``bias_bias`` (``(k, k, 1, 1)`` and ``(1,)``), from five
-  keys split from the first of the module's two draws.
+  keys split from the first of the module's two draws. The learned maps
+  are the method: flax's ``use_scale=False``, ``use_bias=False``,
+  ``scale_init`` and ``bias_init`` are refused.
   """
 
+  @paper_affine(
+    needs_scale="RN-L's gain is a learned map of its mask (scale_kernel, "
+    "scale_bias)",
+    needs_bias="RN-L's shift is a learned map of its mask (bias_kernel, "
+    "bias_bias)",
+    own_init="RN-L's gain and shift are convolutions of its mask, "
+    "initialized as torch's conv (kernel and bias uniform in "
+    "+-1/sqrt(fan_in))",
+  )
   def __init__(
     self,
     num_features: int,

@@ -10,6 +10,7 @@ from flax import nnx
 
 from jaxnorm import _checks, norms
 from jaxnorm.nn._norm_keys import draw_keys
+from jaxnorm.nn._param import paper_affine
 from jaxnorm.nn.norms._common import (
   Initializer,
   Names,
@@ -41,8 +42,18 @@ class ScaleVectorNorm(nnx.Module):
     (QK-norm, post-branch norm; not decayed); read by `weight_decay_mask`.
 
   The third improvement, dual placement, is `DualScaledLinear`.
+  ``scale_init`` initializes ``scale`` (its full shape); with ``reparam``
+  the paper's start (magnitude 1, direction ones) is kept and
+  ``scale_init`` refused. The scale vectors are the module, so
+  ``use_scale=False`` is refused (`RMSNorm` takes it), and there is no
+  bias.
   """
 
+  @paper_affine(
+    no_bias="the paper studies RMSNorm's scale vectors; no shift",
+    needs_scale="the scale vectors are what this module studies; "
+    "RMSNorm(use_scale=False) is the norm without them",
+  )
   def __init__(
     self,
     num_features: int,
@@ -52,6 +63,7 @@ class ScaleVectorNorm(nnx.Module):
     eps: float = 1e-6,
     eps_mode: norms.EpsMode = "inside",
     role: NormRole = "input",
+    scale_init: Initializer | None = None,
     dtype: Any = None,
     param_dtype: Any = jnp.float32,
     axis_names: Names = ("norm",),
@@ -62,7 +74,13 @@ class ScaleVectorNorm(nnx.Module):
     _checks.check_positive_int(who, "num_branches", num_branches)
     _checks.check_choice(who, "role", role, NORM_ROLES)
     _checks.check_choice(who, "eps_mode", eps_mode, norms.EPS_MODES)
-    draw_keys(rngs)  # Constant initialization: drawn, unused.
+    if reparam and scale_init is not None:
+      raise ValueError(
+        f"{who}: scale_init is not available with reparam=True: the "
+        "magnitude-direction scale starts as the paper's (magnitude 1, "
+        "direction ones); give reparam=False for an initialized scale"
+      )
+    scale_key, _ = draw_keys(rngs)
     self.num_features, self.num_branches = num_features, num_branches
     self.reparam, self.eps, self.eps_mode = reparam, eps, eps_mode
     self.role, self.dtype = role, dtype
@@ -70,7 +88,8 @@ class ScaleVectorNorm(nnx.Module):
     names = (
       None if axis_names is None else (None,) * len(lead) + tuple(axis_names)
     )
-    vec = jnp.ones((*lead, num_features), param_dtype)
+    init = nnx.initializers.ones if scale_init is None else scale_init
+    vec = init(scale_key, (*lead, num_features), param_dtype)
     if reparam:
       self.scale_magnitude = param(
         jnp.ones(lead or (1,), param_dtype),

@@ -10,7 +10,9 @@ from flax import nnx
 
 from jaxnorm import _checks, norms
 from jaxnorm.nn._norm_keys import draw_keys
+from jaxnorm.nn._param import paper_affine
 from jaxnorm.nn.norms._common import (
+  Initializer,
   Names,
   cast,
   param,
@@ -25,15 +27,24 @@ class SeeDNorm(nnx.Module):
   ``dyn_scale_init`` = 1) and ``dyn_proj`` (beta, init 0), the paper's
   language-model init: the layer starts as RMSNorm while ``dyn_proj`` still
   receives gradient. The paper decays ``dyn_scale`` and ``dyn_proj`` (not
-  ``scale``); build optimizer masks from those names.
+  ``scale``); build optimizer masks from those names. ``scale_init``
+  initializes ``scale``; ``use_scale=False`` is refused (gamma is the base
+  of the paper's dynamic scale) and there is no bias.
   """
 
+  @paper_affine(
+    no_bias="the paper's rescaling gamma + alpha tanh(<x, beta>) multiplies "
+    "an RMSNorm output; no shift",
+    needs_scale="scale is gamma, the static part of the dynamic scale "
+    "gamma + alpha tanh(<x, beta>)",
+  )
   def __init__(
     self,
     num_features: int,
     *,
     eps: float = 1e-6,
     num_heads: int = 1,
+    scale_init: Initializer = nnx.initializers.ones,
     dyn_scale_init: float = 1.0,
     dyn_scale_div_dim: bool = False,
     dtype: Any = None,
@@ -49,9 +60,9 @@ class SeeDNorm(nnx.Module):
     )
     self.num_features, self.eps, self.num_heads = num_features, eps, num_heads
     self.dyn_scale_div_dim, self.dtype = dyn_scale_div_dim, dtype
-    draw_keys(rngs)  # Constant initialization: drawn, unused.
+    scale_key, _ = draw_keys(rngs)
     shape = (num_features,)
-    self.scale = param(jnp.ones(shape, param_dtype), axis_names)
+    self.scale = param(scale_init(scale_key, shape, param_dtype), axis_names)
     self.dyn_scale = param(
       jnp.full(shape, dyn_scale_init, param_dtype), axis_names
     )

@@ -10,10 +10,13 @@ from flax import nnx
 
 from jaxnorm import _checks, norms
 from jaxnorm.nn._norm_keys import draw_keys
+from jaxnorm.nn._param import paper_affine
 from jaxnorm.nn.norms._common import (
+  Initializer,
   Names,
   cast,
-  param,
+  maybe,
+  optional,
   promote,
 )
 
@@ -23,9 +26,12 @@ class TimestepDecayNorm(nnx.Module):
 
   Parameters ``scale`` (used as ``1 + scale``) and ``bias``, both 0. The
   streaming state is not stored in the module: pass ``state`` and set
-  ``return_state=True`` to carry it across segments.
+  ``return_state=True`` to carry it across segments. flax's ``use_scale``
+  and ``use_bias`` drop a parameter (``use_scale=False``: a gain of 1);
+  ``scale_init`` initializes the stored ``scale`` (so zeros is gain 1).
   """
 
+  @paper_affine()
   def __init__(
     self,
     num_features: int,
@@ -34,6 +40,10 @@ class TimestepDecayNorm(nnx.Module):
     beta1: float = 0.999,
     beta2: float = 0.9999,
     eps: float = 1e-5,
+    use_scale: bool = True,
+    use_bias: bool = True,
+    scale_init: Initializer = nnx.initializers.zeros,
+    bias_init: Initializer = nnx.initializers.zeros,
     dtype: Any = None,
     param_dtype: Any = jnp.float32,
     axis_names: Names = ("norm",),
@@ -50,12 +60,15 @@ class TimestepDecayNorm(nnx.Module):
         f"{who}: num_groups must be < num_features="
         f"{num_features}, got {num_groups=}"
       )
-    draw_keys(rngs)  # Constant initialization: drawn, unused.
+    scale_key, bias_key = draw_keys(rngs)
     self.num_features, self.num_groups = num_features, num_groups
     self.beta1, self.beta2, self.eps, self.dtype = beta1, beta2, eps, dtype
-    # A fresh array per parameter: a train step donates every buffer.
-    self.scale = param(jnp.zeros((num_features,), param_dtype), axis_names)
-    self.bias = param(jnp.zeros((num_features,), param_dtype), axis_names)
+    self.scale = optional(
+      use_scale, scale_init, scale_key, num_features, param_dtype, axis_names
+    )
+    self.bias = optional(
+      use_bias, bias_init, bias_key, num_features, param_dtype, axis_names
+    )
 
   def __call__(
     self,
@@ -70,8 +83,8 @@ class TimestepDecayNorm(nnx.Module):
     x = promote(x, self)
     y, new = norms.timestep_decay_norm(
       x,
-      self.scale[...],
-      self.bias[...],
+      maybe(self.scale),
+      maybe(self.bias),
       state,
       num_groups=self.num_groups,
       beta1=self.beta1,

@@ -10,11 +10,15 @@ from flax import nnx
 
 from jaxnorm import _checks, norms
 from jaxnorm.nn._norm_keys import draw_keys
+from jaxnorm.nn._param import paper_affine
 from jaxnorm.nn.norms._backward import BackwardStat, counter
 from jaxnorm.nn.norms._common import (
+  Initializer,
   Names,
   RunningAverage,
   cast,
+  maybe,
+  optional,
   param,
   promote,
 )
@@ -27,9 +31,11 @@ class UnifiedNorm(RunningAverage):
   ``skip_count``, ``running_var`` and ``buf_x2``; `BackwardStat`
   ``grad_ema`` and ``buf_gz``. ``window_size`` is an int or ``(W_f, W_b)``.
   `fold` returns the kernel and bias of an adjacent linear layer with this
-  (inference-mode) layer folded in.
+  (inference-mode) layer folded in. flax's ``use_scale``, ``use_bias``,
+  ``scale_init`` and ``bias_init`` act on ``scale`` and ``bias``.
   """
 
+  @paper_affine()
   def __init__(
     self,
     num_features: int,
@@ -41,13 +47,17 @@ class UnifiedNorm(RunningAverage):
     outlier_filtration: bool = False,
     use_running_average: bool = False,
     axis_name: str | None = None,
+    use_scale: bool = True,
+    use_bias: bool = True,
+    scale_init: Initializer = nnx.initializers.ones,
+    bias_init: Initializer = nnx.initializers.zeros,
     dtype: Any = None,
     param_dtype: Any = jnp.float32,
     axis_names: Names = ("norm",),
     rngs: nnx.Rngs,
   ):
     _checks.check_positive_int("UnifiedNorm", "num_features", num_features)
-    draw_keys(rngs)  # Constant initialization: drawn, unused.
+    scale_key, bias_key = draw_keys(rngs)
     state = norms.init_unified_norm_state(
       num_features, window_size, param_dtype
     )
@@ -56,10 +66,13 @@ class UnifiedNorm(RunningAverage):
     self.outlier_filtration = outlier_filtration
     self.use_running_average, self.axis_name = use_running_average, axis_name
     self.dtype = dtype
-    shape = (num_features,)
     buf_names = None if axis_names is None else (None, *axis_names)
-    self.scale = param(jnp.ones(shape, param_dtype), axis_names)
-    self.bias = param(jnp.zeros(shape, param_dtype), axis_names)
+    self.scale = optional(
+      use_scale, scale_init, scale_key, num_features, param_dtype, axis_names
+    )
+    self.bias = optional(
+      use_bias, bias_init, bias_key, num_features, param_dtype, axis_names
+    )
     self.count = counter(axis_names)
     self.skip_count = counter(axis_names)
     self.running_var = param(state.running_var, axis_names, nnx.BatchStat)
@@ -90,8 +103,8 @@ class UnifiedNorm(RunningAverage):
     eval_mode = self.eval_mode(use_running_average)
     y, new = norms.unified_norm(
       x,
-      self.scale[...],
-      self.bias[...],
+      maybe(self.scale),
+      maybe(self.bias),
       self.state_tuple(),
       training=not eval_mode,
       pad_mask=pad_mask,
@@ -117,8 +130,8 @@ class UnifiedNorm(RunningAverage):
   ) -> tuple[jax.Array, jax.Array]:
     """Folds this layer into a linear layer; see `norms.fold_unified_norm`."""
     return norms.fold_unified_norm(
-      self.scale[...],
-      self.bias[...],
+      maybe(self.scale),
+      maybe(self.bias),
       self.running_var[...],
       kernel,
       kernel_bias,

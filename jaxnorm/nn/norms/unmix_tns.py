@@ -10,9 +10,13 @@ from flax import nnx
 
 from jaxnorm import _checks, norms
 from jaxnorm.nn._norm_keys import draw_keys
+from jaxnorm.nn._param import paper_affine
 from jaxnorm.nn.norms._common import (
+  Initializer,
   Names,
   cast,
+  maybe,
+  optional,
   param,
   promote,
 )
@@ -27,8 +31,12 @@ class UnMixTNS(nnx.Module):
   ``source_mean``/``source_var`` (default 0 and 1) with noise from the
   first of the module's two keys. Every call updates the components unless
   ``update_stats=False``. `from_batch_norm` replaces a trained `BatchNorm`.
+  flax's ``use_scale``, ``use_bias``, ``scale_init`` and ``bias_init`` act
+  on ``scale`` and ``bias`` (``scale_init`` draws from a key folded from the
+  first, which the components' noise uses).
   """
 
+  @paper_affine()
   def __init__(
     self,
     num_features: int,
@@ -42,6 +50,10 @@ class UnMixTNS(nnx.Module):
     source_mean: jax.Array | None = None,
     source_var: jax.Array | None = None,
     axis_name: str | None = None,
+    use_scale: bool = True,
+    use_bias: bool = True,
+    scale_init: Initializer = nnx.initializers.ones,
+    bias_init: Initializer = nnx.initializers.zeros,
     dtype: Any = None,
     param_dtype: Any = jnp.float32,
     axis_names: Names = ("norm",),
@@ -54,17 +66,27 @@ class UnMixTNS(nnx.Module):
     shape = (num_features,)
     mean = jnp.zeros(shape) if source_mean is None else source_mean
     var = jnp.ones(shape) if source_var is None else source_var
+    noise_key, bias_key = draw_keys(rngs)
     state = norms.init_unmix_tns_state(
       mean,
       var,
-      draw_keys(rngs)[0],
+      noise_key,
       num_components=num_components,
       spread=spread,
       dtype=param_dtype,
     )
     comp_names = None if axis_names is None else (None, *axis_names)
-    self.scale = param(jnp.ones(shape, param_dtype), axis_names)
-    self.bias = param(jnp.zeros(shape, param_dtype), axis_names)
+    self.scale = optional(
+      use_scale,
+      scale_init,
+      jax.random.fold_in(noise_key, 1),
+      num_features,
+      param_dtype,
+      axis_names,
+    )
+    self.bias = optional(
+      use_bias, bias_init, bias_key, num_features, param_dtype, axis_names
+    )
     self.mean = param(state.mean, comp_names, nnx.BatchStat)
     self.var = param(state.var, comp_names, nnx.BatchStat)
 
@@ -72,13 +94,18 @@ class UnMixTNS(nnx.Module):
   def from_batch_norm(
     cls, bn: BatchNorm, *, rngs: nnx.Rngs, **kwargs: Any
   ) -> UnMixTNS:
-    """An UnMix-TNS layer with ``bn``'s affine, eps and source statistics."""
+    """An UnMix-TNS layer with ``bn``'s affine, eps and source statistics.
+
+    The affine keeps ``bn``'s parameters, their presence and dtype.
+    """
     kwargs.setdefault("eps", bn.eps)
     module = cls(
       bn.num_features,
       source_mean=bn.mean[...],
       source_var=bn.var[...],
-      param_dtype=bn.mean[...].dtype,
+      use_scale=bn.scale is not None,
+      use_bias=bn.bias is not None,
+      param_dtype=bn.param_dtype,
       rngs=rngs,
       **kwargs,
     )
@@ -93,8 +120,8 @@ class UnMixTNS(nnx.Module):
     x = promote(x, self)
     y, new = norms.unmix_tns(
       x,
-      self.scale[...],
-      self.bias[...],
+      maybe(self.scale),
+      maybe(self.bias),
       norms.UnMixTNSState(self.mean[...], self.var[...]),
       momentum=self.momentum,
       temperature=self.temperature,
