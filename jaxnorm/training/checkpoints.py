@@ -5,16 +5,36 @@
 * `move_aside`: ``--no-resume`` moves an earlier run's files to
   ``out_dir/previous-N`` so old and new checkpoints never mix.
 * `Checkpoints`: an orbax `CheckpointManager` whose every step holds the
-  train state, the grain iterator and a JSON ``run`` item (the config, the
-  partial log window, and a fingerprint of the state). A step that does not
-  read back, or whose state does not match its fingerprint (flipped bytes,
-  a truncated array file, a missing item, an empty directory), is reported
-  with a `CorruptCheckpointWarning`, moved to ``out_dir/corrupt/``, and the
+  train state, the data position and a JSON ``run`` item (the config, the
+  partial log window, a fingerprint of the state, the versions and process
+  count that wrote it). The data position (``{"elements": N}``: training
+  examples consumed) is the same on every process and for any process
+  count, so a run resumes on any number of processes and any mesh.
+
+Restoring sorts every failure into one of two kinds:
+
+* damaged bytes: an item that does not read back (flipped or truncated
+  bytes, a missing item, an empty step directory) or a state that does not
+  match its fingerprint. The step is reported with a
+  `CorruptCheckpointWarning`, moved to ``out_dir/corrupt/``, and the
   previous step is used instead.
+* anything else: an item this version does not know, a newer checkpoint
+  layout, a state of another structure than the model's, or a state that
+  does not read back under other versions of jaxnorm, jax or orbax than
+  the writer's (the process count and the mesh may change freely). The
+  run stops with `CheckpointIncompatibleError`, naming the reason and what
+  to do; nothing on disk is moved, deleted or skipped.
+
+Layout 1 (jaxnorm before the elastic data position) kept grain's
+per-process iterator files in a ``data`` item instead of ``position``; such
+a step still resumes, on any process count: every process held the same
+iterator state, whose ``next_index`` batches of the saved ``batch_size``
+give the position.
 """
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 import pathlib
@@ -23,11 +43,12 @@ import socket
 import warnings
 from typing import Any
 
-import grain
 import jax
 import jax.numpy as jnp
 import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
+
+import jaxnorm
 
 # Run files that belong to one run (moved together by `move_aside`).
 RUN_FILES: tuple[str, ...] = (
@@ -39,6 +60,13 @@ RUN_FILES: tuple[str, ...] = (
   "profile",
 )
 LOCK_NAME = ".jaxnorm-train.lock"
+# The checkpoint layout this version writes, and the items of each layout
+# it reads (1: grain's per-process iterator files in ``data``).
+LAYOUT = 2
+ITEMS: dict[int, frozenset[str]] = {
+  1: frozenset({"state", "data", "run"}),
+  2: frozenset({"state", "position", "run"}),
+}
 
 
 class RunDirBusyError(RuntimeError):
@@ -47,6 +75,52 @@ class RunDirBusyError(RuntimeError):
 
 class CorruptCheckpointWarning(UserWarning):
   """A checkpoint did not read back; an older one is used instead."""
+
+
+class CheckpointIncompatibleError(ValueError):
+  """A checkpoint this run cannot continue from; nothing on disk changed."""
+
+
+class _Damaged(Exception):
+  """A step's bytes do not read back (internal: the step is moved aside)."""
+
+  def __init__(self, cause: Exception):
+    super().__init__(str(cause))
+    self.cause = cause
+
+
+# The fields of `writer` that decide whether a checkpoint reads back.
+_VERSIONS = ("jaxnorm", "jax", "orbax")
+
+
+def writer() -> dict[str, Any]:
+  """What a checkpoint records about the software and processes writing it."""
+  return {
+    "jaxnorm": jaxnorm.__version__,
+    "jax": jax.__version__,
+    "orbax": importlib.metadata.version("orbax-checkpoint"),
+    "processes": jax.process_count(),
+    "devices": jax.device_count(),
+  }
+
+
+def _first_line(error: Exception) -> str:
+  return (str(error).strip().splitlines() or [""])[0][:200]
+
+
+def _leaves(tree: Any) -> dict[str, tuple[tuple[int, ...], str]]:
+  """``path -> (shape, dtype)`` of every array leaf, paths as ``a/b/0``."""
+
+  def name(key: Any) -> str:
+    for attr in ("key", "idx", "name"):
+      if hasattr(key, attr):
+        return str(getattr(key, attr))
+    return str(key)
+
+  return {
+    "/".join(name(k) for k in path): (tuple(leaf.shape), str(leaf.dtype))
+    for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]
+  }
 
 
 def _alive(pid: int) -> bool:
@@ -181,17 +255,24 @@ class Checkpoints:
     self.manager = ocp.CheckpointManager(
       directory,
       options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True),
+      item_handlers={
+        "state": ocp.StandardCheckpointHandler(),
+        "position": ocp.JsonCheckpointHandler(),
+        "run": ocp.JsonCheckpointHandler(),
+      },
     )
     self.corrupt_dir = corrupt_dir
     self.primary = primary
 
+  def _path(self, step: int) -> pathlib.Path:
+    return pathlib.Path(self.manager.directory) / str(step)
+
   def _discard(self, step: int, error: Exception) -> None:
-    path = self.manager.directory / str(step)
-    first = (str(error).strip().splitlines() or [""])[0][:200]
+    path = self._path(step)
     warnings.warn(
       f"checkpoint {path} is corrupt or incomplete ({type(error).__name__}: "
-      f"{first}); moved to {self.corrupt_dir} and restoring the previous "
-      f"one",
+      f"{_first_line(error)}); moved to {self.corrupt_dir} and restoring "
+      f"the previous one",
       CorruptCheckpointWarning,
       stacklevel=3,
     )
@@ -205,64 +286,202 @@ class Checkpoints:
       multihost_utils.sync_global_devices(f"jaxnorm-discard-{step}")
     self.manager.reload()
 
-  def newest_info(self) -> tuple[int, dict[str, Any]] | None:
-    """The newest step whose ``run`` item reads back, with that item."""
-    for step in sorted(self.manager.all_steps(), reverse=True):
+  def _incompatible(
+    self, step: int, reason: str
+  ) -> CheckpointIncompatibleError:
+    return CheckpointIncompatibleError(
+      f"checkpoint {self._path(step)} cannot be resumed by this run: "
+      f"{reason}; nothing on disk was changed (start over with --no-resume, "
+      f"which moves the old run aside)"
+    )
+
+  def _run_item(self, step: int) -> tuple[dict[str, Any], int]:
+    """The step's ``run`` item and layout, after checking its item names."""
+    path = self._path(step)
+    items = {p.name for p in path.iterdir() if p.is_dir()}
+    unknown = sorted(items - ITEMS[1] - ITEMS[LAYOUT])
+    if unknown:
+      raise self._incompatible(
+        step,
+        f"it holds items this jaxnorm ({jaxnorm.__version__}) does not know "
+        f"({', '.join(unknown)}); resume with the jaxnorm that wrote it",
+      )
+    try:
+      restored = self.manager.restore(
+        step, args=ocp.args.Composite(run=ocp.args.JsonRestore())
+      )
+      run = dict(restored["run"])
+    except Exception as e:  # noqa: BLE001 - any read failure: damaged.
+      raise _Damaged(e) from e
+    layout = run.get("layout", 1)
+    saved_by = run.get("writer", {}).get("jaxnorm", "(unknown)")
+    if layout not in ITEMS:
+      raise self._incompatible(
+        step,
+        f"its layout {layout} (written by jaxnorm {saved_by}) is newer "
+        f"than this jaxnorm's ({jaxnorm.__version__}, layout {LAYOUT}); "
+        f"resume with the jaxnorm that wrote it",
+      )
+    return run, layout
+
+  def _position(self, step: int, run: dict[str, Any], layout: int) -> int:
+    """Training elements consumed before ``step``'s checkpoint."""
+    if layout == LAYOUT:
       try:
         restored = self.manager.restore(
-          step, args=ocp.args.Composite(run=ocp.args.JsonRestore())
+          step, args=ocp.args.Composite(position=ocp.args.JsonRestore())
         )
-        return step, dict(restored["run"])
-      except Exception as e:  # noqa: BLE001 - any failure means unreadable.
-        self._discard(step, e)
+        elements = dict(restored["position"])["elements"]
+        if not isinstance(elements, int) or elements < 0:
+          raise ValueError(f"the data position is {elements!r}")
+      except Exception as e:  # noqa: BLE001 - any read failure: damaged.
+        raise _Damaged(e) from e
+      return elements
+    files = sorted((self._path(step) / "data").glob("process_*-of-*.json"))
+    try:
+      if not files:
+        raise FileNotFoundError("the grain iterator files are missing")
+      states = [json.loads(f.read_text()) for f in files]
+    except (OSError, ValueError) as e:
+      raise _Damaged(e) from e
+    indices = {
+      st.get("next_index") if isinstance(st, dict) else None for st in states
+    }
+    index = indices.pop() if len(indices) == 1 else None
+    batch_size = run.get("config", {}).get("batch_size")
+    if not isinstance(index, int) or not isinstance(batch_size, int):
+      raise self._incompatible(
+        step,
+        f"its grain iterator state (layout 1: {files[0].name}, ...) is "
+        f"not one this version converts to a data position; resume with "
+        f"the jaxnorm that wrote it",
+      )
+    return index * batch_size
+
+  def _read_failure(
+    self, step: int, run: dict[str, Any], error: Exception
+  ) -> Exception:
+    """Damaged bytes, unless other versions of the software wrote the step."""
+    saved, now = run.get("writer", {}), writer()
+    changed = [
+      f"{k} {saved[k]} -> {now[k]}"
+      for k in _VERSIONS
+      if k in saved and saved[k] != now[k]
+    ]
+    if not changed:
+      return _Damaged(error)
+    return self._incompatible(
+      step,
+      f"its state does not read back ({type(error).__name__}: "
+      f"{_first_line(error)}) and it was written by other versions "
+      f"({'; '.join(changed)}); resume with those (if its bytes are "
+      f"damaged instead, move it into {self.corrupt_dir})",
+    )
+
+  def _check_structure(
+    self, step: int, abstract_state: Any, run: dict[str, Any]
+  ) -> None:
+    try:
+      saved = _leaves(self.manager.item_metadata(step)["state"])
+    except Exception as e:  # noqa: BLE001 - classified by `_read_failure`.
+      raise self._read_failure(step, run, e) from e
+    want = _leaves(abstract_state)
+    if saved == want:
+      return
+    diff = sorted(set(saved.items()) ^ set(want.items()))[0][0]
+    raise self._incompatible(
+      step,
+      f"its train state differs from this run's model at {diff} (saved "
+      f"{saved.get(diff, 'nothing')}, the model has "
+      f"{want.get(diff, 'nothing')}): the model code changed since "
+      f"jaxnorm {run.get('writer', {}).get('jaxnorm', '(older)')} wrote it; "
+      f"resume with the code that wrote it",
+    )
+
+  def _state(self, step: int, abstract_state: Any, run: dict[str, Any]) -> Any:
+    try:
+      restored = self.manager.restore(
+        step,
+        args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract_state)),
+      )
+    except Exception as e:  # noqa: BLE001 - classified by `_read_failure`.
+      raise self._read_failure(step, run, e) from e
+    state = restored["state"]
+    if fingerprint(state) != run.get("fingerprint"):
+      raise _Damaged(
+        ValueError(
+          "the state read back does not match the fingerprint saved with it"
+        )
+      )
+    return state
+
+  def newest_info(self) -> tuple[int, dict[str, Any]] | None:
+    """The newest step whose ``run`` item reads back, with that item.
+
+    Raises:
+      CheckpointIncompatibleError: if that step cannot be resumed for a
+        reason other than damaged bytes (nothing on disk is changed).
+    """
+    for step in sorted(self.manager.all_steps(), reverse=True):
+      try:
+        return step, self._run_item(step)[0]
+      except _Damaged as e:
+        self._discard(step, e.cause)
     return None
 
-  def restore(
-    self, abstract_state: Any, iterator: Any
-  ) -> tuple[int, Any, dict[str, Any]] | None:
+  def restore(self, abstract_state: Any) -> tuple[int, Any, dict, int] | None:
     """Restores the newest good step into ``abstract_state``'s shardings.
 
     Args:
       abstract_state: `jax.ShapeDtypeStruct` leaves carrying the shardings
         the current mesh's rules give; every array comes back so.
-      iterator: the grain iterator, set to the step's data position.
 
     Returns:
-      ``(step, state, run_item)``, or None if no step reads back.
+      ``(step, state, run_item, elements)`` (``elements``: training
+      examples consumed, the data position), or None if no step reads back.
+
+    Raises:
+      CheckpointIncompatibleError: for a newest readable step that cannot
+        be resumed for a reason other than damaged bytes (see the module
+        docstring); nothing on disk is changed.
     """
     for step in sorted(self.manager.all_steps(), reverse=True):
       try:
-        restored = self.manager.restore(
-          step,
-          args=ocp.args.Composite(
-            state=ocp.args.StandardRestore(abstract_state),
-            data=grain.checkpoint.CheckpointRestore(iterator),
-            run=ocp.args.JsonRestore(),
-          ),
-        )
-        run = dict(restored["run"])
-        got = fingerprint(restored["state"])
-        if got != run.get("fingerprint"):
-          raise ValueError(
-            "the state read back does not match the fingerprint saved with it"
-          )
-        return step, restored["state"], run
-      except Exception as e:  # noqa: BLE001 - any failure means unreadable.
-        self._discard(step, e)
+        run, layout = self._run_item(step)
+        elements = self._position(step, run, layout)
+        self._check_structure(step, abstract_state, run)
+        state = self._state(step, abstract_state, run)
+        return step, state, run, elements
+      except _Damaged as e:
+        self._discard(step, e.cause)
     return None
 
   def save(
-    self, step: int, state: Any, iterator: Any, run: dict[str, Any]
+    self, step: int, state: Any, elements: int, run: dict[str, Any]
   ) -> None:
-    """Starts an asynchronous save of ``step`` (skipped if it exists)."""
+    """Starts an asynchronous save of ``step`` (skipped if it exists).
+
+    Args:
+      step: the step just completed.
+      state: the train state.
+      elements: training examples consumed (the data position).
+      run: the JSON ``run`` item (the fingerprint, layout and writer are
+        added).
+    """
     if self.manager.latest_step() == step:
       return
+    run = {
+      **run,
+      "layout": LAYOUT,
+      "writer": writer(),
+      "fingerprint": fingerprint(state),
+    }
     self.manager.save(
       step,
       args=ocp.args.Composite(
         state=ocp.args.StandardSave(state),
-        data=grain.checkpoint.CheckpointSave(iterator),
-        run=ocp.args.JsonSave({**run, "fingerprint": fingerprint(state)}),
+        position=ocp.args.JsonSave({"elements": elements}),
+        run=ocp.args.JsonSave(run),
       ),
     )
 

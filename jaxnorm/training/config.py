@@ -19,6 +19,7 @@ import importlib.util
 import itertools
 import json
 import math
+import pathlib
 import types
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -27,8 +28,8 @@ import jax
 
 from jaxnorm import aot
 from jaxnorm.nn import model_registry
+from jaxnorm.training import corpora, graph_data
 from jaxnorm.training import data as data_lib
-from jaxnorm.training import graph_data
 
 MODELS: tuple[str, ...] = model_registry.MODEL_NAMES
 # The datasets of each data kind a model takes (`ModelSpec.data`).
@@ -78,10 +79,14 @@ class TrainConfig:
       `jaxnorm.nn.model_registry.MODELS` (a real part name such as
       ``rmsnorm`` stands for its complex counterpart, the spec's
       ``counterparts``).
-    data: ``shakespeare`` or ``kjv`` for ``lm`` and ``clm``;
-      ``fashion_mnist`` or ``digits`` for the image models and ``cvcnn``;
-      ``pattern`` or ``cluster`` (SBM graphs generated offline and cached
-      in ``out_dir/data``) for ``graph``.
+    data: ``shakespeare`` or ``kjv`` for ``lm`` and ``clm``, or the PATH
+      of your own text: a text file or folder of text files (bytes), or a
+      folder of token shards train*.bin and val*.bin (nanoGPT's layout) or
+      of ArrayRecord files train*.array_record and val*.array_record, with
+      ``vocab_size`` (`jaxnorm.training.corpora`); ``fashion_mnist`` or
+      ``digits`` for the image models and ``cvcnn``; ``pattern`` or
+      ``cluster`` (SBM graphs generated offline and cached in
+      ``out_dir/data``) for ``graph``.
     norm: a name of `jaxnorm.nn.NORMS`.
     attention: an attention variant name (LM and ViT).
     residual: a residual scheme name.
@@ -113,6 +118,12 @@ class TrainConfig:
     dtype: compute dtype (``float32`` or ``bfloat16``).
     param_dtype: storage dtype of the parameters (cast to ``dtype`` at use).
     seq_len: tokens per training window (LM).
+    vocab_size: vocabulary of token-shard or ArrayRecord data (the model's
+      vocabulary follows it); 0 for text, read as bytes (256).
+    token_dtype: how token ids are stored: ``uint16``, ``uint32`` or
+      ``auto`` (uint16 when ``vocab_size`` <= 65536, else uint32).
+    data_workers: grain worker processes that read and batch the training
+      data; 0 reads in the training process (with prefetch threads).
     batch_size: batch size of one step (global, over all devices).
     seed: seeds parameters, data order and dropout.
     optimizer: an optimizer name of `jaxnorm.training.optimizers`.
@@ -151,6 +162,9 @@ class TrainConfig:
       into ``out_dir/profile``; empty for none.
     tensorboard: also write TensorBoard scalars to ``out_dir/tensorboard``
       (needs the ``tensorboardX`` package).
+    process_logs: every process also writes its own metrics to
+      ``out_dir/metrics.processN.jsonl`` (process 0 always writes
+      ``metrics.jsonl``, the run's log).
   """
 
   model: str = "lm"
@@ -175,6 +189,9 @@ class TrainConfig:
   dtype: str = "float32"
   param_dtype: str = "float32"
   seq_len: int = 128
+  vocab_size: int = 0
+  token_dtype: str = "auto"
+  data_workers: int = 0
   batch_size: int = 16
   seed: int = 0
   optimizer: str = "adamw"
@@ -201,6 +218,7 @@ class TrainConfig:
   progress: bool = True
   profile_steps: tuple[int, ...] = ()
   tensorboard: bool = False
+  process_logs: bool = False
 
 
 FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(TrainConfig))
@@ -231,6 +249,9 @@ GROUPS: types.MappingProxyType = types.MappingProxyType(
     "data": (
       "data",
       "seq_len",
+      "vocab_size",
+      "token_dtype",
+      "data_workers",
       "batch_size",
       "seed",
       "graph_sizes",
@@ -263,17 +284,16 @@ GROUPS: types.MappingProxyType = types.MappingProxyType(
       "progress",
       "profile_steps",
       "tensorboard",
+      "process_logs",
     ),
   }
 )
 
 # Fields that change where and how a run is executed or watched, not what
 # it computes: a resume may change them freely (another mesh reshards).
-RUN_CONTROL: frozenset[str] = frozenset(GROUPS["run"]) - {
-  "steps",
-  "eval_batches",
-  "log_every",
-}
+RUN_CONTROL: frozenset[str] = (
+  frozenset(GROUPS["run"]) - {"steps", "eval_batches", "log_every"}
+) | {"data_workers"}
 
 # Fields that shape the saved state (model, data sizes, optimizer state): a
 # resume cannot change them.
@@ -282,6 +302,8 @@ STRUCTURAL: frozenset[str] = (
 ) | {
   "data",
   "seq_len",
+  "vocab_size",
+  "token_dtype",
   "optimizer",
   "grad_accum",
   "ema_decay",
@@ -402,6 +424,36 @@ def _validate_graph(cfg: TrainConfig) -> None:
     )
 
 
+def _validate_data(cfg: TrainConfig) -> None:
+  """``--data``: a dataset name, or for text models a PATH (`corpora`)."""
+  for field in ("vocab_size", "data_workers"):
+    value = getattr(cfg, field)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+      raise ValueError(
+        f"TrainConfig: {flag(field)} must be an integer >= 0, got {value!r}"
+      )
+  _choice("token_dtype", cfg.token_dtype, corpora.TOKEN_DTYPES)
+  names = MODEL_DATA[cfg.model]
+  text = model_registry.MODELS[cfg.model].data == "text"
+  if not text or cfg.data in names:
+    _choice("data", cfg.data, names)
+    if cfg.vocab_size:
+      raise ValueError(
+        f"TrainConfig: --vocab-size {cfg.vocab_size} is only for token data "
+        f"(--data PATH of token shards or ArrayRecord files); --data "
+        f"{cfg.data} decides its own vocabulary: drop --vocab-size"
+      )
+    return
+  if not pathlib.Path(cfg.data).exists():
+    raise ValueError(
+      f"TrainConfig: {flag('data')} {cfg.data!r} is not valid; choose one of "
+      f"{', '.join(names)}, or the PATH of your own data (a text file or "
+      f"folder, or a folder of train*.bin/val*.bin token shards); no file "
+      f"or folder {cfg.data} exists"
+    )
+  corpora.check(cfg.data, vocab_size=cfg.vocab_size, dtype_name=cfg.token_dtype)
+
+
 def check_model(cfg: TrainConfig) -> None:
   """Refuses an unknown ``--model``, listing the valid ones."""
   _choice("model", cfg.model, MODELS)
@@ -429,7 +481,7 @@ def validate(
       topology, or an impossible mesh.
   """
   check_model(cfg)
-  _choice("data", cfg.data, MODEL_DATA[cfg.model])
+  _validate_data(cfg)
   cfg = resolve(cfg)
   for field, names in registries.items():
     _choice(field, getattr(cfg, field), sorted(names))

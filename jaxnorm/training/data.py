@@ -12,10 +12,16 @@ Corpora and images come from installed packages, never from the network:
   ``dataset-fashion-mnist`` (IDX files located with ``dpkg -L``).
 * ``digits``: scikit-learn's 8x8 digits, split 80/20 with a fixed seed.
 
+Your own data (``--data PATH``: text, token shards, ArrayRecord) is read by
+`jaxnorm.training.corpora` into the same `TokenWindows`.
+
 Pipelines are `grain.MapDataset`s with an explicit shuffle seed, repeated
-forever (reshuffled each epoch) and batched; ``iter(ds.to_iter_dataset())``
-gives an iterator whose state orbax saves with the model, so a resumed run
-sees exactly the batches the uninterrupted run would have seen.
+forever (reshuffled each epoch): the *element stream* of a run, where global
+batch ``b`` is elements ``b * batch_size`` to ``(b + 1) * batch_size - 1``.
+`process_batches` gives each process its own rows of every global batch
+from any element position on (random access, so seeking is free): the data
+position of a run is one number, the elements consumed, the same on every
+process and for any process count.
 """
 
 from __future__ import annotations
@@ -27,7 +33,9 @@ import pathlib
 import re
 import sqlite3
 import subprocess
-from typing import Literal
+import sys
+from collections.abc import Sequence
+from typing import Any, Literal, Protocol
 
 import grain
 import numpy as np
@@ -221,6 +229,70 @@ def load_images(name: ImageDataset) -> ImageSplits:
   )
 
 
+class SegmentReader(Protocol):
+  """Token segments (files, records, arrays) read by position."""
+
+  lengths: np.ndarray  # int64, tokens per segment
+
+  def read(self, segment: int, start: int, stop: int) -> np.ndarray:
+    """Tokens ``start:stop`` of ``segment``."""
+
+
+class ArrayReader:
+  """In-memory token arrays as segments."""
+
+  def __init__(self, arrays: Sequence[np.ndarray]):
+    self.arrays = list(arrays)
+    self.lengths = np.array([len(a) for a in self.arrays], np.int64)
+
+  def read(self, segment: int, start: int, stop: int) -> np.ndarray:
+    """Tokens ``start:stop`` of array ``segment``."""
+    return self.arrays[segment][start:stop]
+
+
+class TokenWindows:
+  """Random access to the ``(seq_len + 1)``-token windows of token segments.
+
+  Window ``i`` of a segment is its tokens ``i*seq_len : (i+1)*seq_len + 1``
+  (non-overlapping inputs, the target shifted by one); windows never cross
+  a segment boundary. Segments are numbered in order and their windows
+  follow each other, so window ``k`` of the whole is found by a binary
+  search over the cumulative counts.
+
+  Args:
+    reader: the segments (`ArrayReader`, or a file reader of
+      `jaxnorm.training.corpora`); it is pickled into grain workers.
+    seq_len: tokens per input window.
+  """
+
+  def __init__(self, reader: SegmentReader, seq_len: int):
+    self.reader = reader
+    self.seq_len = seq_len
+    counts = np.maximum((reader.lengths - 1) // seq_len, 0)
+    self._ends = np.cumsum(counts)
+
+  def __len__(self) -> int:
+    return int(self._ends[-1]) if len(self._ends) else 0
+
+  def __getitem__(self, index: int) -> np.ndarray:
+    index = int(index)
+    segment = int(np.searchsorted(self._ends, index, side="right"))
+    first = int(self._ends[segment - 1]) if segment else 0
+    start = (index - first) * self.seq_len
+    window = self.reader.read(segment, start, start + self.seq_len + 1)
+    return np.asarray(window).astype(np.int32)
+
+
+def window_elements(
+  windows: TokenWindows, *, seed: int, shuffle: bool = True
+) -> grain.MapDataset:
+  """The element stream of ``windows``: every epoch in a new seeded order."""
+  ds = grain.MapDataset.range(len(windows))
+  if shuffle:
+    ds = ds.shuffle(seed=seed)
+  return ds.map(windows.__getitem__).repeat(None)
+
+
 def text_windows(
   tokens: np.ndarray,
   seq_len: int,
@@ -234,45 +306,126 @@ def text_windows(
   Windows are non-overlapping slices ``tokens[i*seq_len : (i+1)*seq_len+1]``;
   each epoch visits them in a new order derived from ``seed``.
   """
-  num = (len(tokens) - 1) // seq_len
-  if num < 1:
+  windows = TokenWindows(ArrayReader([tokens]), seq_len)
+  if len(windows) < 1:
     raise ValueError(
       f"text_windows: {len(tokens)} tokens are too few for {seq_len=}"
     )
-  ds = grain.MapDataset.range(num)
-  if shuffle:
-    ds = ds.shuffle(seed=seed)
-  ds = ds.map(
-    lambda i: tokens[i * seq_len : (i + 1) * seq_len + 1].astype(np.int32)
-  )
-  return ds.repeat(None).batch(batch_size, drop_remainder=True)
+  ds = window_elements(windows, seed=seed, shuffle=shuffle)
+  return ds.batch(batch_size, drop_remainder=True)
+
+
+def window_batches(
+  windows: TokenWindows, *, batch_size: int, max_batches: int
+) -> list[np.ndarray]:
+  """Up to ``max_batches`` evaluation batches spread evenly over ``windows``.
+
+  Returns:
+    ``(batch_size, seq_len + 1)`` int32 batches; empty when ``windows``
+    holds fewer than ``batch_size`` windows.
+  """
+  count = min(len(windows) // batch_size, max_batches)
+  if count < 1:
+    return []
+  starts = np.linspace(0, len(windows) - 1, count * batch_size)
+  batch = np.stack([windows[s] for s in starts.astype(np.int64)])
+  return list(batch.reshape(count, batch_size, windows.seq_len + 1))
 
 
 def eval_windows(
   tokens: np.ndarray, seq_len: int, *, batch_size: int, max_batches: int
 ) -> list[np.ndarray]:
   """A fixed list of evaluation batches spread evenly over ``tokens``."""
-  num = (len(tokens) - 1) // seq_len
-  count = min(num // batch_size, max_batches)
-  if count < 1:
+  batches = window_batches(
+    TokenWindows(ArrayReader([tokens]), seq_len),
+    batch_size=batch_size,
+    max_batches=max_batches,
+  )
+  if not batches:
     raise ValueError(
       f"eval_windows: {len(tokens)} tokens give no full "
       f"batch of {batch_size} x {seq_len + 1}"
     )
-  starts = np.linspace(0, num - 1, count * batch_size).astype(np.int64)
-  windows = np.stack(
-    [tokens[s * seq_len : (s + 1) * seq_len + 1] for s in starts]
-  ).astype(np.int32)
-  return list(windows.reshape(count, batch_size, seq_len + 1))
+  return batches
+
+
+def image_elements(
+  x: np.ndarray, y: np.ndarray, *, seed: int
+) -> grain.MapDataset:
+  """The element stream of shuffled ``{"image", "label"}`` examples."""
+  ds = (
+    grain.MapDataset.range(len(x))
+    .shuffle(seed=seed)
+    .map(lambda i: {"image": x[i], "label": y[i]})
+  )
+  return ds.repeat(None)
 
 
 def image_batches(
   x: np.ndarray, y: np.ndarray, *, batch_size: int, seed: int
 ) -> grain.MapDataset:
   """Shuffled ``{"image", "label"}`` batches, forever."""
-  ds = (
-    grain.MapDataset.range(len(x))
-    .shuffle(seed=seed)
-    .map(lambda i: {"image": x[i], "label": y[i]})
-  )
-  return ds.repeat(None).batch(batch_size, drop_remainder=True)
+  return image_elements(x, y, seed=seed).batch(batch_size, drop_remainder=True)
+
+
+def _mark_absl_flags_parsed() -> None:
+  """Lets grain start worker processes outside ``absl.app``.
+
+  The workers read absl flags, which fail as unparsed
+  (`absl.flags.UnparsedFlagAccessError`) unless marked parsed.
+  """
+  from absl import flags
+
+  if not flags.FLAGS.is_parsed():
+    flags.FLAGS.mark_as_parsed()
+
+
+def process_batches(
+  elements: grain.MapDataset,
+  *,
+  batch_size: int,
+  start: int,
+  rows: tuple[int, int],
+  workers: int = 0,
+) -> grain.IterDataset:
+  """This process's rows of every global batch from element ``start`` on.
+
+  Global batch ``b`` (counted from ``start``) is elements ``start +
+  b*batch_size`` to ``start + (b+1)*batch_size - 1`` of ``elements``; this
+  process reads only its rows ``rows[0]:rows[1]`` of each, those its devices
+  hold (`jax.make_array_from_process_local_data` places them). The position
+  is one number, the same on every process, so a run saved with one process
+  count resumes with another.
+
+  Args:
+    elements: an element stream (`window_elements`, `image_elements`).
+    batch_size: the global batch size.
+    start: elements already consumed.
+    rows: ``(first, stop)``, the rows of each global batch to read.
+    workers: grain worker processes (`grain.IterDataset.mp_prefetch`); 0
+      reads in this process, with grain's prefetch threads.
+
+  Returns:
+    An `IterDataset` of ``(rows[1] - rows[0], ...)`` batches.
+
+  Raises:
+    ValueError: if ``rows`` is not a non-empty range of ``batch_size`` rows.
+  """
+  first, stop = rows
+  if not 0 <= first < stop <= batch_size:
+    raise ValueError(
+      f"process_batches: rows {rows} are not a non-empty range of the "
+      f"{batch_size} rows of a batch"
+    )
+  count = stop - first
+
+  def element(m: int) -> Any:
+    return elements[start + (m // count) * batch_size + first + m % count]
+
+  local = grain.MapDataset.range(sys.maxsize // batch_size * count)
+  local = local.map(element).batch(count, drop_remainder=True)
+  ds = local.to_iter_dataset()
+  if workers:
+    _mark_absl_flags_parsed()
+    ds = ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=workers))
+  return ds

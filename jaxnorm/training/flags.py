@@ -18,7 +18,7 @@ import typing
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from jaxnorm.training import config
+from jaxnorm.training import config, corpora
 from jaxnorm.training.config import FIELDS, GROUPS, TrainConfig
 
 
@@ -192,6 +192,7 @@ def add_arguments(
     "param_dtype": config.DTYPES,
     "schedule": config.SCHEDULES,
     "nonfinite": config.NONFINITE,
+    "token_dtype": corpora.TOKEN_DTYPES,
     **(choices or {}),
   }
   for group, fields in GROUPS.items():

@@ -1,7 +1,10 @@
 """Metrics as JSON lines, a TensorBoard sink, progress, plots and tables.
 
 Records are strict JSON: a non-finite number is written as ``null`` (the
-NaN guard of the trainer decides what a non-finite step means).
+NaN guard of the trainer decides what a non-finite step means). A
+multi-process run has one log, ``metrics.jsonl``, written by process 0; the
+other processes keep their records in memory unless asked to write their
+own file.
 """
 
 from __future__ import annotations
@@ -22,18 +25,22 @@ class MetricsLog:
   A run killed after its last checkpoint has logged steps that the resumed
   run will redo; ``truncate_after`` removes them so the file reads as one
   uninterrupted run. Each record is also passed to every sink (e.g.
-  `TensorBoardSink`).
+  `TensorBoardSink`). With ``path=None`` nothing is written: the records of
+  this session are only kept in memory (`records`).
   """
 
   def __init__(
     self,
-    path: pathlib.Path,
+    path: pathlib.Path | None,
     *,
     truncate_after: int = 0,
     sinks: Sequence[Any] = (),
   ):
-    self.path = pathlib.Path(path)
+    self.path = None if path is None else pathlib.Path(path)
     self.sinks = list(sinks)
+    self._kept: list[dict[str, Any]] = []
+    if self.path is None:
+      return
     if truncate_after == 0:
       self.path.write_text("")
     elif self.path.exists():
@@ -47,10 +54,17 @@ class MetricsLog:
   def write(self, record: dict[str, Any]) -> None:
     """Appends ``record`` (must contain ``step``); NaN/inf become null."""
     record = finite_or_null(record)
-    with self.path.open("a") as f:
-      f.write(json.dumps(record, allow_nan=False) + "\n")
+    if self.path is None:
+      self._kept.append(record)
+    else:
+      with self.path.open("a") as f:
+        f.write(json.dumps(record, allow_nan=False) + "\n")
     for sink in self.sinks:
       sink.write(record)
+
+  def records(self) -> list[dict[str, Any]]:
+    """Every record of the file (earlier sessions' too), or those kept."""
+    return list(self._kept) if self.path is None else read_log(self.path)
 
   def close(self) -> None:
     """Closes the sinks."""
@@ -128,7 +142,7 @@ def _median(values: Sequence[float]) -> float:
 
 
 def summarize(
-  path: pathlib.Path,
+  records: Sequence[dict[str, Any]],
   *,
   config: dict[str, Any],
   num_params: int,
@@ -140,7 +154,7 @@ def summarize(
   """Final numbers of a run from its metrics file.
 
   Args:
-    path: the metrics file.
+    records: the run's metric records (`MetricsLog.records`).
     config: the run's config (stored as is).
     num_params: parameter count.
     baseline: the loss (nats) of the trivial predictor: unigram entropy for
@@ -154,9 +168,8 @@ def summarize(
     Losses in nats; for ``lm`` also ``val_bits_per_byte`` and
     ``baseline_bits_per_byte`` (nats / ln 2). ``tokens_per_sec`` is the
     median over records of training-step time only (no compilation,
-    evaluation or checkpointing).
+    evaluation or checkpointing), counting the tokens of every process.
   """
-  records = read_log(path)
   train = [r for r in records if r.get("loss") is not None]
   val = [r for r in records if r.get("val_loss") is not None]
   speeds = [r["tokens_per_sec"] for r in train if r.get("tokens_per_sec")]

@@ -1,12 +1,14 @@
 """What a run trains on: its data, the model's inputs, loss and metrics.
 
 `make_task` reads the data kind of the run's model (`ModelSpec.data`):
-token windows of a text corpus (next-token loss), image batches
+token windows of a text corpus or of ``--data PATH``
+(`jaxnorm.training.corpora`; next-token loss), image batches
 (classification), or generated node-classification graphs (the
 class-balanced loss of the Graph Transformer paper). The `Task` carries
-the training pipeline, the evaluation batches, what the data decides about
-the model (`build.model_config`'s ``data``), and the loss of a trivial
-predictor to compare against.
+the training element stream (`data.process_batches` cuts each process's
+rows of every global batch from it), the evaluation batches, what the data
+decides about the model (`build.model_config`'s ``data``), and the loss of
+a trivial predictor to compare against.
 """
 
 from __future__ import annotations
@@ -24,8 +26,8 @@ import optax
 from jaxnorm import graph as graph_lib
 from jaxnorm.nn import model_registry
 from jaxnorm.training import config as config_lib
+from jaxnorm.training import corpora, graph_data
 from jaxnorm.training import data as data_lib
-from jaxnorm.training import graph_data
 
 # The trivial predictor each task's loss is compared with.
 BASELINE_LABELS = {
@@ -37,10 +39,23 @@ BASELINE_LABELS = {
 
 @dataclasses.dataclass
 class Task:
-  """Data and loss of one run: LM, image or graph-node classification."""
+  """Data and loss of one run: LM, image or graph-node classification.
+
+  Attributes:
+    kind: ``lm``, ``classify`` or ``graph``.
+    train_elements: the training examples, forever (reshuffled each epoch):
+      global batch ``b`` is elements ``b * batch_size`` on.
+    train_size: training examples per epoch (a resume checks it is
+      unchanged, so the saved position means the same examples).
+    eval_batches: the evaluation batches (global).
+    model_kwargs: what the data decides about the model.
+    tokens_per_batch: tokens (or examples) of one global batch.
+    baseline: the loss of the trivial predictor.
+  """
 
   kind: str
-  train_ds: grain.MapDataset
+  train_elements: grain.MapDataset
+  train_size: int
   eval_batches: list[Any]
   model_kwargs: dict[str, Any]
   tokens_per_batch: int
@@ -50,9 +65,10 @@ class Task:
 def _graph_task(cfg: config_lib.TrainConfig) -> Task:
   """PATTERN or CLUSTER, generated once and cached in ``out_dir/data``.
 
-  Training batches are shuffled padded graphs (`graph_data.graph_batches`);
-  evaluation takes the first ``eval_batches`` batches of the validation
-  split in order. ``pe_dim=0`` takes the official config's size.
+  Training examples are shuffled padded graphs (the elements of
+  `graph_data.graph_batches`); evaluation takes the first ``eval_batches``
+  batches of the validation split in order. ``pe_dim=0`` takes the
+  official config's size.
   """
   sizes = cfg.graph_sizes or graph_data.SPLIT_SIZES[cfg.data]
   options = {}
@@ -78,9 +94,10 @@ def _graph_task(cfg: config_lib.TrainConfig) -> Task:
   num_classes = graph_data.NUM_CLASSES[cfg.data]
   return Task(
     kind="graph",
-    train_ds=graph_data.graph_batches(
-      train_src, batch_size=cfg.batch_size, seed=cfg.seed
-    ),
+    train_elements=grain.MapDataset.source(train_src)
+    .shuffle(seed=cfg.seed)
+    .repeat(None),
+    train_size=len(train_src),
     eval_batches=evals[: cfg.eval_batches],
     model_kwargs={
       "num_classes": num_classes,
@@ -92,28 +109,54 @@ def _graph_task(cfg: config_lib.TrainConfig) -> Task:
   )
 
 
+def _text_task(cfg: config_lib.TrainConfig) -> Task:
+  """A bundled corpus, or ``--data PATH`` (`corpora.load`), as windows."""
+  if cfg.data in data_lib.TEXT_CORPORA:
+    text = data_lib.load_text(cfg.data)
+    corpus = corpora.TokenCorpus(
+      train=data_lib.TokenWindows(
+        data_lib.ArrayReader([text.train]), cfg.seq_len
+      ),
+      val=data_lib.TokenWindows(data_lib.ArrayReader([text.val]), cfg.seq_len),
+      vocab_size=text.vocab_size,
+      baseline=text.unigram_entropy(),
+      path=cfg.data,
+    )
+    evals = data_lib.eval_windows(
+      text.val,
+      cfg.seq_len,
+      batch_size=cfg.batch_size,
+      max_batches=cfg.eval_batches,
+    )
+  else:
+    corpus = corpora.load(
+      cfg.data,
+      seq_len=cfg.seq_len,
+      batch_size=cfg.batch_size,
+      vocab_size=cfg.vocab_size,
+      dtype_name=cfg.token_dtype,
+    )
+    evals = data_lib.window_batches(
+      corpus.val, batch_size=cfg.batch_size, max_batches=cfg.eval_batches
+    )
+  return Task(
+    kind="lm",
+    train_elements=data_lib.window_elements(corpus.train, seed=cfg.seed),
+    train_size=len(corpus.train),
+    eval_batches=evals,
+    model_kwargs={"vocab_size": corpus.vocab_size, "max_len": cfg.seq_len},
+    tokens_per_batch=cfg.batch_size * cfg.seq_len,
+    baseline=corpus.baseline,
+  )
+
+
 def make_task(cfg: config_lib.TrainConfig) -> Task:
   """The task of ``cfg``'s model and data (loaded, or generated once)."""
   data = model_registry.spec(cfg.model).data
   if data == "graphs":
     return _graph_task(cfg)
   if data == "text":
-    text = data_lib.load_text(cfg.data)
-    return Task(
-      kind="lm",
-      train_ds=data_lib.text_windows(
-        text.train, cfg.seq_len, batch_size=cfg.batch_size, seed=cfg.seed
-      ),
-      eval_batches=data_lib.eval_windows(
-        text.val,
-        cfg.seq_len,
-        batch_size=cfg.batch_size,
-        max_batches=cfg.eval_batches,
-      ),
-      model_kwargs={"vocab_size": text.vocab_size, "max_len": cfg.seq_len},
-      tokens_per_batch=cfg.batch_size * cfg.seq_len,
-      baseline=text.unigram_entropy(),
-    )
+    return _text_task(cfg)
   images = data_lib.load_images(cfg.data)
   n = min(len(images.val_x), cfg.eval_batches * cfg.batch_size)
   n -= n % cfg.batch_size
@@ -131,9 +174,10 @@ def make_task(cfg: config_lib.TrainConfig) -> Task:
   ]
   return Task(
     kind="classify",
-    train_ds=data_lib.image_batches(
-      images.train_x, images.train_y, batch_size=cfg.batch_size, seed=cfg.seed
+    train_elements=data_lib.image_elements(
+      images.train_x, images.train_y, seed=cfg.seed
     ),
+    train_size=len(images.train_x),
     eval_batches=evals,
     model_kwargs={
       "num_classes": images.num_classes,

@@ -9,14 +9,16 @@
    changed fields are named in ``allow_change``, all before compiling;
 3. builds the mesh and the model under the logical axis rules, so every
    parameter is sharded as its logical names say;
-4. restores the newest good checkpoint (state, grain iterator, the partial
+4. restores the newest good checkpoint (state, data position, the partial
    log window) into the shardings the *current* mesh gives, so a run
-   resumes on any mesh; a corrupt newest checkpoint falls back to the
-   previous one;
+   resumes on any mesh and any number of processes; a corrupt newest
+   checkpoint falls back to the previous one, one that cannot be resumed
+   for another reason stops the run (`checkpoints`);
 5. runs jitted train steps, evaluating every ``eval_every`` steps and saving
    every ``checkpoint_every`` steps, at the end, and at a preemption;
-6. writes metrics (JSON lines, optionally TensorBoard), a loss plot, and
-   returns the summary.
+6. writes metrics (JSON lines, optionally TensorBoard; process 0 writes
+   the run's ``metrics.jsonl``, the others only with ``process_logs``), a
+   loss plot, and returns the summary.
 
 The train step differentiates the parameters and every `BackwardStat`
 (state that a custom backward pass updates, e.g. PowerNorm's ``grad_ema``),
@@ -29,10 +31,13 @@ goes on (``"skip"``, counted in ``skipped``). The step, the state
 optimizer are built by functions that compile-only planning (`plan`) calls
 too, on an abstract model and a deviceless mesh.
 
-Determinism: the data order comes from the seeded grain iterator (restored
-exactly), dropout keys are ``fold_in(seed, step)``, and the per-step metrics
-of a partly filled log window are saved with each checkpoint, so a resumed
-run logs the uninterrupted run's numbers (timings aside).
+Determinism: the data order comes from the seeded element stream of the
+task, where each process reads its rows of every global batch
+(`data.process_batches`) from the saved position (training examples
+consumed, one number for every process count), dropout keys are
+``fold_in(seed, step)``, and the per-step metrics of a partly filled log
+window are saved with each checkpoint, so a resumed run logs the
+uninterrupted run's numbers (timings aside).
 
 Preemption: `CheckpointManager.reached_preemption` (JAX's multi-host sync
 point: every process gets True at the same step) stops the run with a
@@ -67,6 +72,7 @@ from jaxnorm.optim import complex as complex_opt
 from jaxnorm.training import build, optimizers, tasks
 from jaxnorm.training import checkpoints as checkpoints_lib
 from jaxnorm.training import config as config_lib
+from jaxnorm.training import data as data_lib
 from jaxnorm.training import faults as faults_lib
 from jaxnorm.training import metrics as metrics_lib
 
@@ -105,21 +111,43 @@ class _LocalStop:
       signal.signal(signal.SIGTERM, self._previous)
 
 
-def _to_global(batch: Any, layout: NamedSharding) -> Any:
-  """Places a host batch on the mesh, each process contributing its rows.
+def local_rows(layout: NamedSharding, batch_size: int) -> tuple[int, int]:
+  """``(first, stop)``: the rows of a global batch this process's devices hold.
 
-  Every process iterates the same seeded pipeline (so iterator states, and
-  checkpoints, agree) and keeps the contiguous slice of rows that its devices
-  hold; with one process this is a plain `jax.device_put`.
+  Raises:
+    ValueError: if they are not one contiguous range (a mesh whose batch
+      axes interleave the processes' devices).
   """
-  count, index = jax.process_count(), jax.process_index()
+  indices = layout.addressable_devices_indices_map((batch_size,)).values()
+  held = {index[0].indices(batch_size)[:2] for index in indices}
+  first, stop = min(a for a, _ in held), max(b for _, b in held)
+  if sum(b - a for a, b in held) != stop - first:
+    raise ValueError(
+      f"train: this process's devices hold the batch rows {sorted(held)}, "
+      f"not one contiguous range; order the devices so that each process's "
+      f"are adjacent along the data and fsdp mesh axes"
+    )
+  return first, stop
 
-  def place(a):
-    rows = a.shape[0] // count
-    local = a[index * rows : (index + 1) * rows]
-    return jax.make_array_from_process_local_data(layout, local, a.shape)
 
-  return jax.tree.map(place, batch)
+def _place(batch: Any, layout: NamedSharding, batch_size: int) -> Any:
+  """Makes global arrays of this process's rows of a batch.
+
+  With one process this is a plain `jax.device_put` of the whole batch.
+  """
+  return jax.tree.map(
+    lambda a: jax.make_array_from_process_local_data(
+      layout, a, (batch_size, *a.shape[1:])
+    ),
+    batch,
+  )
+
+
+def _to_global(batch: Any, layout: NamedSharding, rows: tuple[int, int]) -> Any:
+  """Places a whole host batch on the mesh, each process giving its rows."""
+  size = jax.tree.leaves(batch)[0].shape[0]
+  local = jax.tree.map(lambda a: a[rows[0] : rows[1]], batch)
+  return _place(local, layout, size)
 
 
 def _abstract(tree: Any) -> Any:
@@ -153,6 +181,28 @@ def _check_drift(
       f"with another config: {'; '.join(changes)}; rerun with the saved "
       f"values, accept the change with --allow-change {fields}, or start "
       f"over with --no-resume (the old run is moved aside)"
+    )
+
+
+def _check_data(
+  run: dict[str, Any],
+  task: tasks.Task,
+  where: pathlib.Path,
+  cfg: config_lib.TrainConfig,
+) -> None:
+  """Refuses a resume whose training data no longer has the saved size.
+
+  The data position counts examples of the element stream; over data with
+  another number of examples per epoch it would pick other rows.
+  """
+  saved = run.get("train_size")
+  if saved is not None and saved != task.train_size:
+    raise checkpoints_lib.CheckpointIncompatibleError(
+      f"checkpoint {where} cannot be resumed by this run: --data {cfg.data} "
+      f"held {saved} training examples when it was saved and holds "
+      f"{task.train_size} now, so its data position would pick other "
+      f"examples; restore the data it was trained on; nothing on disk was "
+      f"changed (start over with --no-resume, which moves the old run aside)"
     )
 
 
@@ -423,6 +473,7 @@ def _run(
   mesh = sharding.make_mesh(cfg.mesh)
   rules = sharding.DEFAULT_RULES
   batch_layout = batch_sharding(mesh)
+  rows = local_rows(batch_layout, cfg.batch_size)
   schedule = lr_schedule(cfg)
 
   with jax.set_mesh(mesh), nnx.logical_axis_rules(rules):
@@ -461,20 +512,30 @@ def _run(
   )
   eval_step = jax.jit(eval_step)
 
-  iterator = iter(task.train_ds.to_iter_dataset())
-  start, window = 0, []
+  start, window, elements = 0, [], 0
   if cfg.resume:
-    restored = ckpts.restore(_abstract(state), iterator)
+    restored = ckpts.restore(_abstract(state))
     if restored is not None:
-      start, state, run = restored
+      start, state, run, elements = restored
       window = list(run.get("window", []))
+      _check_data(run, task, out_dir / "checkpoints" / str(start), cfg)
+  iterator = iter(
+    data_lib.process_batches(
+      task.train_elements,
+      batch_size=cfg.batch_size,
+      start=elements,
+      rows=rows,
+      workers=cfg.data_workers,
+    )
+  )
+  if primary:
+    log_path = out_dir / "metrics.jsonl"
+  elif cfg.process_logs:
+    log_path = out_dir / f"metrics.process{jax.process_index()}.jsonl"
+  else:
+    log_path = None
   log = metrics_lib.MetricsLog(
-    out_dir
-    / (
-      "metrics.jsonl"
-      if primary
-      else f"metrics.process{jax.process_index()}.jsonl"
-    ),
+    log_path,
     truncate_after=start,
     sinks=(
       [metrics_lib.TensorBoardSink(out_dir / "tensorboard")]
@@ -487,14 +548,18 @@ def _run(
     ckpts.save(
       step,
       state,
-      iterator,
-      {"config": config_lib.to_json(cfg), "window": window},
+      elements,
+      {
+        "config": config_lib.to_json(cfg),
+        "window": window,
+        "train_size": task.train_size,
+      },
     )
 
   def evaluate(step: int) -> None:
     totals: dict[str, float] = {}
     for batch in task.eval_batches:
-      out = eval_step(state, _to_global(batch, batch_layout))
+      out = eval_step(state, _to_global(batch, batch_layout, rows))
       for k, v in jax.device_get(out).items():
         totals[k] = totals.get(k, 0.0) + float(v)
     n = len(task.eval_batches)
@@ -507,6 +572,7 @@ def _run(
   stop_reason, last = None, start
   profiling = False
   with contextlib.ExitStack() as stack:
+    stack.callback(iterator.close)  # Stops grain's workers and threads.
     local = stack.enter_context(_LocalStop())
     stack.enter_context(jax.set_mesh(mesh))
     stack.enter_context(nnx.logical_axis_rules(rules))
@@ -515,7 +581,8 @@ def _run(
         jax.profiler.start_trace(str(out_dir / "profile"))
         profiling = True
       began = time.perf_counter()
-      batch = _to_global(next(iterator), batch_layout)
+      batch = _place(next(iterator), batch_layout, cfg.batch_size)
+      elements += cfg.batch_size
       state, metrics = train_step(
         state, batch, jnp.float32(faults_lib.loss_scale(faults, step))
       )
@@ -557,7 +624,7 @@ def _run(
   if given is not None:
     nnx.update(given, state["params"], state["backward"], state["rest"])
   summary = metrics_lib.summarize(
-    log.path,
+    log.records(),
     config=dataclasses.asdict(cfg),
     num_params=num_params,
     baseline=task.baseline,
@@ -567,7 +634,7 @@ def _run(
   )
   if primary:
     metrics_lib.plot_run(
-      log.path,
+      out_dir / "metrics.jsonl",
       out_dir / "loss.png",
       title=f"{cfg.model} on {cfg.data}",
       baseline=task.baseline,

@@ -5,9 +5,9 @@ import json
 import os
 import pathlib
 import shutil
+import subprocess
 import sys
 
-import grain
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
@@ -91,17 +91,52 @@ def cli_env(devices: int, cache_dir, **extra) -> dict[str, str]:
   )
 
 
+def launch(
+  cfg: config_lib.TrainConfig,
+  processes: int,
+  cache_dir,
+  *,
+  devices: int = 4,
+  fault: str = "",
+) -> list[str]:
+  """Runs ``cfg`` through the CLI as ``processes`` jax.distributed processes.
+
+  The processes (on localhost, ``devices`` CPU devices in all) start
+  together; more than one join through ``JAX_COORDINATOR_ADDRESS``. Returns
+  each process's output once all exited 0.
+  """
+  import portpicker  # A dependency of orbax.
+
+  address = f"127.0.0.1:{portpicker.pick_unused_port()}"
+  procs = []
+  for i in range(processes):
+    extra = {"JAXNORM_FAULT": fault}
+    if processes > 1:
+      extra.update(
+        JAX_COORDINATOR_ADDRESS=address,
+        JAX_NUM_PROCESSES=str(processes),
+        JAX_PROCESS_ID=str(i),
+      )
+    procs.append(
+      subprocess.Popen(
+        cli_args(cfg),
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env=cli_env(devices // processes, cache_dir, **extra),
+      )
+    )
+  outputs = [p.communicate(timeout=600)[0].decode() for p in procs]
+  assert [p.returncode for p in procs] == [0] * processes, outputs
+  return outputs
+
+
 def losses(run_dir) -> tuple[dict[int, float], dict[int, float]]:
   recs = metrics.read_log(pathlib.Path(run_dir) / "metrics.jsonl")
   return (
     {r["step"]: r["loss"] for r in recs if "loss" in r},
     {r["step"]: r["val_loss"] for r in recs if "val_loss" in r},
   )
-
-
-def grain_iterator():
-  """A small seeded grain pipeline (its state is saved with checkpoints)."""
-  return grain.MapDataset.range(16).shuffle(seed=0).to_iter_dataset()
 
 
 def saved_state(run_dir, step: int) -> dict:

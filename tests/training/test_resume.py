@@ -102,8 +102,7 @@ def test_restore_takes_the_new_meshs_shardings(tmp_path):
   ckpts = checkpoints.Checkpoints(
     tmp_path / "ck", keep=2, corrupt_dir=tmp_path / "bad", primary=True
   )
-  iterator = iter(runs.grain_iterator())
-  ckpts.save(3, state, iterator, {"window": []})
+  ckpts.save(3, state, 24, {"window": []})
   ckpts.close()
   target = _placed(new, {"a": P("data"), "b": P(None, "data")})
   target["step"] = jax.device_put(jnp.int32(0), NamedSharding(new, P()))
@@ -114,9 +113,9 @@ def test_restore_takes_the_new_meshs_shardings(tmp_path):
   ckpts = checkpoints.Checkpoints(
     tmp_path / "ck", keep=2, corrupt_dir=tmp_path / "bad", primary=True
   )
-  step, restored, run = ckpts.restore(abstract, iterator)
+  step, restored, run, elements = ckpts.restore(abstract)
   ckpts.close()
-  assert step == 3 and run["window"] == []
+  assert step == 3 and run["window"] == [] and elements == 24
   for k in state:
     assert restored[k].sharding == target[k].sharding, k
     np.testing.assert_array_equal(restored[k], state[k])

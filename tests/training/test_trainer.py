@@ -142,36 +142,11 @@ def test_preemption_stops_every_process_at_one_step(
   # Process 1 alone gets SIGTERM after step 3; JAX's preemption sync point
   # stops both processes at the same step with one collective checkpoint.
   # The resumed two-process run then equals the one-process run.
-  portpicker = pytest.importorskip("portpicker")
   single, _ = lm_run
   multi = dataclasses.replace(
-    single, out_dir=str(tmp_path / "multi"), mesh=(4, 1, 1)
+    single, out_dir=str(tmp_path / "multi"), mesh=(4, 1, 1), process_logs=True
   )
-
-  def launch(fault):
-    address = f"127.0.0.1:{portpicker.pick_unused_port()}"
-    procs = [
-      subprocess.Popen(
-        runs.cli_args(multi),
-        cwd=runs.REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        env=runs.cli_env(
-          2,
-          compilation_cache_dir,
-          JAX_COORDINATOR_ADDRESS=address,
-          JAX_NUM_PROCESSES="2",
-          JAX_PROCESS_ID=str(i),
-          JAXNORM_FAULT=fault,
-        ),
-      )
-      for i in range(2)
-    ]
-    outputs = [p.communicate(timeout=600)[0].decode() for p in procs]
-    assert [p.returncode for p in procs] == [0, 0], outputs
-    return outputs
-
-  outputs = launch("sigterm@3:1")
+  outputs = runs.launch(multi, 2, compilation_cache_dir, fault="sigterm@3:1")
   out = pathlib.Path(multi.out_dir)
   steps = [
     max(r["step"] for r in metrics.read_log(out / name))
@@ -180,7 +155,7 @@ def test_preemption_stops_every_process_at_one_step(
   assert steps[0] == steps[1] and 3 <= steps[0] < 8, outputs
   assert f"stopped at step {steps[0]} (preemption notice)" in outputs[0]
   assert str(steps[0]) in [p.name for p in (out / "checkpoints").iterdir()]
-  outputs = launch("")
+  outputs = runs.launch(multi, 2, compilation_cache_dir)
   assert "| lm/rmsnorm/prenorm/adamw |" in outputs[0]
   assert "| lm/" not in outputs[1]
   _assert_same_losses(out, single.out_dir)
