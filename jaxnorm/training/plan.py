@@ -7,7 +7,8 @@ named chip) and compiles it on this machine with that chip's compiler,
 deviceless (`jaxnorm.aot`). Nothing is allocated: the model is built with
 `nnx.eval_shape`, the state and the batch are `jax.ShapeDtypeStruct`s with
 their shardings on the topology's mesh, and no data is read (the language
-models' vocabulary is the byte vocabulary of every bundled corpus).
+models' vocabulary is ``--vocab-size`` where token data sets it, else the
+byte vocabulary of the bundled corpora and text files).
 
 `compile_plan` returns a `Plan`: per device, the parameters and optimizer
 state (summed from the abstract shapes and shardings), the rest of the
@@ -194,7 +195,8 @@ def compile_plan(cfg: config_lib.TrainConfig, topology: str) -> Plan:
   chip, _ = aot.parse(topology)
   devices = list(aot.topology(topology).devices.flat)
   mesh = sharding.make_mesh(cfg.mesh, devices=devices)
-  data = {"vocab_size": data_lib.BYTE_VOCAB, "max_len": cfg.seq_len}
+  vocab_size = cfg.vocab_size or data_lib.BYTE_VOCAB
+  data = {"vocab_size": vocab_size, "max_len": cfg.seq_len}
   base_key = jax.random.key(cfg.seed)  # On the host, not on the topology.
   began = time.perf_counter()
   with (
