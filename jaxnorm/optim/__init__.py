@@ -5,6 +5,17 @@ user-facing optimizer (``adamp``, ``sgdp``, ...) that takes ``mask=`` as
 ``optax.adamw`` does (``None`` keeps the official decay of every leaf).
 Matrix axes are named with `MatrixAxes` (Flax ``(in, out)`` layout by
 default), or derived from logical axis names with `logical_axes`.
+
+Examples:
+  The matrix ``w`` takes the RMNP step, the bias AdamW's (only it has
+  Adam's second moment):
+
+  >>> import jax.numpy as jnp
+  >>> from jaxnorm import optim
+  >>> params = {"b": jnp.zeros(2), "w": jnp.zeros((3, 2))}  # Flax (in, out)
+  >>> state = optim.rmnp(learning_rate=0.02).init(params)
+  >>> print(state._fields, state.nu["b"].shape, state.nu["w"])
+  ('count', 'momentum', 'nu') (2,) MaskedNode()
 """
 
 from jaxnorm.optim._axes import MatrixAxes, axes_from_names, logical_axes

@@ -321,6 +321,16 @@ def axes_from_names(
 
   Raises:
     ValueError: for an unknown ``layout``.
+
+  Examples:
+    >>> optim.axes_from_names(("embed", "heads", "head_dim"))
+    MatrixAxes(output=(1, 2), reduction=(0,))
+    >>> optim.axes_from_names(("layers", "embed", "mlp"))  # axis 0: batch
+    MatrixAxes(output=(2,), reduction=(1,))
+    >>> optim.axes_from_names(("heads", "embed"), layout="out_in")  # torch
+    MatrixAxes(output=(0,), reduction=(1,))
+    >>> print(optim.axes_from_names(("vocab", "embed")))  # left to Adam
+    None
   """
   _checks.check_choice("axes_from_names", "layout", layout, LAYOUTS)
   if any(_has_name(n, exclude) for n in names):
@@ -372,6 +382,16 @@ def logical_axes(
 
   Returns:
     A pytree of `MatrixAxes` / ``None`` with one entry per parameter.
+
+  Examples:
+    From a tree of ``PartitionSpec`` (as ``nnx.get_partition_spec`` gives):
+
+    >>> P = jax.sharding.PartitionSpec
+    >>> specs = {"emb": P("vocab", "embed"), "q": P("embed", "heads", "hd")}
+    >>> axes = optim.logical_axes(specs)
+    >>> print(axes["emb"], axes["q"])
+    None MatrixAxes(output=(1, 2), reduction=(0,))
+    >>> opt = optim.rmnp(0.02, axes=axes)  # emb takes AdamW's step
   """
   kw = dict(model=model, batch=batch, exclude=exclude, layout=layout)
 

@@ -174,6 +174,18 @@ def scale_by_adamp(
     ValueError: for negative ``eps``/``weight_decay``/``delta``/``wd_ratio``,
       ``b1``/``b2`` outside [0, 1), or (at update) missing ``params``.
 
+  Examples:
+    One step on a weight ``w`` whose gradient is orthogonal to it (as for a
+    weight feeding a normalization layer): Adam's first direction ``[1, -1]``
+    loses its radial part, and the decay is ``0.5 * wd_ratio * w``.
+
+    >>> w = {"w": jnp.array([[1.0], [2.0]])}  # (in=2, out=1): one unit
+    >>> g = {"w": jnp.array([[0.2], [-0.1]])}  # g . w = 0
+    >>> tx = optim.scale_by_adamp(weight_decay=0.5)
+    >>> out, state = tx.update(g, tx.init(w), w)
+    >>> print(state._fields, np.asarray(out["w"], float).round(4).tolist())
+    ('count', 'mu', 'nu') [[1.25], [-0.5]]
+
   References:
     Heo et al., *AdamP: Slowing Down the Slowdown for Momentum Optimizers on
     Scale-invariant Weights*, arXiv:2006.08217 (2021).
@@ -292,6 +304,19 @@ def adamp(
   Returns:
     An `optax.GradientTransformation` (``update`` needs ``params``).
 
+  Examples:
+    The update of a weight whose gradient is orthogonal to it has no radial
+    component, so it does not grow the weight's norm:
+
+    >>> w = {"w": jnp.array([[1.0], [2.0]])}  # (in=2, out=1): one unit
+    >>> g = {"w": jnp.array([[0.2], [-0.1]])}  # g . w = 0
+    >>> opt = optim.adamp(learning_rate=0.1)
+    >>> u, state = opt.update(g, opt.init(w), w)
+    >>> print(np.asarray(u["w"], float).round(4).tolist())
+    [[-0.12], [0.06]]
+    >>> print(abs(round(float(jnp.vdot(w["w"], u["w"])), 4)))  # |w . u|
+    0.0
+
   References:
     Heo et al., *AdamP: Slowing Down the Slowdown for Momentum Optimizers on
     Scale-invariant Weights*, arXiv:2006.08217 (2021).
@@ -367,6 +392,20 @@ def scale_by_sgdp(
   Raises:
     ValueError: for negative hyperparameters, ``momentum`` outside [0, 1), or
       (at update) missing ``params``.
+
+  Examples:
+    A gradient with a small radial part (cosine 0.04 with ``w``, below
+    ``delta / sqrt(2)``) loses it: ``g - w (w . g) / |w|^2``, which is also
+    what the momentum buffer stores (the aliasing above).
+
+    >>> w = {"w": jnp.array([[1.0], [2.0]])}  # (in=2, out=1): one unit
+    >>> g = {"w": jnp.array([[0.2], [-0.09]])}  # w . g = 0.02
+    >>> tx = optim.scale_by_sgdp(momentum=0.9)
+    >>> d, state = tx.update(g, tx.init(w), w)
+    >>> print(np.asarray(d["w"], float).round(4).tolist(), state._fields)
+    [[0.196], [-0.098]] ('count', 'momentum')
+    >>> print(np.asarray(state.momentum["w"], float).round(4).tolist())
+    [[0.196], [-0.098]]
 
   References:
     Heo et al., *AdamP: Slowing Down the Slowdown for Momentum Optimizers on
@@ -472,6 +511,17 @@ def sgdp(
 
   Returns:
     An `optax.GradientTransformation` (``update`` needs ``params``).
+
+  Examples:
+    The radial part of a nearly orthogonal gradient is removed,
+    ``-lr (g - w (w . g) / |w|^2)``:
+
+    >>> w = {"w": jnp.array([[1.0], [2.0]])}  # (in=2, out=1): one unit
+    >>> g = {"w": jnp.array([[0.2], [-0.09]])}  # w . g = 0.02
+    >>> opt = optim.sgdp(learning_rate=0.1)
+    >>> u, state = opt.update(g, opt.init(w), w)
+    >>> print(np.asarray(u["w"], float).round(4).tolist())  # w . u = 0
+    [[-0.0196], [0.0098]]
 
   References:
     Heo et al., *AdamP: Slowing Down the Slowdown for Momentum Optimizers on

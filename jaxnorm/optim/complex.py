@@ -35,6 +35,13 @@ def conjugate_complex() -> optax.GradientTransformation:
   Returns:
     An `optax.GradientTransformation`.
 
+  Examples:
+    >>> tx = optim.conjugate_complex()
+    >>> g = {"b": jnp.array([2.0]), "z": jnp.array([1.0 + 2.0j], jnp.complex64)}
+    >>> u, state = tx.update(g, tx.init(g))
+    >>> print(np.asarray(u["z"]).tolist(), np.asarray(u["b"], float).tolist())
+    [(1-2j)] [2.0]
+
   References:
     Kreutz-Delgado, *The Complex Gradient Operator and the CR-Calculus*,
     arXiv:0906.4835 (2009); JAX autodiff cookbook, "Complex numbers and
@@ -158,6 +165,18 @@ def scale_by_complex_adam(
   Raises:
     ValueError: for an unknown ``second_moment``.
 
+  Examples:
+    The first step on ``3 + 4i``: per component, the sign of each part;
+    with the modulus, the direction ``(3 + 4i) / 5``:
+
+    >>> g = {"z": jnp.array([3.0 + 4.0j], jnp.complex64)}
+    >>> for mode in ("per_component", "modulus"):
+    ...   tx = optim.scale_by_complex_adam(second_moment=mode)
+    ...   u, state = tx.update(g, tx.init(g))
+    ...   print(mode, np.asarray(u["z"], complex).round(4).tolist())
+    per_component [(1+1j)]
+    modulus [(0.6+0.8j)]
+
   References:
     Kingma & Ba, *Adam*, arXiv:1412.6980 (2015); Crasmaru, *CNet* (code,
     Adam on ``dz_star``).
@@ -216,6 +235,19 @@ def complex_adam(
 
   Raises:
     ValueError: for an unknown ``second_moment``.
+
+  Examples:
+    One step on :math:`|z|^2` from ``z = 1 + i`` moves both parts toward 0
+    (without the conjugation the imaginary part would climb to 1.1):
+
+    >>> import optax
+    >>> z = {"z": jnp.array([1.0 + 1.0j], jnp.complex64)}
+    >>> grads = jax.grad(lambda p: jnp.sum(jnp.abs(p["z"]) ** 2))(z)
+    >>> opt = optim.complex_adam(learning_rate=0.1)
+    >>> u, state = opt.update(grads, opt.init(z), z)
+    >>> new = optax.apply_updates(z, u)["z"]
+    >>> print(np.asarray(new, complex).round(4).tolist())
+    [(0.9+0.9j)]
 
   References:
     Kingma & Ba, arXiv:1412.6980 (2015); Loshchilov & Hutter, *Decoupled

@@ -254,6 +254,20 @@ def scale_by_conda(
       not an integer scalar (arrays, e.g. from ``optax.inject_hyperparams``,
       are used unchecked).
 
+  Examples:
+    A ``(3, 2)`` kernel rotates its output side (``fan_out < fan_in``) with a
+    ``2 x 2`` basis; the bias has no basis and takes Adam's first step,
+    ``sign(g)``:
+
+    >>> p = {"b": jnp.zeros(2), "w": jnp.zeros((3, 2))}  # Flax (in, out)
+    >>> g = {"b": jnp.array([0.5, -2.0]), "w": jnp.arange(6.0).reshape(3, 2)}
+    >>> tx = optim.scale_by_conda()
+    >>> u, state = tx.update(g, tx.init(p), p)
+    >>> print(state._fields, state.basis["w"].shape, state.basis["b"])
+    ('count', 'mu', 'nu', 'basis') (2, 2) MaskedNode()
+    >>> print(np.asarray(u["b"], float).round(4).tolist())
+    [1.0, -1.0]
+
   References:
     Wang et al., *Conda: Column-Normalized Adam for Training Large Language
     Models Faster*, arXiv:2509.24218 (2025).
@@ -390,6 +404,19 @@ def add_decayed_weights_after_step(
   Raises:
     ValueError: negative ``weight_decay``, or (at update) missing ``params``
       while ``weight_decay`` is not a literal 0.
+
+  Examples:
+    After SGD with learning rate 0.1, the weight is ``(p - 0.1 g)`` shrunk by
+    ``1 - 0.1 * 0.5``:
+
+    >>> import optax
+    >>> decay = optim.add_decayed_weights_after_step(0.1, weight_decay=0.5)
+    >>> tx = optax.chain(optax.sgd(0.1), decay)
+    >>> p, g = {"w": jnp.array([1.0, 2.0])}, {"w": jnp.array([1.0, 1.0])}
+    >>> u, state = tx.update(g, tx.init(p), p)
+    >>> new = optax.apply_updates(p, u)["w"]
+    >>> print(np.asarray(new, float).round(4).tolist())  # [0.9, 1.9] * 0.95
+    [0.855, 1.805]
   """
   who = "add_decayed_weights_after_step"
   _common.check_hyper(who, "weight_decay", weight_decay)
@@ -478,6 +505,19 @@ def conda(
   Raises:
     ValueError: as `scale_by_conda`, negative decays, or (at update) missing
       ``params`` while a decay is not a literal 0.
+
+  Examples:
+    At the first step Conda is Adam in the basis ``P`` of the first moment's
+    SVD: for a generic gradient every rotated coordinate of the update,
+    ``P^T u``, is ``lr`` in size.
+
+    >>> p = {"w": jnp.zeros((2, 2))}
+    >>> g = {"w": jnp.array([[1.0, 2.0], [3.0, 4.0]])}
+    >>> opt = optim.conda(learning_rate=0.1)
+    >>> u, state = opt.update(g, opt.init(p), p)
+    >>> rotated = state.basis["w"].T @ u["w"]  # fan_in <= fan_out: input side
+    >>> print(np.abs(np.asarray(rotated, float)).round(4).tolist())
+    [[0.1, 0.1], [0.1, 0.1]]
 
   References:
     Wang et al., *Conda: Column-Normalized Adam for Training Large Language

@@ -106,6 +106,17 @@ def nap_project(
       update) missing ``params``.
     TypeError: a ``period`` array that is not an integer scalar.
 
+  Examples:
+    The weight keeps its initial Frobenius norm, 5, after an SGD step:
+
+    >>> import optax
+    >>> p = {"w": jnp.array([[3.0, 0.0], [0.0, 4.0]])}  # norm 5
+    >>> tx = optax.chain(optax.sgd(0.1), optim.nap_project(mask={"w": True}))
+    >>> u, state = tx.update({"w": jnp.ones((2, 2))}, tx.init(p), p)
+    >>> new = optax.apply_updates(p, u)["w"]
+    >>> print(round(float(jnp.linalg.norm(new)), 4))
+    5.0
+
   References:
     Lyle et al., *Normalization and effective learning rates in
     reinforcement learning*, arXiv:2407.01800 (2024).

@@ -76,6 +76,15 @@ def effective_learning_rate(
 
   Raises:
     ValueError: for an unknown ``optimizer`` or a bad mask.
+
+  Examples:
+    >>> p = {"w": jnp.full((2, 2), 2.0)}  # ||w||_F = 4
+    >>> elr = optim.effective_learning_rate(0.1, p)  # 0.1 / 4**2
+    >>> print(round(float(elr["w"]), 6))
+    0.00625
+    >>> elr = optim.effective_learning_rate(0.1, p, optimizer="adam")
+    >>> print(round(float(elr["w"]), 6))  # 0.1 / 4
+    0.025
   """
   who = "effective_learning_rate"
   _checks.check_choice(who, "optimizer", optimizer, ELR_OPTIMIZERS)
@@ -107,6 +116,13 @@ def task_reset_schedule(
 
   Raises:
     ValueError: for a non-positive ``task_length``.
+
+  Examples:
+    >>> import optax
+    >>> ramp = optax.linear_schedule(0.0, 1.0, transition_steps=4)
+    >>> sched = optim.task_reset_schedule(ramp, task_length=4)
+    >>> print([round(float(sched(t)), 4) for t in range(6)])
+    [0.0, 0.25, 0.5, 0.75, 0.0, 0.25]
   """
   _checks.check_positive_int("task_reset_schedule", "task_length", task_length)
 
@@ -145,6 +161,14 @@ def nap_rewarm_schedule(
   Raises:
     ValueError: if ``task_length <= warmup_steps`` or either is not a
       positive integer.
+
+  Examples:
+    Warmup over 2 steps, cosine over the other 8, restart at step 10:
+
+    >>> sched = optim.nap_rewarm_schedule(
+    ...     10, peak_value=1.0, init_value=0.0, end_value=0.0, warmup_steps=2)
+    >>> print([round(float(sched(t)), 4) for t in (0, 1, 2, 6, 10, 11)])
+    [0.0, 0.5, 1.0, 0.5, 0.0, 0.5]
   """
   who = "nap_rewarm_schedule"
   _checks.check_positive_int(who, "task_length", task_length)
@@ -199,6 +223,19 @@ def nap_project_joint(
   Raises:
     ValueError: for a group id that is not an int, a negative ``eps`` or
       (at update) missing ``params``.
+
+  Examples:
+    A norm layer's scale and offset keep their joint norm, ``sqrt(2)`` (the
+    SGD step alone would leave 1):
+
+    >>> import optax
+    >>> p = {"bias": jnp.zeros(2), "scale": jnp.ones(2)}
+    >>> joint = optim.nap_project_joint({"bias": 0, "scale": 0})
+    >>> tx = optax.chain(optax.sgd(0.5), joint)
+    >>> g = {"bias": jnp.array([1.0, -1.0]), "scale": jnp.ones(2)}
+    >>> u, state = tx.update(g, tx.init(p), p)
+    >>> print(round(float(optax.tree.norm(optax.apply_updates(p, u))), 4))
+    1.4142
 
   References:
     Lyle et al., arXiv:2407.01800 (2024) (the joint option [SECONDARY]).

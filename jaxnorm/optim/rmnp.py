@@ -151,6 +151,16 @@ def scale_by_rmnp(
     ValueError: ``beta`` outside [0, 1), negative ``eps``, or (at update) a
       leaf without matrix axes.
 
+  Examples:
+    A ``(1, 4)`` kernel has four output units of one weight each; each is
+    normalized to 1 and scaled by ``sqrt(4 / 1) = 2``:
+
+    >>> g = {"w": jnp.array([[0.5, -1.0, 2.0, -3.0]])}  # Flax (in=1, out=4)
+    >>> tx = optim.scale_by_rmnp()
+    >>> r, state = tx.update(g, tx.init(g))
+    >>> print(np.asarray(r["w"], float).round(4).tolist(), state._fields)
+    [[2.0, -2.0, 2.0, -2.0]] ('count', 'momentum')
+
   References:
     Deng et al., *RMNP: Row-Momentum Normalized Preconditioning for Scalable
     Matrix-Based Optimization*, arXiv:2603.20527 (2026).
@@ -254,6 +264,20 @@ def rmnp(
   Raises:
     ValueError: as `scale_by_rmnp`, negative decays, or (at update) missing
       ``params`` while a decay is not a literal 0.
+
+  Examples:
+    Each output unit (a column of the Flax kernel) of the matrix's update has
+    norm ``lr``; the bias takes AdamW's first step, ``-lr sign(g)``:
+
+    >>> p = {"b": jnp.zeros(2), "w": jnp.zeros((3, 2))}  # Flax (in, out)
+    >>> g = {"b": jnp.array([0.5, -2.0]), "w": jnp.arange(6.0).reshape(3, 2)}
+    >>> opt = optim.rmnp(learning_rate=0.1)
+    >>> u, state = opt.update(g, opt.init(p), p)
+    >>> norms = np.linalg.norm(np.asarray(u["w"], float), axis=0)
+    >>> print(norms.round(4).tolist())  # one norm per output unit
+    [0.1, 0.1]
+    >>> print(np.asarray(u["b"], float).round(4).tolist(), state._fields)
+    [-0.1, 0.1] ('count', 'momentum', 'nu')
 
   References:
     Deng et al., *RMNP: Row-Momentum Normalized Preconditioning for Scalable
