@@ -28,9 +28,10 @@ SECOND_MOMENTS: tuple[str, ...] = ("per_component", "modulus")
 def conjugate_complex() -> optax.GradientTransformation:
   """Conjugates every complex leaf of the updates; real leaves pass.
 
-  Put it first in a chain on ``jax.grad`` output: the result is the descent
-  direction ``2 dL/dz̄`` of each complex parameter, which every optax
-  transform after it can treat as an ordinary gradient. Stateless.
+  Put it first in a chain on ``jax.grad`` output: the result is the steepest
+  ascent direction ``2 dL/dz̄`` of each complex parameter (descent is its
+  negative, which the learning-rate step applies), so every optax transform
+  after it can treat it as an ordinary gradient. Stateless.
 
   Returns:
     An `optax.GradientTransformation`.
@@ -215,7 +216,7 @@ def complex_adam(
   :math:`\lambda z`).
 
   ``conjugate=False`` drops the conjugation; it exists for the negative
-  test and for gradients that are already descent directions (e.g. CNet's
+  test and for gradients that are already conjugated (e.g. CNet's
   ``dz_star``): on raw ``jax.grad`` output it climbs the loss in every
   imaginary part.
 

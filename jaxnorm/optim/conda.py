@@ -399,7 +399,8 @@ def add_decayed_weights_after_step(
     weight_decay: :math:`\lambda`.
 
   Returns:
-    An `optax.GradientTransformation`; ``update`` needs ``params``.
+    An `optax.GradientTransformation`; ``update`` needs ``params`` unless
+    ``weight_decay`` is a literal 0.
 
   Raises:
     ValueError: negative ``weight_decay``, or (at update) missing ``params``

@@ -72,7 +72,8 @@ def effective_learning_rate(
     optimizer: ``"sgd"`` or ``"adam"``.
 
   Returns:
-    A pytree of float32 scalars (``None`` for unmasked leaves).
+    A pytree of scalars in each leaf's compute dtype (float32 for half and
+      single precision, float64 for float64), ``None`` for unmasked leaves.
 
   Raises:
     ValueError: for an unknown ``optimizer`` or a bad mask.
@@ -152,7 +153,9 @@ def nap_rewarm_schedule(
     task_length: steps per task (``> warmup_steps``).
     peak_value: learning rate after warmup.
     init_value: learning rate at each task's first step.
-    end_value: learning rate at each task's last step.
+    end_value: learning rate the cosine reaches at step ``task_length``,
+      which is the next task's first step (the task's last step is one
+      cosine step above it).
     warmup_steps: warmup length.
 
   Returns:
