@@ -3,6 +3,17 @@
 Every function is elementwise, computes in ``promote_types(x.dtype, float32)``
 and returns ``x.dtype``. Parameters (SALU's gain and width) are explicit
 arguments; the parameter-holding modules live in `jaxnorm.nn.activations`.
+``__all__`` holds the functions; the constants (``SELU_ALPHA``...) and
+`alpha_dropout_constants` are module attributes, not part of it.
+
+Examples:
+  Every example in this module assumes ``import jax``,
+  ``import jax.numpy as jnp`` and ``import numpy as np``:
+
+  >>> from jaxnorm import activations
+  >>> y = activations.selu(jnp.array([-100.0, 0.0, 1.0]))
+  >>> print(np.asarray(y).round(4))  # -lambda alpha, 0, lambda
+  [-1.7581  0.      1.0507]
 """
 
 from __future__ import annotations
@@ -14,7 +25,20 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Bool, Float
 
-from jaxnorm import _checks, _numerics
+from jaxnorm import _checks, _numerics, _scope
+
+__all__ = [
+  "alpha_dropout",
+  "elu",
+  "galu",
+  "lecun_normal",
+  "salu",
+  "salu_ab_from_sw",
+  "salu_sw",
+  "salu_sw_from_ab",
+  "selu",
+  "swalu",
+]
 
 # Fixed-point constants of Klambauer et al. (2017), eq. 14; identical to the
 # constants in the `jax.nn.selu` source.
@@ -24,6 +48,7 @@ SELU_LAMBDA: float = 1.0507009873554804934193349852946
 SELU_SATURATION: float = -SELU_LAMBDA * SELU_ALPHA
 
 
+@_scope.scoped
 def elu(x: Float[Array, "..."], *, alpha: float = 1.0) -> Float[Array, "..."]:
   r"""Exponential linear unit.
 
@@ -44,17 +69,24 @@ def elu(x: Float[Array, "..."], *, alpha: float = 1.0) -> Float[Array, "..."]:
   Raises:
     TypeError: if ``x`` is not floating.
 
+  Examples:
+    >>> y = activations.elu(jnp.array([-1.0, 0.0, 2.0]))
+    >>> print(np.asarray(y).round(4))  # e^x - 1 below 0
+    [-0.6321  0.      2.    ]
+
   References:
     Clevert, Unterthiner & Hochreiter, *Fast and Accurate Deep Network
     Learning by Exponential Linear Units (ELUs)*, arXiv:1511.07289 (2015).
   """
   _checks.check_floating("elu", "x", x)
+  x = jnp.asarray(x)
   xc = x.astype(_numerics.compute_dtype(x))
   pos = xc > 0
   neg = jnp.asarray(alpha, xc.dtype) * jnp.expm1(jnp.where(pos, 0.0, xc))
   return jnp.where(pos, xc, neg).astype(x.dtype)
 
 
+@_scope.scoped
 def selu(x: Float[Array, "..."]) -> Float[Array, "..."]:
   r"""Scaled exponential linear unit, the self-normalizing activation.
 
@@ -74,11 +106,17 @@ def selu(x: Float[Array, "..."]) -> Float[Array, "..."]:
   Raises:
     TypeError: if ``x`` is not floating.
 
+  Examples:
+    >>> y = activations.selu(jnp.array([-100.0, 0.0, 1.0]))
+    >>> print(np.asarray(y).round(4))  # saturates at -lambda alpha
+    [-1.7581  0.      1.0507]
+
   References:
     Klambauer, Unterthiner, Mayr & Hochreiter, *Self-Normalizing Neural
     Networks*, arXiv:1706.02515 (2017).
   """
   _checks.check_floating("selu", "x", x)
+  x = jnp.asarray(x)
   xc = x.astype(_numerics.compute_dtype(x))
   y = elu(xc, alpha=SELU_ALPHA) * jnp.asarray(SELU_LAMBDA, xc.dtype)
   return y.astype(x.dtype)
@@ -109,6 +147,7 @@ def alpha_dropout_constants(rate: float) -> tuple[float, float]:
   return a, b
 
 
+@_scope.scoped
 def alpha_dropout(
   x: Float[Array, "..."],
   rate: float,
@@ -146,12 +185,20 @@ def alpha_dropout(
     ValueError: if ``rate`` is outside ``[0, 1)``, if neither or both of
       ``key`` and ``mask`` are given, or if ``mask.shape != x.shape``.
 
+  Examples:
+    >>> x = jnp.zeros(4)
+    >>> keep = jnp.array([True, True, False, True])
+    >>> y = activations.alpha_dropout(x, 0.25, mask=keep)
+    >>> print(np.asarray(y).round(4))  # a x + b kept, a alpha' + b dropped
+    [ 0.3812  0.3812 -1.1435  0.3812]
+
   References:
     Klambauer et al., *Self-Normalizing Neural Networks*, arXiv:1706.02515
     (2017), Sec. "New Dropout Technique".
   """
   who = "alpha_dropout"
   _checks.check_floating(who, "x", x)
+  x = jnp.asarray(x)
   a, b = alpha_dropout_constants(rate)
   if deterministic or rate == 0.0:
     return x
@@ -176,6 +223,7 @@ def alpha_dropout(
   return y.astype(x.dtype)
 
 
+@_scope.scoped
 def lecun_normal(
   distribution: Literal["truncated_normal", "normal"] = "truncated_normal",
   *,
@@ -199,6 +247,12 @@ def lecun_normal(
 
   Raises:
     ValueError: if ``distribution`` is not one of the two names.
+
+  Examples:
+    >>> init = activations.lecun_normal("normal")
+    >>> w = init(jax.random.key(0), (400, 300))
+    >>> print(round(float(w.var()) * 400, 1))  # variance 1 / fan_in
+    1.0
 
   References:
     Klambauer et al., *Self-Normalizing Neural Networks*, arXiv:1706.02515
@@ -237,6 +291,7 @@ def _per_channel(
   return p.astype(dtype).reshape((1,) * (x.ndim - 1) + (x.shape[-1],))
 
 
+@_scope.scoped
 def salu(
   x: Float[Array, "... c"], gain: ArrayLike, curvature: ArrayLike
 ) -> Float[Array, "... c"]:
@@ -262,6 +317,11 @@ def salu(
     ValueError: for a scalar ``x`` (no channel axis) or a parameter that is
       neither a scalar nor of shape ``(c,)``.
 
+  Examples:
+    >>> y = activations.salu(jnp.array([0.0, 1.0, 1e6]), 2.0, 0.5)
+    >>> print(np.asarray(y).round(4))  # 2 x / sqrt(1 + x^2): saturates at 2
+    [0.     1.4142 2.    ]
+
   References:
     Zaied, *SaluNet: Enabling Total Plasticity in Normalization-Free Deep
     Networks*, arXiv:2606.02927 (2026), eq. 1. Unverified: the per-channel
@@ -269,6 +329,7 @@ def salu(
   """
   who = "salu"
   xc = _channels_last(who, x)
+  x = jnp.asarray(x)
   dt = xc.dtype
   a = _per_channel(who, "gain", gain, xc, dt)
   b = _per_channel(who, "curvature", curvature, xc, dt)
@@ -276,6 +337,7 @@ def salu(
   return y.astype(x.dtype)
 
 
+@_scope.scoped
 def salu_sw(
   x: Float[Array, "... c"], amplitude: ArrayLike, width: ArrayLike
 ) -> Float[Array, "... c"]:
@@ -303,11 +365,17 @@ def salu_sw(
     ValueError: for a scalar ``x`` (no channel axis) or a parameter that is
       neither a scalar nor of shape ``(c,)``.
 
+  Examples:
+    >>> y = activations.salu_sw(jnp.array([0.0, 1.0, 1e6]), 2.0, 1.0)
+    >>> print(np.asarray(y).round(4))  # the salu(x; a=2, b=0.5) of `salu`
+    [0.     1.4142 2.    ]
+
   References:
     Zaied, arXiv:2606.02927 (2026), eq. 1 (the ``(a, b)`` form).
   """
   who = "salu_sw"
   xc = _channels_last(who, x)
+  x = jnp.asarray(x)
   dt = xc.dtype
   s = _per_channel(who, "amplitude", amplitude, xc, dt)
   w = _per_channel(who, "width", width, xc, dt)
@@ -315,18 +383,38 @@ def salu_sw(
   return (s * u * jax.lax.rsqrt(1.0 + u * u)).astype(x.dtype)
 
 
+@_scope.scoped
 def salu_sw_from_ab(
   gain: ArrayLike, curvature: ArrayLike
 ) -> tuple[jax.Array, jax.Array]:
-  """Maps SALU's ``(a, b)`` to ``(S, W) = (sqrt(a/b), 1/sqrt(a*b))``."""
+  """Maps SALU's ``(a, b)`` to ``(S, W) = (sqrt(a/b), 1/sqrt(a*b))``.
+
+  Examples:
+    >>> s, w = activations.salu_sw_from_ab(2.0, 0.5)
+    >>> print(np.asarray(s).round(4), np.asarray(w).round(4))  # sqrt(4), 1
+    2.0 1.0
+  """
+  _checks.check_floating("salu_sw_from_ab", "gain", gain)
+  _checks.check_floating("salu_sw_from_ab", "curvature", curvature)
   a, b = jnp.asarray(gain), jnp.asarray(curvature)
-  return jnp.sqrt(a / b), jax.lax.rsqrt(a * b)
+  # rsqrt(a) * rsqrt(b), not rsqrt(a * b): the product of two tiny (large)
+  # values underflows (overflows) where the answer is representable.
+  return jnp.sqrt(a / b), jax.lax.rsqrt(a) * jax.lax.rsqrt(b)
 
 
+@_scope.scoped
 def salu_ab_from_sw(
   amplitude: ArrayLike, width: ArrayLike
 ) -> tuple[jax.Array, jax.Array]:
-  """Maps SALU's ``(S, W)`` to ``(a, b) = (S/W, 1/(S*W))``."""
+  """Maps SALU's ``(S, W)`` to ``(a, b) = (S/W, 1/(S*W))``.
+
+  Examples:
+    >>> a, b = activations.salu_ab_from_sw(2.0, 1.0)
+    >>> print(np.asarray(a).round(4), np.asarray(b).round(4))  # 2 / 1, 1 / 2
+    2.0 0.5
+  """
+  _checks.check_floating("salu_ab_from_sw", "amplitude", amplitude)
+  _checks.check_floating("salu_ab_from_sw", "width", width)
   s, w = jnp.asarray(amplitude), jnp.asarray(width)
   return s / w, 1.0 / (s * w)
 
@@ -348,6 +436,7 @@ def _experimental_gate(
       f"experimental=True to use it, got {experimental=}"
     )
   xc = _channels_last(who, x)
+  x = jnp.asarray(x)
   dt = xc.dtype
   w = _per_channel(who, "width", width, xc, dt)
   u = xc / w
@@ -355,6 +444,7 @@ def _experimental_gate(
   return (xc * gate).astype(x.dtype)
 
 
+@_scope.scoped
 def swalu(
   x: Float[Array, "... c"],
   width: ArrayLike = SWALU_WIDTH,
@@ -384,12 +474,18 @@ def swalu(
       ``width`` has a bad shape.
     TypeError: if ``x`` is not floating.
 
+  Examples:
+    >>> y = activations.swalu(jnp.array([-2.0, 0.0, 2.0]), experimental=True)
+    >>> print(np.asarray(y).round(4))  # x (1 + u / sqrt(1 + u^2)) / 2, u = x/2
+    [-0.2929  0.      1.7071]
+
   References:
     Zaied, arXiv:2606.02927 (2026), abstract (names only).
   """
   return _experimental_gate("swalu", x, width, experimental)
 
 
+@_scope.scoped
 def galu(
   x: Float[Array, "... c"],
   width: ArrayLike = GALU_WIDTH,
@@ -415,6 +511,11 @@ def galu(
     ValueError: if ``experimental`` is False, ``x`` is a scalar or
       ``width`` has a bad shape.
     TypeError: if ``x`` is not floating.
+
+  Examples:
+    >>> y = activations.galu(jnp.array([-1.0, 0.0, 1.0]), experimental=True)
+    >>> print(np.asarray(y).round(4))  # as swalu with u = x / sqrt(pi / 2)
+    [-0.1882  0.      0.8118]
 
   References:
     Zaied, arXiv:2606.02927 (2026), abstract (names only).

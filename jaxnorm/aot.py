@@ -42,6 +42,20 @@ from typing import Any
 import jax
 
 # The command that installs the deviceless compilers.
+__all__ = [
+  "CHIPS",
+  "GPU_TARGETS",
+  "INSTALL",
+  "Chip",
+  "PtxasKernel",
+  "available",
+  "chip_of",
+  "parse",
+  "parse_ptxas",
+  "setup_environment",
+  "topology",
+]
+
 INSTALL = 'pip install -e ".[aot]" (Python >= 3.12)'
 
 
@@ -195,13 +209,26 @@ def setup_environment() -> None:
   jax`` but must run before JAX initializes a backend (the CUDA plugin
   validates a local CUDA install unless the platforms exclude it). On a
   machine with a GPU or TPU to run on, do not call it: it hides them.
+
+  Examples:
+    Here the environment is restored afterwards (a script calls it once,
+    first):
+
+    >>> import os
+    >>> from unittest import mock
+    >>> with mock.patch.dict(os.environ, {"JAX_PLATFORMS": "cpu"}):
+    ...   aot.setup_environment()
+    ...   print(os.environ["JAX_PLATFORMS"], "TPU_SKIP_MDS_QUERY" in os.environ)
+    cpu True
   """
   if "JAX_PLATFORMS" not in os.environ:
     os.environ["JAX_PLATFORMS"] = "cpu"
     jax.config.update("jax_platforms", "cpu")
   os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
   os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "true")
-  spec = importlib.util.find_spec("nvidia.cuda_nvcc")
+  # find_spec of a submodule imports its parent: no nvidia package, no nvcc.
+  nvidia = importlib.util.find_spec("nvidia")
+  spec = nvidia and importlib.util.find_spec("nvidia.cuda_nvcc")
   if spec is not None and spec.submodule_search_locations:
     bin_dir = os.path.join(list(spec.submodule_search_locations)[0], "bin")
     path = os.environ.get("PATH", "")

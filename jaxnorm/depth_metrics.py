@@ -18,6 +18,16 @@ states can be analysed:
 ``mask`` arguments (boolean ``tokens``, True on real tokens) exclude
 padding. Statistics are computed in float32 (float64 stays).
 
+Examples:
+  Every example in this module assumes ``import jax``,
+  ``import jax.numpy as jnp`` and ``import numpy as np``:
+
+  >>> from jaxnorm import depth_metrics
+  >>> hs = jnp.array([[[1.0, 0.0]], [[0.0, 1.0]]])  # 2 depths, 1 token
+  >>> print(np.asarray(depth_metrics.angular_distance_matrix(hs)))
+  [[0.  0.5]
+   [0.5 0. ]]
+
 References:
   DepthBench, official code ``keyu-wang-2002/DepthBench``
   (``analysis/layer_score_utils.py``, ``compute_angular_distance.py``,
@@ -33,7 +43,17 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Bool, Float
 
-from jaxnorm import _checks, _numerics
+from jaxnorm import _checks, _numerics, _scope
+
+__all__ = [
+  "PermutationScores",
+  "Usefulness",
+  "angular_distance_matrix",
+  "causal_effect",
+  "fit_linear_layer",
+  "linear_usefulness",
+  "permutation_score",
+]
 
 # torch.nn.functional.cosine_similarity's floor on each norm.
 _COSINE_EPS = 1e-8
@@ -73,6 +93,7 @@ def _token_mean(values: jax.Array, weight: jax.Array) -> jax.Array:
   return jnp.sum(values * w, axis=-1) / jnp.maximum(jnp.sum(weight), 1.0)
 
 
+@_scope.scoped
 def angular_distance_matrix(
   hs: Float[ArrayLike, "depth *tokens d"],
   *,
@@ -103,6 +124,13 @@ def angular_distance_matrix(
     TypeError: for non-floating ``hs`` or a non-boolean mask.
     ValueError: for rank < 3 or a mask of another shape.
 
+  Examples:
+    >>> hs = jnp.array([[[1.0, 0.0]], [[0.0, 1.0]], [[-1.0, 0.0]]])  # depth 3
+    >>> print(np.asarray(depth_metrics.angular_distance_matrix(hs)).round(4))
+    [[0.  0.5 1. ]
+     [0.5 0.  0.5]
+     [1.  0.5 0. ]]
+
   References:
     DepthBench official code, ``compute_angular_distance_matrix``.
   """
@@ -116,6 +144,7 @@ def angular_distance_matrix(
   return jnp.where(eye, 0.0, distance).astype(distance.dtype)
 
 
+@_scope.scoped
 def causal_effect(
   base_hs: Float[ArrayLike, "depth *tokens d"],
   skipped_hs: Float[ArrayLike, "depth *tokens d"],
@@ -151,6 +180,13 @@ def causal_effect(
     TypeError: for non-floating states or a non-boolean mask.
     ValueError: for mismatched shapes, rank < 3 or ``skipped`` out of
       range.
+
+  Examples:
+    >>> base = jnp.array([[[0.0]], [[1.0]], [[3.0]]])  # updates 1, 2
+    >>> skip = jnp.array([[[0.0]], [[0.0]], [[3.0]]])  # block 0 skipped
+    >>> c = depth_metrics.causal_effect(base, skip, 0)
+    >>> print(np.asarray(c))  # block 1's update 2 -> 3: |3 - 2| / 2
+    [0.  0.5]
 
   References:
     DepthBench official code, ``compute_causal_effect_on_future``.
@@ -198,6 +234,7 @@ class PermutationScores(NamedTuple):
   per_layer: jax.Array
 
 
+@_scope.scoped
 def permutation_score(
   loss: Float[ArrayLike, ""],
   swapped_loss: Float[ArrayLike, "layers layers"],
@@ -230,6 +267,13 @@ def permutation_score(
     TypeError: for non-floating losses or a non-boolean ``pairs``.
     ValueError: for a non-square ``swapped_loss``, a non-scalar ``loss``
       or ``pairs`` of another shape.
+
+  Examples:
+    >>> swapped = jnp.array([[0.0, 3.0], [0.0, 0.0]])  # swapping 0, 1: loss 3
+    >>> s = depth_metrics.permutation_score(jnp.array(2.0), swapped)
+    >>> print(np.asarray(s.scores), float(s.mean))  # |3 - 2| / 2
+    [[0.  0.5]
+     [0.  0. ]] 0.5
 
   References:
     DepthBench official code, ``compute_permutation_score_for_pair`` and
@@ -272,6 +316,7 @@ def permutation_score(
   )
 
 
+@_scope.scoped
 def fit_linear_layer(
   inputs: Float[ArrayLike, "*tokens d"],
   outputs: Float[ArrayLike, "*tokens e"],
@@ -296,6 +341,12 @@ def fit_linear_layer(
   Raises:
     TypeError: for non-floating inputs or a non-boolean mask.
     ValueError: for mismatched token shapes or a mask of another shape.
+
+  Examples:
+    >>> x = jnp.array([[0.0], [1.0], [2.0]])
+    >>> w, b = depth_metrics.fit_linear_layer(x, 3 * x + 1)
+    >>> print(np.asarray(w).round(4), np.asarray(b).round(4))
+    [[3.]] [1.]
 
   References:
     DepthBench official code, ``fit_linear_mapping``.
@@ -331,6 +382,7 @@ class Usefulness(NamedTuple):
   score: jax.Array
 
 
+@_scope.scoped
 def linear_usefulness(
   loss: Float[ArrayLike, ""],
   linear_loss: Float[ArrayLike, " layers"],
@@ -357,6 +409,12 @@ def linear_usefulness(
   Raises:
     TypeError: for non-floating losses.
     ValueError: for a non-scalar ``loss`` or ``linear_loss`` of rank != 1.
+
+  Examples:
+    >>> loss, linear_loss = jnp.array(2.0), jnp.array([2.0, 3.0])
+    >>> u = depth_metrics.linear_usefulness(loss, linear_loss)
+    >>> print(np.asarray(u.ratio), np.asarray(u.significant), float(u.score))
+    [1.  1.5] [False  True] 0.5
 
   References:
     DepthBench official code, ``compute_layer_usefulness_linear_

@@ -12,6 +12,15 @@ Conventions: the add is done in ``promote_types(dtype, float32)`` and stored
 in ``residual.dtype`` (the stream's precision); the norm normalizes that
 stored value, so ``y == rms_norm(h)`` exactly; both outputs have
 ``residual.dtype``.
+
+Examples:
+  Every example in this module assumes ``import jax``,
+  ``import jax.numpy as jnp`` and ``import numpy as np``:
+
+  >>> from jaxnorm import fused_norms
+  >>> h, y = fused_norms.add_rms_norm(jnp.array([1.0, 3.0]), jnp.ones(2))
+  >>> print(np.asarray(h), np.asarray(y).round(4))  # rms_norm([2, 4])
+  [2. 4.] [0.6325 1.2649]
 """
 
 from __future__ import annotations
@@ -22,7 +31,9 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Float
 
-from jaxnorm import _checks, _dispatch, _numerics, norms
+from jaxnorm import _checks, _dispatch, _numerics, _scope, norms
+
+__all__ = ["add_layer_norm", "add_rms_norm"]
 
 
 def _add(who: str, x: Any, residual: Any, axis: norms.Axis) -> jax.Array:
@@ -49,6 +60,7 @@ def _unfused(implementation: Any) -> Any:
   return "xla" if implementation == "xla" else None
 
 
+@_scope.scoped
 def add_rms_norm(
   x: Float[ArrayLike, "..."],
   residual: Float[ArrayLike, "..."],
@@ -85,6 +97,12 @@ def add_rms_norm(
     TypeError: for non-floating inputs.
     ValueError: for mismatched shapes, bad axis, scale or implementation.
     NotImplementedError: ``implementation="pallas"`` on an unsupported case.
+
+  Examples:
+    >>> x, stream = jnp.array([1.0, 3.0]), jnp.array([2.0, 1.0])
+    >>> h, y = fused_norms.add_rms_norm(x, stream)
+    >>> print(np.asarray(h), np.asarray(y).round(4))  # h = [3, 4], rms_norm(h)
+    [3. 4.] [0.8485 1.1314]
 
   References:
     Zhang & Sennrich, *Root Mean Square Layer Normalization*,
@@ -123,6 +141,7 @@ def add_rms_norm(
   )
 
 
+@_scope.scoped
 def add_layer_norm(
   x: Float[ArrayLike, "..."],
   residual: Float[ArrayLike, "..."],
@@ -159,6 +178,12 @@ def add_layer_norm(
     ValueError: for mismatched shapes, bad axis, parameters or
       implementation.
     NotImplementedError: ``implementation="pallas"`` on an unsupported case.
+
+  Examples:
+    >>> x, stream = jnp.array([1.0, 3.0]), jnp.array([2.0, 1.0])
+    >>> h, y = fused_norms.add_layer_norm(x, stream)
+    >>> print(np.asarray(h), np.asarray(y).round(4))  # layer_norm([3, 4])
+    [3. 4.] [-1.  1.]
 
   References:
     Ba, Kiros & Hinton, *Layer Normalization*, arXiv:1607.06450 (2016).

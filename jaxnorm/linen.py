@@ -56,9 +56,19 @@ Initializer = Callable[..., jax.Array]
 dot_product_attention = attention.as_flax_attention_fn(
   attention.dot_product_attention
 )
-"""`jaxnorm.attention.dot_product_attention` with linen's ``attention_fn``
+dot_product_attention.__doc__ = """Softmax attention, a linen ``attention_fn``.
+
+`jaxnorm.attention.dot_product_attention` with linen's ``attention_fn``
 signature (``bias``, ``mask``, ``dropout_rng``, ``dropout_rate``,
-``deterministic`` ...); see `jaxnorm.attention.as_flax_attention_fn`."""
+``deterministic`` ...); see `jaxnorm.attention.as_flax_attention_fn`.
+
+Examples:
+  Inputs ``(batch, length, heads, head_dim)``, as flax passes them:
+
+  >>> q = jnp.ones((1, 3, 2, 4), jnp.float32)
+  >>> dot_product_attention(q, q, q).shape
+  (1, 3, 2, 4)
+"""
 
 
 def _param(

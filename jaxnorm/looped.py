@@ -19,6 +19,17 @@ the token layout, the query-only update, the re-injected data slot and the
 norm placement are designed here so that the construction is exact; they are
 spec choices, not the paper's. A centring LayerNorm breaks exactness.
 
+Examples:
+  Every example in this module assumes ``import jax``,
+  ``import jax.numpy as jnp`` and ``import numpy as np``:
+
+  >>> from jaxnorm import looped
+  >>> x = jnp.array([[2.0, 0.0], [0.0, 1.0]])  # Sigma = X^T X / n
+  >>> w_kq, w_pv = looped.power_construction(2)
+  >>> v = looped.looped_lsa(x, jnp.ones(2), w_kq, w_pv, num_loops=1)
+  >>> print(np.asarray(v).round(4))  # Sigma v / |Sigma v|, Sigma = (2, 0.5)
+  [[0.9701 0.2425]]
+
 References:
   Wu, Zhang and Cao, *Looped Transformers with LayerNorm Provably Learn the
   Power Method*, arXiv:2606.00605 (2026).
@@ -34,10 +45,18 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Float
 
-from jaxnorm import _checks, _numerics
+from jaxnorm import _checks, _numerics, _scope
+
+__all__ = [
+  "LoopNorm",
+  "linear_self_attention",
+  "looped_lsa",
+  "power_construction",
+  "power_iteration",
+]
 
 LoopNorm = Literal["l2", "rms", "layernorm", "none"]
-LOOP_NORMS = ("l2", "rms", "layernorm", "none")
+_LOOP_NORMS = ("l2", "rms", "layernorm", "none")
 
 
 def _as(who: str, name: str, x: ArrayLike, dt=None) -> jax.Array:
@@ -51,6 +70,7 @@ def _check_weights(who: str, w_kq: ArrayLike, w_pv: ArrayLike, dim: int):
     _checks.check_shape(who, name, w, (dim, dim), "(2d, 2d)")
 
 
+@_scope.scoped
 def linear_self_attention(
   z: Float[ArrayLike, "... D m"],
   w_kq: Float[ArrayLike, "D D"],
@@ -78,6 +98,13 @@ def linear_self_attention(
     TypeError: for non-floating input.
     ValueError: for bad shapes or ``n``.
 
+  Examples:
+    >>> z = jnp.array([[1.0, 2.0, 0.0]])  # D = 1; two key tokens, one query
+    >>> one = jnp.ones((1, 1))
+    >>> y = looped.linear_self_attention(z, one, one, n=2)
+    >>> print(np.asarray(y))  # sum over keys of z_j (z_j z_i) / n
+    [[2.5 5.  0. ]]
+
   References:
     von Oswald et al., arXiv:2212.07677 (2023).
   """
@@ -104,9 +131,11 @@ def _loop_norm(v: jax.Array, norm: str, eps: float) -> jax.Array:
   ss = jnp.sum(v * v, axis=-1, keepdims=True)
   if norm != "l2":
     ss = ss / v.shape[-1]
-  return v * jax.lax.rsqrt(ss + eps)
+  # A zero iterate (ss + eps == 0 only for v == 0) stays 0, not 0 * inf.
+  return v * jax.lax.rsqrt(jnp.where(ss + eps > 0, ss + eps, 1.0))
 
 
+@_scope.scoped
 def looped_lsa(
   x: Float[ArrayLike, "... n d"],
   v0: Float[ArrayLike, "... d"],
@@ -152,6 +181,14 @@ def looped_lsa(
     TypeError: for non-floating input.
     ValueError: for bad shapes, ``num_loops`` or ``norm``.
 
+  Examples:
+    >>> x = jnp.array([[2.0, 0.0], [0.0, 1.0]])  # data: Sigma = diag(2, 0.5)
+    >>> w_kq, w_pv = looped.power_construction(2)
+    >>> v = looped.looped_lsa(x, jnp.array([1.0, 1.0]), w_kq, w_pv, num_loops=2)
+    >>> print(np.asarray(v).round(4))  # the power iterates of Sigma
+    [[0.9701 0.2425]
+     [0.9981 0.0624]]
+
   References:
     Wu, Zhang and Cao, arXiv:2606.00605 (2026).
   """
@@ -161,7 +198,7 @@ def looped_lsa(
   _checks.check_shape(who, "v0", v0, jnp.shape(x)[:-2] + (d,))
   _check_weights(who, w_kq, w_pv, 2 * d)
   _checks.check_positive_int(who, "num_loops", num_loops)
-  _checks.check_choice(who, "norm", norm, LOOP_NORMS)
+  _checks.check_choice(who, "norm", norm, _LOOP_NORMS)
   _checks.check_nonnegative(who, "eps", eps)
   xf = _as(who, "x", x)
   dt = _numerics.compute_dtype(xf, jnp.asarray(v0))
@@ -187,14 +224,24 @@ def looped_lsa(
   return v
 
 
+@_scope.scoped
 def power_construction(d: int, *, dtype=jnp.float32) -> tuple[Array, Array]:
-  """``(w_kq, w_pv)`` with ``w_kq[:d, d:] = I``, ``w_pv[d:, :d] = I``."""
+  """``(w_kq, w_pv)`` with ``w_kq[:d, d:] = I``, ``w_pv[d:, :d] = I``.
+
+  Examples:
+    >>> w_kq, w_pv = looped.power_construction(1)
+    >>> print(np.asarray(w_kq), np.asarray(w_pv))
+    [[0. 1.]
+     [0. 0.]] [[0. 0.]
+     [1. 0.]]
+  """
   _checks.check_positive_int("power_construction", "d", d)
   eye = jnp.eye(d, dtype=dtype)
   z = jnp.zeros((d, d), dtype)
   return jnp.block([[z, eye], [z, z]]), jnp.block([[z, z], [eye, z]])
 
 
+@_scope.scoped
 def power_iteration(
   s: Float[ArrayLike, "... d d"],
   v0: Float[ArrayLike, "... d"],
@@ -213,6 +260,13 @@ def power_iteration(
   Raises:
     TypeError: for non-floating input.
     ValueError: for bad shapes or ``num_iters``.
+
+  Examples:
+    >>> s = jnp.diag(jnp.array([2.0, 0.5]))
+    >>> p = looped.power_iteration(s, jnp.ones(2), 2)
+    >>> print(np.asarray(p).round(4))  # S v / |S v|, S^2 v / |S^2 v|
+    [[0.9701 0.2425]
+     [0.9981 0.0624]]
   """
   who = "power_iteration"
   _checks.check_ndim(who, "s", s, minimum=2)
@@ -225,7 +279,9 @@ def power_iteration(
 
   def step(v, _):
     v = jnp.einsum("...de,...e->...d", sf, v)
-    v = v / jnp.linalg.norm(v, axis=-1, keepdims=True)
+    # A zero iterate (s v = 0) stays 0 instead of 0 / 0.
+    ss = jnp.sum(v * v, axis=-1, keepdims=True)
+    v = v * jax.lax.rsqrt(jnp.where(ss > 0, ss, 1.0))
     return v, v
 
   _, vs = jax.lax.scan(step, v, None, length=num_iters)

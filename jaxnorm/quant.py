@@ -10,6 +10,17 @@ per column of ``w`` (per row of bitsandbytes' ``W^T``).
 Scales are float32, products are int8 x int8 -> int32, and a row or column
 whose absmax is 0 quantizes to 0 (bitsandbytes divides by zero there).
 Everything is mask-based (no gathers), so shapes are static under ``jit``.
+``__all__`` holds the functions, `BNB_DEQUANT_SCALE` (an argument value)
+and the ``Literal`` types of the options.
+
+Examples:
+  Every example in this module assumes ``import jax``,
+  ``import jax.numpy as jnp`` and ``import numpy as np``:
+
+  >>> from jaxnorm import quant
+  >>> q, absmax = quant.absmax_quantize(jnp.array([[0.5, -1.0, 2.0]]))
+  >>> print(np.asarray(q), np.asarray(absmax))  # round(127 x / 2)
+  [[ 32 -64 127]] [[2.]]
 
 References:
   Dettmers, Lewis, Belkada and Zettlemoyer, *LLM.int8(): 8-bit Matrix
@@ -26,7 +37,19 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Bool, Float, Int8
 
-from jaxnorm import _checks, _numerics
+from jaxnorm import _checks, _numerics, _scope
+
+__all__ = [
+  "BNB_DEQUANT_SCALE",
+  "AbsmaxMode",
+  "Granularity",
+  "OutlierWeight",
+  "absmax_dequantize",
+  "absmax_quantize",
+  "int8_mixed_matmul",
+  "int8_vectorwise_matmul",
+  "outlier_columns",
+]
 
 AbsmaxMode = Literal["paper", "bnb"]
 OutlierWeight = Literal["fp", "dequant"]
@@ -53,6 +76,7 @@ def _quantize(x: jax.Array, absmax: jax.Array) -> jax.Array:
   return jnp.clip(q, -_Q, _Q).astype(jnp.int8)
 
 
+@_scope.scoped
 def absmax_quantize(
   x: Float[ArrayLike, "..."], *, axis: int | None = -1
 ) -> tuple[Int8[Array, "..."], Float[Array, "..."]]:
@@ -76,6 +100,11 @@ def absmax_quantize(
     TypeError: for non-floating input.
     ValueError: for an axis out of range.
 
+  Examples:
+    >>> q, a = quant.absmax_quantize(jnp.array([[0.5, -1.0, 2.0]]))
+    >>> print(np.asarray(q), np.asarray(a))  # round(127 x / 2)
+    [[ 32 -64 127]] [[2.]]
+
   References:
     Dettmers et al., arXiv:2208.07339 (2022), section 3.1.
   """
@@ -89,10 +118,19 @@ def absmax_quantize(
   return _quantize(xf, a), a
 
 
+@_scope.scoped
 def absmax_dequantize(
   q: Int8[ArrayLike, "..."], absmax: Float[ArrayLike, "..."]
 ) -> Float[Array, "..."]:
-  """``q * absmax / 127`` in the dtype of ``absmax`` (`absmax_quantize`)."""
+  """``q * absmax / 127`` in the dtype of ``absmax`` (`absmax_quantize`).
+
+  Examples:
+    >>> q, a = quant.absmax_quantize(jnp.array([[0.5, -1.0, 2.0]]))
+    >>> y = quant.absmax_dequantize(q, a)
+    >>> print(np.asarray(y).round(4))  # 32 * 2 / 127, -64 * 2 / 127, 2
+    [[ 0.5039 -1.0079  2.    ]]
+  """
+  _checks.check_floating("absmax_dequantize", "absmax", absmax)
   a = jnp.asarray(absmax)
   return jnp.asarray(q).astype(a.dtype) * (a / _Q)
 
@@ -125,6 +163,7 @@ def _scaled(
   return acc.astype(ax.dtype) * ax * aw.reshape(lead + aw.shape) * c
 
 
+@_scope.scoped
 def int8_vectorwise_matmul(
   x: Float[ArrayLike, "... h"],
   w: Float[ArrayLike, "h o"],
@@ -161,6 +200,13 @@ def int8_vectorwise_matmul(
     TypeError: for non-floating input.
     ValueError: for mismatched shapes or a bad ``granularity``.
 
+  Examples:
+    >>> x = jnp.array([[1.0, 2.0]])
+    >>> w = jnp.array([[1.0], [1.0]])
+    >>> y = quant.int8_vectorwise_matmul(x, w)  # x -> [64, 127] * 2 / 127
+    >>> print(np.asarray(y).round(4))
+    [[3.0079]]
+
   References:
     Dettmers et al., arXiv:2208.07339 (2022), eq. 1-3.
   """
@@ -175,6 +221,7 @@ def int8_vectorwise_matmul(
   return out.astype(jnp.result_type(x))
 
 
+@_scope.scoped
 def outlier_columns(
   x: Float[ArrayLike, "... h"], *, threshold: float = 6.0
 ) -> Bool[Array, " h"]:
@@ -196,6 +243,11 @@ def outlier_columns(
     TypeError: for non-floating input.
     ValueError: for a scalar input or a negative threshold.
 
+  Examples:
+    >>> x = jnp.array([[0.5, 8.0, 1.0], [-7.0, 0.1, 0.2]])
+    >>> print(np.asarray(quant.outlier_columns(x)))  # |x| >= 6 in a column
+    [ True  True False]
+
   References:
     Dettmers et al., arXiv:2208.07339 (2022), section 3.2.
   """
@@ -209,6 +261,7 @@ def outlier_columns(
   return jnp.any(jnp.abs(xf) >= threshold, axis=rows)
 
 
+@_scope.scoped
 def int8_mixed_matmul(
   x: Float[ArrayLike, "... h"],
   w: Float[ArrayLike, "h o"],
@@ -258,6 +311,12 @@ def int8_mixed_matmul(
   Raises:
     TypeError: for non-floating input.
     ValueError: for mismatched shapes, a negative threshold or a bad mode.
+
+  Examples:
+    >>> x = jnp.array([[0.3, 100.0]])  # column 1 is an outlier: kept in float
+    >>> w = jnp.array([[1.0], [0.01]])
+    >>> print(np.asarray(quant.int8_mixed_matmul(x, w)).round(4))  # 0.3 + 1
+    [[1.3]]
 
   References:
     Dettmers et al., arXiv:2208.07339 (2022), eq. 4 and section 3.2.

@@ -41,6 +41,11 @@ a name without a rule as if it were a mesh axis (so construction fails under
 a mesh without it); jaxnorm replicates it, as above.
 
 Pure functions never see a mesh; only modules and the training engine do.
+
+Examples:
+  >>> rules = dict(DEFAULT_RULES)
+  >>> rules["embed"], rules["heads"], rules["norm"]
+  ('fsdp', 'tensor', None)
 """
 
 from __future__ import annotations
@@ -55,6 +60,21 @@ from flax.core import spmd
 from jax.sharding import PartitionSpec
 
 from jaxnorm import _checks
+
+__all__ = [
+  "DEFAULT_RULES",
+  "LOGICAL_AXES",
+  "MESH_AXES",
+  "Rules",
+  "UnmappedAxisWarning",
+  "constrain",
+  "has_mesh",
+  "logical_to_mesh",
+  "make_mesh",
+  "param_names",
+  "rules_for_mesh",
+  "rules_with",
+]
 
 MESH_AXES: tuple[str, ...] = ("data", "fsdp", "tensor")
 
@@ -72,11 +92,15 @@ LOGICAL_AXES: tuple[str, ...] = (
   "channels",
   "height",
   "width",
+  "layers",
 )
 
 # First match wins. Weights: ``embed`` is FSDP-sharded, the per-head and MLP
 # dimensions are tensor-parallel; norm vectors and residual streams are
-# replicated (they are tiny and every shard needs them whole).
+# replicated (they are tiny and every shard needs them whole). ``layers`` is
+# the leading axis of a scanned stack's parameters (`nnx.vmap` / `nnx.scan`
+# with ``transform_metadata={nnx.PARTITION_NAME: "layers"}``): replicated,
+# so each scan step reads its layer's slice whole.
 Rules = tuple[tuple[str, Any], ...]
 
 DEFAULT_RULES: Rules = (
@@ -93,6 +117,7 @@ DEFAULT_RULES: Rules = (
   ("channels", "tensor"),
   ("height", None),
   ("width", None),
+  ("layers", None),
 )
 
 
@@ -115,6 +140,11 @@ def make_mesh(
 
   Raises:
     ValueError: if the lengths differ or there are not enough devices.
+
+  Examples:
+    >>> mesh = make_mesh((1, 1, 1))  # one device on each of jaxnorm's axes
+    >>> mesh.axis_names, dict(mesh.shape)
+    (('data', 'fsdp', 'tensor'), {'data': 1, 'fsdp': 1, 'tensor': 1})
   """
   shape = tuple(shape)
   axis_names = tuple(axis_names)
@@ -139,7 +169,15 @@ def make_mesh(
 
 
 def has_mesh() -> bool:
-  """True when a mesh is active through `jax.set_mesh`."""
+  """True when a mesh is active through `jax.set_mesh`.
+
+  Examples:
+    >>> has_mesh()
+    False
+    >>> with jax.set_mesh(make_mesh((1, 1, 1))):
+    ...     print(has_mesh())
+    True
+  """
   return not jax.sharding.get_abstract_mesh().empty
 
 
@@ -152,6 +190,11 @@ def rules_with(overrides: Sequence[tuple[str, Any]] = ()) -> Rules:
 
   Returns:
     A rule table usable with `nnx.logical_axis_rules` and `logical_to_mesh`.
+
+  Examples:
+    >>> rules = rules_with([("norm", "tensor")])
+    >>> rules[0], dict(rules)["embed"]  # the override first, then defaults
+    (('norm', 'tensor'), 'fsdp')
   """
   seen, out = set(), []
   for name, axes in (*overrides, *DEFAULT_RULES):
@@ -177,6 +220,12 @@ def logical_to_mesh(
 
   Returns:
     The mesh `PartitionSpec`.
+
+  Examples:
+    >>> tuple(logical_to_mesh(("batch", "seq", "embed"), DEFAULT_RULES))
+    (('data', 'fsdp'), None, None)
+
+    (``embed`` maps to ``fsdp``, which ``batch`` already binds.)
   """
   rules = rules or spmd.get_logical_axis_rules() or _mesh_default_rules()
   table: dict[str, Any] = {}
@@ -202,6 +251,11 @@ def constrain(x: jax.Array, names: Sequence[str | None]) -> jax.Array:
 
   Returns:
     ``x``, with a sharding constraint when a mesh is active.
+
+  Examples:
+    >>> x = np.ones((2, 4), np.float32)
+    >>> constrain(x, ("batch", "embed")) is x  # no mesh: a no-op
+    True
   """
   if len(names) != x.ndim:
     raise ValueError(
@@ -214,7 +268,17 @@ def constrain(x: jax.Array, names: Sequence[str | None]) -> jax.Array:
 
 
 class UnmappedAxisWarning(UserWarning):
-  """A logical axis name has no rule in the active rules: it is replicated."""
+  """A logical axis name has no rule in the active rules: it is replicated.
+
+  Examples:
+    >>> import warnings
+    >>> with jax.set_mesh(make_mesh((1, 1, 1))), warnings.catch_warnings(
+    ...     record=True) as caught:
+    ...     warnings.simplefilter("always")
+    ...     names = param_names(("data", "norm"))  # no rules active
+    >>> names, caught[0].category.__name__
+    (('data', None), 'UnmappedAxisWarning')
+  """
 
 
 def _axes_of(value: Any) -> tuple[str, ...]:
@@ -272,6 +336,11 @@ def rules_for_mesh(
   Raises:
     ValueError: if ``mesh`` is not a mesh or names, or ``rename`` maps an
       axis that ``rules`` does not use, or to an axis the mesh lacks.
+
+  Examples:
+    >>> rules = dict(rules_for_mesh(("fsdp", "tp"), {"tensor": "tp"}))
+    >>> rules["batch"], rules["embed"], rules["heads"], rules["norm"]
+    ('fsdp', 'fsdp', 'tp', None)
   """
   who = "rules_for_mesh"
   axis_names = _mesh_axis_names(mesh)
@@ -320,6 +389,15 @@ def param_names(
   Raises:
     ValueError: if an active rule maps a name to a mesh axis the mesh does
       not have; the message names `rules_for_mesh`.
+
+  Examples:
+    >>> from flax import nnx
+    >>> param_names(("embed", None))  # no mesh: unchanged
+    ('embed', None)
+    >>> with jax.set_mesh(make_mesh((1, 1, 1))), nnx.logical_axis_rules(
+    ...     DEFAULT_RULES):
+    ...     print(param_names(("embed", "norm")))  # both have rules
+    ('embed', 'norm')
   """
   if names is None or not has_mesh():
     return None if names is None else tuple(names)

@@ -19,39 +19,54 @@ learnable sinks, gated output), `affine_scaled`, `rotary` (RoPE), `soft`,
 `mxfp4`, `sinkhorn`, `kv_cache` (decode-cache masks and the StreamingLLM
 policy), `flax_adapter` (any of them as a flax ``attention_fn``), and the CNN
 attention gates `ela` and `psa` (on ``(B, H, W, C)`` maps; SOFT's and
-NaLaFormer's patch-map layers sit in `soft` and `nala`). This package
-re-exports every public name.
+NaLaFormer's patch-map layers sit in `soft` and `nala`).
+
+``__all__`` is what a user imports: the attention functions, their weights
+and the helpers a caller needs to build their inputs (`soft_landmarks`,
+`grid_rope_tables`, `linear_clipping`, `ela_config`, the KV-cache
+functions), and the ``Literal`` types of their signatures. The building
+blocks the layers call (feature maps, kernels, the block-scale exponent,
+the running estimate of `affine_scaled_attention`) live in their modules
+and are not part of it (some still import from the package, for
+`jaxnorm.nn` and the tests).
+
+Examples:
+  Every example in this package assumes ``import jax``,
+  ``import jax.numpy as jnp`` and ``import numpy as np``:
+
+  >>> from jaxnorm import attention
+  >>> q = k = jnp.zeros((1, 2, 1, 2))  # (B, T, N, H): equal logits
+  >>> v = jnp.array([[1.0, 0.0], [3.0, 2.0]]).reshape(1, 2, 1, 2)
+  >>> out = attention.dot_product_attention(q, k, v)
+  >>> print(np.asarray(out[0, :, 0]))  # every query reads the mean of v
+  [[2. 1.]
+   [2. 1.]]
 """
 
-from jaxnorm.attention._grid import grid_tokens
+from jaxnorm.attention._grid import (
+  grid_tokens,  # noqa: F401 (not public; jaxnorm.nn, tests)
+)
 from jaxnorm.attention.affine_scaled import (
-  affine_scale_running_estimate,
   affine_scaled_attention,
   linear_clipping,
 )
-from jaxnorm.attention.ela import (
-  ELA_PRESETS,
-  efficient_local_attention,
-  ela_config,
-)
+from jaxnorm.attention.ela import efficient_local_attention, ela_config
 from jaxnorm.attention.flax_adapter import as_flax_attention_fn
 from jaxnorm.attention.kv_cache import decode_mask, streaming_cache_update
 from jaxnorm.attention.lina import lina_attention, lina_depthwise_conv
-from jaxnorm.attention.linear import FEATURE_MAPS, causal_linear_attention
+from jaxnorm.attention.linear import FeatureMap, causal_linear_attention
 from jaxnorm.attention.mxfp4 import (
-  E2M1_MAX,
-  UOS_QMAX,
-  hadamard_rotation,
+  hadamard_rotation,  # noqa: F401 (not public; tests)
   mxfp4_attention,
   mxfp4_quantize,
-  mxfp4_scale_exponent,
+  mxfp4_scale_exponent,  # noqa: F401 (not public; tests)
 )
 from jaxnorm.attention.nala import (
   grid_rope_tables,
   nala_attention,
   nala_grid_attention,
-  nala_key_feature,
-  nala_query_feature,
+  nala_key_feature,  # noqa: F401 (not public; tests)
+  nala_query_feature,  # noqa: F401 (not public; tests)
 )
 from jaxnorm.attention.psa import (
   psa_paper_form,
@@ -70,22 +85,18 @@ from jaxnorm.attention.sinks import (
   softmax_off_by_one,
 )
 from jaxnorm.attention.soft import (
-  gaussian_kernel,
+  gaussian_kernel,  # noqa: F401 (not public; tests)
   newton_inverse,
   soft_attention,
-  soft_conv_landmarks,
+  soft_conv_landmarks,  # noqa: F401 (not public; tests)
   soft_grid_attention,
   soft_landmarks,
-  soft_local_conv,
+  soft_local_conv,  # noqa: F401 (not public; tests)
 )
 from jaxnorm.attention.softmax import attention_weights, dot_product_attention
 
 __all__ = [
-  "E2M1_MAX",
-  "ELA_PRESETS",
-  "FEATURE_MAPS",
-  "UOS_QMAX",
-  "affine_scale_running_estimate",
+  "FeatureMap",
   "affine_scaled_attention",
   "as_flax_attention_fn",
   "attention_weights",
@@ -96,20 +107,14 @@ __all__ = [
   "efficient_local_attention",
   "ela_config",
   "gated_attention_output",
-  "gaussian_kernel",
   "grid_rope_tables",
-  "grid_tokens",
-  "hadamard_rotation",
   "lina_attention",
   "lina_depthwise_conv",
   "linear_clipping",
   "mxfp4_attention",
   "mxfp4_quantize",
-  "mxfp4_scale_exponent",
   "nala_attention",
   "nala_grid_attention",
-  "nala_key_feature",
-  "nala_query_feature",
   "newton_inverse",
   "psa_paper_form",
   "psa_parallel",
@@ -119,10 +124,8 @@ __all__ = [
   "sinkhorn_attention",
   "sinkhorn_weights",
   "soft_attention",
-  "soft_conv_landmarks",
   "soft_grid_attention",
   "soft_landmarks",
-  "soft_local_conv",
   "softmax_off_by_one",
   "streaming_cache_update",
 ]

@@ -242,7 +242,9 @@ def apply_weights(
 
 
 def finish(d: Dims, out: jax.Array, dtype) -> jax.Array:
-  out = out.astype(dtype)
+  # ``dtype`` is the caller's query.dtype, float64 for a NumPy array: cast to
+  # what JAX computes (float32 without x64) instead of warning.
+  out = out.astype(jax.dtypes.canonicalize_dtype(dtype))
   return out[0] if d.unbatched else out
 
 

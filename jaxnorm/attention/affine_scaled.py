@@ -6,17 +6,24 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float
 
-from jaxnorm import _checks, _dispatch, _numerics
+from jaxnorm import _checks, _dispatch, _numerics, _scope
 from jaxnorm.attention import _core
 
 
+@_scope.scoped
 def linear_clipping(x: Float[Array, "..."]) -> Float[Array, "..."]:
   r"""Affine-Scaled Attention's default gate, ``clip(0.1 x + 0.5, 0, 1)``.
 
   Zero for ``x <= -5``, one for ``x >= 5``, linear in between (the paper's
   "linear clipping"; the sigmoid is its ablation).
+
+  Examples:
+    >>> y = attention.linear_clipping(jnp.array([-10.0, 0.0, 2.0, 10.0]))
+    >>> print(np.asarray(y))  # clip(0.1 x + 0.5, 0, 1)
+    [0.  0.5 0.7 1. ]
   """
   _checks.check_floating("linear_clipping", "x", x)
+  x = jnp.asarray(x)
   dtype = _numerics.compute_dtype(x)
   y = jnp.clip(x.astype(dtype) * 0.1 + 0.5, 0.0, 1.0)
   return y.astype(x.dtype)
@@ -52,6 +59,8 @@ def affine_scale_running_estimate(
   Returns:
     The estimate in ``alpha``'s dtype (cast it back to ``alpha_ma.dtype``).
   """
+  _checks.check_floating("affine_scale_running_estimate", "alpha", alpha)
+  alpha = jnp.asarray(alpha)
   if not training:
     return alpha_ma.astype(alpha.dtype)
   axes = (
@@ -98,6 +107,7 @@ def check_affine_args(
   return alpha_ma
 
 
+@_scope.scoped
 def affine_scaled_attention(
   query: Float[Array, "B T N H"],
   key: Float[Array, "B S K H"],
@@ -177,6 +187,18 @@ def affine_scaled_attention(
     TypeError: on non-floating inputs or a non-boolean mask.
     NotImplementedError: for ``implementation="pallas"`` on a case the
       kernel does not cover.
+
+  Examples:
+    >>> q = k = jnp.zeros((1, 2, 1, 2))
+    >>> v = jnp.ones((1, 2, 1, 2))
+    >>> out, ma = attention.affine_scaled_attention(
+    ...     q, k, v, alpha=jnp.full((1, 2, 1), 0.3), alpha_ma=jnp.full(1, 0.8),
+    ...     training=True)
+    >>> print(np.asarray(out[0, :, 0]))  # each weight row sums to alpha_ma
+    [[0.8 0.8]
+     [0.8 0.8]]
+    >>> print(np.asarray(ma).round(4))  # 0.9 * 0.8 + 0.1 * 0.3
+    [0.75]
 
   References:
     Bae et al., *Affine-Scaled Attention: Towards Flexible and Stable

@@ -11,13 +11,13 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float
 
-from jaxnorm import _checks, _numerics, norms
+from jaxnorm import _checks, _numerics, _scope, norms
 
 # ELA presets: (kernel size, conv group size or None for depthwise, GN groups).
 # Conv groups are C (depthwise) for T/B and C/8 (8 channels per group) for
 # S/L. Unverified: the table comes from third-party re-implementations that
 # agree with each other; the paper body was not readable.
-ELA_PRESETS: dict[str, tuple[int, int | None, int]] = {
+_ELA_PRESETS: dict[str, tuple[int, int | None, int]] = {
   "T": (5, None, 32),
   "B": (7, None, 16),
   "S": (5, 8, 16),
@@ -25,16 +25,21 @@ ELA_PRESETS: dict[str, tuple[int, int | None, int]] = {
 }
 
 
+@_scope.scoped
 def ela_config(variant: str, channels: int) -> tuple[int, int, int]:
   """``(kernel_size, conv_groups, norm_groups)`` of ELA-T/B/S/L at ``C``.
 
   Raises:
     ValueError: on an unknown variant or channels the groups do not divide.
+
+  Examples:
+    >>> print(attention.ela_config("T", 64), attention.ela_config("S", 64))
+    (5, 64, 32) (5, 8, 16)
   """
   who = "ela_config"
-  _checks.check_choice(who, "variant", variant, tuple(ELA_PRESETS))
+  _checks.check_choice(who, "variant", variant, tuple(_ELA_PRESETS))
   _checks.check_positive_int(who, "channels", channels)
-  k, per_group, ng = ELA_PRESETS[variant]
+  k, per_group, ng = _ELA_PRESETS[variant]
   if per_group is None:
     groups = channels
   else:
@@ -44,6 +49,7 @@ def ela_config(variant: str, channels: int) -> tuple[int, int, int]:
   return k, groups, ng
 
 
+@_scope.scoped
 def efficient_local_attention(
   x: Float[Array, "B H W C"],
   conv_kernel: Float[Array, "k Cg C"],
@@ -80,12 +86,20 @@ def efficient_local_attention(
     ValueError: on mismatched shapes, an even kernel or indivisible groups.
     TypeError: if ``x`` is not floating.
 
+  Examples:
+    >>> x = jnp.ones((1, 2, 2, 2))  # (B, H, W, C)
+    >>> y = attention.efficient_local_attention(
+    ...     x, jnp.zeros((3, 1, 2)), jnp.ones(2), jnp.zeros(2), norm_groups=1)
+    >>> print(np.asarray(y[0, 0, 0]))  # both gates sigmoid(0)
+    [0.25 0.25]
+
   References:
     Xu & Wan, *ELA: Efficient Local Attention for Deep Convolutional Neural
     Networks*, arXiv:2403.01123 (2024).
   """
   who = "efficient_local_attention"
   _checks.check_floating(who, "x", x)
+  x = jnp.asarray(x)
   _checks.check_ndim(who, "x", x, expected=4)
   c = x.shape[-1]
   if (

@@ -11,6 +11,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from jaxnorm import _scope
 from jaxnorm.attention import _core, softmax
 
 # Functions whose attention weights are known, so attention dropout can be
@@ -32,6 +33,7 @@ def _flax_mask(mask: Any) -> jax.Array | None:
   return mask if mask.dtype == jnp.bool_ else mask != 0
 
 
+@_scope.scoped
 def as_flax_attention_fn(
   fn: Callable[..., Any],
   *,
@@ -85,6 +87,14 @@ def as_flax_attention_fn(
       deterministic) or a ``module`` and no weights are known, with dropout
       but no ``dropout_rng``, or with ``bias``/``mask``/``is_causal=True``
       that ``fn`` does not take.
+
+  Examples:
+    >>> fn = attention.as_flax_attention_fn(attention.sink_attention)
+    >>> q, k = jnp.zeros((1, 1, 1, 2)), jnp.zeros((1, 2, 1, 2))
+    >>> v = jnp.array([[1.0, 0.0], [3.0, 2.0]]).reshape(1, 2, 1, 2)
+    >>> out = fn(q, k, v, deterministic=True)  # flax's attention_fn call
+    >>> print(np.asarray(out[0, 0, 0]).round(4))
+    [1.3333 0.6667]
   """
   who = f"as_flax_attention_fn({getattr(fn, '__name__', fn)!r})"
   weights_fn = weights_fn if weights_fn is not None else _WEIGHTS.get(fn)

@@ -12,10 +12,11 @@ from __future__ import annotations
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int
 
-from jaxnorm import _checks
+from jaxnorm import _checks, _scope
 from jaxnorm.attention import _core
 
 
+@_scope.scoped
 def decode_mask(
   query_start: Int[Array, ""] | int,
   q_len: int,
@@ -45,6 +46,14 @@ def decode_mask(
   Raises:
     ValueError: if ``q_len``/``max_length`` are not positive ints or the
       window is malformed.
+
+  Examples:
+    >>> mask = attention.decode_mask(2, 1, 4)  # one query at slot 2
+    >>> print(np.asarray(mask[0, 0]))
+    [[ True  True  True False]]
+    >>> mask = attention.decode_mask(2, 1, 4, local_window_size=1)
+    >>> print(np.asarray(mask[0, 0]))
+    [[False  True  True False]]
   """
   who = "decode_mask"
   _checks.check_positive_int(who, "q_len", q_len)
@@ -81,6 +90,7 @@ def _streaming_slots(who, cache_index, q_len, capacity, num_sink_tokens):
   return jnp.where(valid, src, 0), valid, fill - drop
 
 
+@_scope.scoped
 def streaming_cache_update(
   cached: Float[Array, "B L K H"],
   new: Float[Array, "B T K H"],
@@ -135,6 +145,14 @@ def streaming_cache_update(
     ValueError: on mismatched ranks/shapes, ``S`` not in ``[0, L)`` or
       ``T > W``.
 
+  Examples:
+    >>> cache = jnp.arange(4.0).reshape(1, 4, 1, 1)  # a full cache, L = 4
+    >>> new = jnp.full((1, 1, 1, 1), 9.0)
+    >>> cache, start = attention.streaming_cache_update(
+    ...     cache, new, 4, num_sink_tokens=1)  # keep sink 0, evict 1
+    >>> print(np.asarray(cache[0, :, 0, 0]), int(start))
+    [0. 2. 3. 9.] 3
+
   References:
     Xiao et al., *Efficient Streaming Language Models with Attention
     Sinks*, arXiv:2309.17453 (2023), Sec. 3.2 and the official code
@@ -142,6 +160,7 @@ def streaming_cache_update(
   """
   who = "streaming_cache_update"
   _checks.check_ndim(who, "cached", cached, expected=4)
+  cached = jnp.asarray(cached)
   _checks.check_ndim(who, "new", new, expected=4)
   if new.shape[:1] + new.shape[2:] != cached.shape[:1] + cached.shape[2:]:
     raise ValueError(

@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float
 
-from jaxnorm import _checks, _numerics
+from jaxnorm import _checks, _numerics, _scope
 from jaxnorm.attention import _core
 
 _KERNELS = {
@@ -43,6 +43,7 @@ def _shifted_relu(x: jax.Array, *, shift: float) -> jax.Array:
   return jax.nn.relu(x) + shift
 
 
+@_scope.scoped
 def lina_attention(
   query: Float[Array, "B T N H"],
   key: Float[Array, "B S K H"],
@@ -104,6 +105,14 @@ def lina_attention(
     ValueError: on mismatched shapes or unknown options.
     TypeError: on non-floating inputs.
 
+  Examples:
+    >>> q = jnp.array([[1.0, 2.0], [3.0, 1.0]]).reshape(1, 2, 1, 2)
+    >>> k = jnp.ones((1, 2, 1, 2))  # equal keys: every query reads mean(v)
+    >>> v = jnp.array([[1.0, 0.0], [3.0, 2.0]]).reshape(1, 2, 1, 2)
+    >>> print(np.asarray(attention.lina_attention(q, k, v)[0, :, 0]).round(4))
+    [[2. 1.]
+     [2. 1.]]
+
   References:
     Wang et al., *LINA: Linear Autoregressive Image Generative Models with
     Continuous Tokens*, arXiv:2601.22630 (2026); Han et al., *Bridging the
@@ -145,6 +154,7 @@ def lina_attention(
   return _core.finish(d, out, query.dtype)
 
 
+@_scope.scoped
 def lina_depthwise_conv(
   x: Float[Array, "B L C"],
   kernel: Float[Array, "k k C"],
@@ -163,9 +173,17 @@ def lina_depthwise_conv(
   Raises:
     ValueError: if the token count does not match ``grid_shape`` or the
       kernel/bias shapes do not match the channels.
+
+  Examples:
+    >>> x = jnp.array([9.0, 1.0, 2.0, 3.0, 4.0]).reshape(1, 5, 1)  # 1 + 2 x 2
+    >>> y = attention.lina_depthwise_conv(
+    ...     x, jnp.full((1, 1, 1), 2.0), grid_shape=(2, 2), num_prefix=1)
+    >>> print(np.asarray(y[0, :, 0]))  # the prefix token gets 0
+    [0. 2. 4. 6. 8.]
   """
   who = "lina_depthwise_conv"
   _checks.check_floating(who, "x", x)
+  x = jnp.asarray(x)
   _checks.check_ndim(who, "x", x, expected=3)
   b, length, c = x.shape
   gh, gw = grid_shape

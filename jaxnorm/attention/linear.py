@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float
 
-from jaxnorm import _checks, _dispatch, _numerics
+from jaxnorm import _checks, _dispatch, _numerics, _scope
 from jaxnorm.attention import _core
 
 FeatureMap = Literal["elu_plus_one", "relu", "identity"]
@@ -22,6 +22,7 @@ FEATURE_MAPS: dict[str, Callable[[jax.Array], jax.Array]] = {
 }
 
 
+@_scope.scoped
 def causal_linear_attention(
   query: Float[Array, "B T N H"],
   key: Float[Array, "B T K H"],
@@ -76,6 +77,13 @@ def causal_linear_attention(
     TypeError: on non-floating inputs.
     NotImplementedError: for ``implementation="pallas"`` on a case the
       kernel does not cover (including ``algorithm="quadratic"``).
+
+  Examples:
+    >>> q = k = jnp.zeros((1, 3, 1, 1))  # elu(0) + 1 = 1: equal weights
+    >>> v = jnp.array([1.0, 3.0, 8.0]).reshape(1, 3, 1, 1)
+    >>> out = attention.causal_linear_attention(q, k, v)
+    >>> print(np.asarray(out[0, :, 0, 0]).round(4))  # running mean of v
+    [1. 2. 4.]
 
   References:
     Katharopoulos et al., *Transformers are RNNs: Fast Autoregressive

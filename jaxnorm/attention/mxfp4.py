@@ -11,18 +11,17 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Bool, Float
 
-from jaxnorm import _checks
+from jaxnorm import _checks, _scope
 from jaxnorm.attention import _core
 
-E2M1_MAX: float = 6.0
-UOS_QMAX: float = 7.25
+_UOS_QMAX: float = 7.25
 
 
 def mxfp4_scale_exponent(
   amax: Float[Array, "..."],
   *,
   scale_rule: Literal["qmax", "ocp_floor"] = "qmax",
-  qmax: float = UOS_QMAX,
+  qmax: float = _UOS_QMAX,
 ) -> jax.Array:
   r"""The E8M0 block exponent ``e`` (scale ``2**e``) for block max ``amax``.
 
@@ -64,13 +63,14 @@ def mxfp4_scale_exponent(
   return jnp.clip(e, -127, 127).astype(jnp.int32)
 
 
+@_scope.scoped
 def mxfp4_quantize(
   x: Float[Array, "..."],
   *,
   axis: int = -1,
   block_size: int = 32,
   scale_rule: Literal["qmax", "ocp_floor"] = "qmax",
-  qmax: float = UOS_QMAX,
+  qmax: float = _UOS_QMAX,
   straight_through: bool = True,
 ) -> Float[Array, "..."]:
   r"""MXFP4 fake quantization: E2M1 elements with a shared E8M0 block scale.
@@ -100,6 +100,11 @@ def mxfp4_quantize(
     ValueError: on a bad axis, block size or option.
     TypeError: if ``x`` is not floating.
 
+  Examples:
+    >>> x = jnp.array([0.3, -1.7, 6.0, 2.2])  # one block, max 6: scale 1
+    >>> print(np.asarray(attention.mxfp4_quantize(x, block_size=4)))
+    [ 0.5 -1.5  6.   2. ]
+
   References:
     OCP, *Microscaling Formats (MX) v1.0 Specification* (2023); Yu et al.,
     *MXAttention: Data-Free Optimal Scaling and Pre-Normalization
@@ -107,6 +112,7 @@ def mxfp4_quantize(
   """
   who = "mxfp4_quantize"
   _checks.check_floating(who, "x", x)
+  x = jnp.asarray(x)
   _checks.check_positive_int(who, "block_size", block_size)
   (ax,) = _checks.normalize_axes(who, axis, x.ndim)
   xf = jnp.moveaxis(x.astype(jnp.float32), ax, -1)
@@ -161,6 +167,7 @@ def hadamard_rotation(
   return s[:, None] * h
 
 
+@_scope.scoped
 def mxfp4_attention(
   query: Float[Array, "B T N H"],
   key: Float[Array, "B S K H"],
@@ -176,7 +183,7 @@ def mxfp4_attention(
   hadamard: Literal["random_sign", "plain"] | None = "random_sign",
   hadamard_seed: int = 1234,
   scale_rule: Literal["qmax", "ocp_floor"] = "qmax",
-  qmax: float = UOS_QMAX,
+  qmax: float = _UOS_QMAX,
   block_size: int = 32,
   value_blocks: Literal["keys", "features"] | None = None,
 ) -> Float[Array, "B T N Hv"]:
@@ -247,6 +254,14 @@ def mxfp4_attention(
   Raises:
     ValueError: on mismatched shapes or options.
     TypeError: on non-floating inputs or a non-boolean mask.
+
+  Examples:
+    >>> q = k = jnp.zeros((1, 2, 1, 32))  # one MX block of 32 per head
+    >>> v = jnp.full((1, 2, 1, 32), 0.3)  # 0.3 * 2**4 = 4.8 rounds to 4
+    >>> out = attention.mxfp4_attention(q, k, v, hadamard=None)
+    >>> print(np.asarray(out[0, :, 0, :3]))
+    [[0.25 0.25 0.25]
+     [0.25 0.25 0.25]]
 
   References:
     Yu et al., arXiv:2607.24377 (2026); OCP MX v1.0 (2023).

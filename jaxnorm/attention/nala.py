@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float
 
-from jaxnorm import _checks, _numerics, norms
+from jaxnorm import _checks, _numerics, _scope, norms
 from jaxnorm.attention import _core, _grid, lina
 
 
@@ -69,6 +69,7 @@ def _rotate_every_two(x: jax.Array) -> jax.Array:
   return jnp.stack([-x2, x1], axis=-1).reshape(x.shape)
 
 
+@_scope.scoped
 def nala_attention(
   query: Float[Array, "B T N H"],
   key: Float[Array, "B S K H"],
@@ -111,6 +112,14 @@ def nala_attention(
     ValueError: on mismatched shapes or RoPE tables.
     TypeError: on non-floating inputs.
 
+  Examples:
+    >>> q = jnp.array([[1.0, 2.0], [3.0, -1.0]]).reshape(1, 2, 1, 2)
+    >>> k = jnp.ones((1, 2, 1, 2))  # equal keys: every query reads mean(v)
+    >>> v = jnp.array([[1.0, 0.0], [3.0, 2.0]]).reshape(1, 2, 1, 2)
+    >>> print(np.asarray(attention.nala_attention(q, k, v)[0, :, 0]).round(4))
+    [[2. 1.]
+     [2. 1.]]
+
   References:
     Meng et al., *NaLaFormer: Norm-Aware Linear Attention for Transformer
     Models*, arXiv:2506.21137 (2025); ICML 2026 version *Norm x Direction:
@@ -145,6 +154,7 @@ def nala_attention(
   return _core.finish(d, num / den[..., None], query.dtype)
 
 
+@_scope.scoped
 def grid_rope_tables(
   grid_shape: tuple[int, int],
   head_dim: int,
@@ -177,6 +187,11 @@ def grid_rope_tables(
   Raises:
     ValueError: on a bad grid or a head dim not divisible by 4.
 
+  Examples:
+    >>> sin, cos = attention.grid_rope_tables((1, 2), 8)  # tokens (0,0), (0,1)
+    >>> print(sin.shape, np.asarray(sin[1]).round(3))  # sin(1), sin(1e-4)
+    (2, 8) [0.    0.    0.    0.    0.841 0.841 0.    0.   ]
+
   References:
     Meng et al., arXiv:2506.21137 (2025), code ``ZacharyMeng/NaLaFormer``.
   """
@@ -203,6 +218,7 @@ def grid_rope_tables(
   return jnp.sin(theta), jnp.cos(theta)
 
 
+@_scope.scoped
 def nala_grid_attention(
   query: Float[Array, "B T N H"],
   key: Float[Array, "B T N H"],
@@ -263,6 +279,15 @@ def nala_grid_attention(
     ValueError: on mismatched shapes, a bad grid or ``H % 4 != 0``.
     TypeError: on non-floating inputs.
 
+  Examples:
+    >>> q = k = v = g = jnp.ones((1, 4, 1, 4))  # a 2 x 2 map, C = N H = 4
+    >>> y = attention.nala_grid_attention(
+    ...     q, k, v, g, lepe_kernel=jnp.zeros((3, 3, 4)),
+    ...     lepe_bias=jnp.zeros(4), norm_scale=jnp.zeros(4),
+    ...     norm_bias=jnp.ones(4), grid_shape=(2, 2))
+    >>> print(y.shape, np.asarray(y[0, 0, 0]).round(4))  # 1 * silu(1)
+    (1, 4, 1, 4) [0.7311 0.7311 0.7311 0.7311]
+
   References:
     Meng et al., *NaLaFormer: Norm-Aware Linear Attention for Transformer
     Models*, arXiv:2506.21137 (2025); ICML 2026 code ``ZacharyMeng/
@@ -275,6 +300,7 @@ def nala_grid_attention(
     _checks.check_ndim(who, name, a, expected=4)
   for name, a in arrays[1:]:
     _checks.check_shape(who, name, a, query.shape, "like query: (B, T, N, H)")
+  query = jnp.asarray(query)
   b, t, n, h = query.shape
   _grid.check_grid(who, grid_shape, num_prefix, t)
   c = n * h

@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float
 
-from jaxnorm import _checks, _numerics, norms
+from jaxnorm import _checks, _numerics, _scope, norms
 
 
 def _spatial_softmax(s: jax.Array) -> jax.Array:
@@ -97,6 +97,7 @@ def _psa_spatial_gate(
   return jax.nn.sigmoid(s)
 
 
+@_scope.scoped
 def psa_parallel(
   x: Float[Array, "B H W C"],
   *,
@@ -141,6 +142,14 @@ def psa_parallel(
     ValueError: on mismatched weight shapes.
     TypeError: if ``x`` is not floating.
 
+  Examples:
+    >>> x = jnp.ones((1, 2, 2, 2))  # (B, H, W, C), C' = 1
+    >>> w = {n: jnp.zeros((2, 1)) for n in ("channel_query", "channel_value",
+    ...                                     "spatial_query", "spatial_value")}
+    >>> y = attention.psa_parallel(x, channel_up=jnp.zeros((1, 2)), **w)
+    >>> print(np.asarray(y[0, 0, 0]).round(4))  # sigmoid(0) + sigmoid(1 / HW)
+    [1.0622 1.0622]
+
   References:
     Liu et al., *Polarized Self-Attention: Towards High-quality Pixel-wise
     Regression*, arXiv:2107.00782 (2021); official code
@@ -151,6 +160,7 @@ def psa_parallel(
     who, x, channel_query, channel_value, spatial_query, spatial_value
   )
   _checks.check_shape(who, "channel_up", channel_up, (cp, c), "(C', C)")
+  x = jnp.asarray(x)
   xc = x.astype(_numerics.compute_dtype(x))
   a_ch = _psa_channel_gate(
     xc, channel_query, channel_value, lambda z: z @ channel_up.astype(z.dtype)
@@ -159,6 +169,7 @@ def psa_parallel(
   return (xc * a_ch + xc * a_sp).astype(x.dtype)
 
 
+@_scope.scoped
 def psa_sequential(
   x: Float[Array, "B H W C"],
   *,
@@ -212,6 +223,17 @@ def psa_sequential(
     ValueError: on mismatched weight shapes.
     TypeError: if ``x`` is not floating.
 
+  Examples:
+    >>> x = jnp.ones((1, 2, 2, 2))
+    >>> w = {n: jnp.zeros((2, 1)) for n in ("channel_query", "channel_value",
+    ...                                     "spatial_query", "spatial_value")}
+    >>> y = attention.psa_sequential(
+    ...     x, channel_down=jnp.zeros((1, 1)), channel_down_bias=jnp.zeros(1),
+    ...     channel_norm_scale=jnp.ones(1), channel_norm_bias=jnp.zeros(1),
+    ...     channel_up=jnp.zeros((1, 2)), channel_up_bias=jnp.zeros(2), **w)
+    >>> print(np.asarray(y[0, 0, 0]).round(4))  # sigmoid(0) * sigmoid(0)
+    [0.25 0.25]
+
   References:
     Liu et al., arXiv:2107.00782 (2021); official code
     ``DeLightCMU/PSA semantic-segmentation/network/PSA.py`` (``PSA_s``).
@@ -229,6 +251,7 @@ def psa_sequential(
     _checks.check_shape(who, name, w, (cb,), "(C_b,)")
   _checks.check_shape(who, "channel_up", channel_up, (cb, c), "(C_b, C)")
   _checks.check_shape(who, "channel_up_bias", channel_up_bias, (c,), "(C,)")
+  x = jnp.asarray(x)
   xc = x.astype(_numerics.compute_dtype(x))
 
   def up(z):
@@ -246,6 +269,7 @@ def psa_sequential(
   return (xc * a_sp).astype(x.dtype)
 
 
+@_scope.scoped
 def psa_paper_form(
   x: Float[Array, "B H W C"],
   *,
@@ -281,6 +305,16 @@ def psa_paper_form(
     ValueError: on mismatched weight shapes or an unknown layout.
     TypeError: if ``x`` is not floating.
 
+  Examples:
+    >>> x = jnp.ones((1, 2, 2, 2))
+    >>> w = {n: jnp.zeros((2, 1)) for n in ("channel_query", "channel_value",
+    ...                                     "spatial_query", "spatial_value")}
+    >>> y = attention.psa_paper_form(
+    ...     x, channel_up=jnp.zeros((1, 2)), norm_scale=jnp.ones(2),
+    ...     norm_bias=jnp.zeros(2), **w)
+    >>> print(np.asarray(y[0, 0, 0]).round(4))  # sigmoid(0) + sigmoid(0)
+    [1. 1.]
+
   References:
     Liu et al., arXiv:2107.00782 (2021).
   """
@@ -292,6 +326,7 @@ def psa_paper_form(
   _checks.check_shape(who, "channel_up", channel_up, (cp, c), "(C', C)")
   _checks.check_shape(who, "norm_scale", norm_scale, (c,), "channels")
   _checks.check_shape(who, "norm_bias", norm_bias, (c,), "channels")
+  x = jnp.asarray(x)
   xc = x.astype(_numerics.compute_dtype(x))
 
   def up(z):

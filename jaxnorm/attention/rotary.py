@@ -5,9 +5,10 @@ from __future__ import annotations
 import jax.numpy as jnp
 from jaxtyping import Array, Float
 
-from jaxnorm import _checks, _numerics
+from jaxnorm import _checks, _numerics, _scope
 
 
+@_scope.scoped
 def rope(
   x: Float[Array, "B T N H"],
   positions: Float[Array, "B T"] | None = None,
@@ -32,12 +33,20 @@ def rope(
     ValueError: if ``x`` is not rank 4, ``H`` is odd, or ``positions`` has
       the wrong shape.
 
+  Examples:
+    >>> x = jnp.ones((1, 2, 1, 2))  # positions 0 and 1, theta = 1
+    >>> y = attention.rope(x)
+    >>> print(np.asarray(y[0, :, 0]).round(4))  # [cos - sin, sin + cos] at 1
+    [[ 1.      1.    ]
+     [-0.3012  1.3818]]
+
   References:
     Su et al., *RoFormer: Enhanced Transformer with Rotary Position
     Embedding*, arXiv:2104.09864 (2021).
   """
   who = "rope"
   _checks.check_floating(who, "x", x)
+  x = jnp.asarray(x)
   _checks.check_ndim(who, "x", x, expected=4)
   b, t, _, h = x.shape
   if h % 2:

@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float
 
-from jaxnorm import _checks, _numerics
+from jaxnorm import _checks, _numerics, _scope
 from jaxnorm.attention import _core
 
 
@@ -41,6 +41,7 @@ def _check_logits_mask(who: str, logits, mask, num_iters):
   return lg, mask
 
 
+@_scope.scoped
 def sinkhorn_weights(
   logits: Float[Array, "... T S"],
   mask: Bool[Array, "... T S"] | None = None,
@@ -87,6 +88,15 @@ def sinkhorn_weights(
       a mass is not positive.
     TypeError: if ``logits`` is not floating or ``mask`` not boolean.
 
+  Examples:
+    >>> logits = jnp.log(jnp.array([[1.0, 2.0], [1.0, 1.0]]))
+    >>> w = attention.sinkhorn_weights(logits, num_iters=50)
+    >>> print(np.asarray(w).round(4))
+    [[0.4142 0.5858]
+     [0.5858 0.4142]]
+    >>> print(np.asarray(w.sum(0)).round(4), np.asarray(w.sum(1)).round(4))
+    [1. 1.] [1. 1.]
+
   References:
     Freytes, *Geometric Attention: A Regime-Explicit Operator Semantics for
     Transformer Attention*, arXiv:2601.11618 (2026); Cuturi, *Sinkhorn
@@ -132,6 +142,7 @@ def _scale(lg: jax.Array, log_r, log_c, num_iters: int) -> jax.Array:
   return jnp.exp(lg + f + g)
 
 
+@_scope.scoped
 def causal_sinkhorn_weights(
   logits: Float[Array, "... T S"],
   mask: Bool[Array, "... T S"] | None = None,
@@ -179,21 +190,31 @@ def causal_sinkhorn_weights(
   Raises:
     ValueError: if ``logits`` has rank < 2 or ``mask`` does not broadcast.
     TypeError: if ``logits`` is not floating or ``mask`` not boolean.
+
+  Examples:
+    >>> w = attention.causal_sinkhorn_weights(jnp.zeros((3, 3)))
+    >>> print(np.asarray(w).round(4))  # row t: the plan of rows <= t
+    [[1.     0.     0.    ]
+     [0.5    0.5    0.    ]
+     [0.3333 0.3333 0.3333]]
   """
   who = "causal_sinkhorn_weights"
   lg, mask = _check_logits_mask(who, logits, mask, num_iters)
   t, s = lg.shape[-2:]
-  allowed = jnp.arange(s)[None, :] <= jnp.arange(t)[:, None]
+  causal = jnp.arange(s)[None, :] <= jnp.arange(t)[:, None]
+  # Broadcast explicitly: batched logits meet the rank-2 causal mask, which
+  # implicit rank promotion (refused under jax_numpy_rank_promotion="raise")
+  # would have to extend.
+  allowed = jnp.broadcast_to(causal, lg.shape)
   if mask is not None:
-    allowed = jnp.logical_and(allowed, mask)
-  allowed = jnp.broadcast_to(allowed, lg.shape)
+    allowed = jnp.logical_and(allowed, jnp.broadcast_to(mask, lg.shape))
   lg = jnp.where(allowed, lg, -jnp.inf)
   n = jnp.sum(allowed.astype(lg.dtype), axis=-1, keepdims=True)
   uniform = jnp.where(allowed, 1.0 / jnp.maximum(n, 1.0), 0.0)
   rows = jnp.arange(t)
 
   def prefix_row(i):
-    visible = (rows <= i)[:, None]
+    visible = (rows <= i).reshape((1,) * (lg.ndim - 2) + (t, 1))
     col = jnp.sum(jnp.where(visible, uniform, 0.0), axis=-2, keepdims=True)
     log_c = jnp.log(jnp.where(col > 0, col, 1.0))
     log_c = jnp.where(col > 0, log_c, -jnp.inf)
@@ -204,6 +225,7 @@ def causal_sinkhorn_weights(
   return jnp.moveaxis(w, 0, -2)
 
 
+@_scope.scoped
 def sinkhorn_attention(
   query: Float[Array, "B T N H"],
   key: Float[Array, "B S K H"],
@@ -245,6 +267,14 @@ def sinkhorn_attention(
   Raises:
     ValueError: on mismatched shapes.
     TypeError: on non-floating inputs or a non-boolean mask.
+
+  Examples:
+    >>> q = k = jnp.zeros((1, 2, 1, 2))
+    >>> v = jnp.array([[1.0, 0.0], [3.0, 2.0]]).reshape(1, 2, 1, 2)
+    >>> out = attention.sinkhorn_attention(q, k, v)
+    >>> print(np.asarray(out[0, :, 0]))  # uniform plan: the mean of v
+    [[2. 1.]
+     [2. 1.]]
 
   References:
     Freytes, arXiv:2601.11618 (2026) (unverified reading, see

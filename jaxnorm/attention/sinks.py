@@ -6,10 +6,11 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Bool, Float
 
-from jaxnorm import _checks, _dispatch, _numerics
+from jaxnorm import _checks, _dispatch, _numerics, _scope
 from jaxnorm.attention import _core
 
 
+@_scope.scoped
 def softmax_off_by_one(
   logits: Float[Array, "..."], *, axis: int = -1, sink: ArrayLike = 0.0
 ) -> Float[Array, "..."]:
@@ -34,6 +35,13 @@ def softmax_off_by_one(
     ValueError: if ``axis`` is out of range (or ``logits`` a scalar).
     TypeError: if ``logits`` is not floating.
 
+  Examples:
+    >>> print(np.asarray(attention.softmax_off_by_one(jnp.zeros(2))).round(4))
+    [0.3333 0.3333]
+    >>> w = attention.softmax_off_by_one(jnp.zeros(2), sink=jnp.log(2.0))
+    >>> print(np.asarray(w))  # 1 / (2 + 2)
+    [0.25 0.25]
+
   References:
     E. Miller, *Attention Is Off By One* (2023, blog); OpenAI, *gpt-oss-120b
     & gpt-oss-20b Model Card*, arXiv:2508.10925 (2025).
@@ -52,6 +60,7 @@ def softmax_off_by_one(
   return e / (jnp.exp(s - m) + jnp.sum(e, axis=axis, keepdims=True))
 
 
+@_scope.scoped
 @_core.refuses_flax_kwargs
 def sink_attention(
   query: Float[Array, "B T N H"],
@@ -100,6 +109,13 @@ def sink_attention(
     NotImplementedError: for ``implementation="pallas"`` on a case the
       kernel does not cover.
 
+  Examples:
+    >>> q, k = jnp.zeros((1, 1, 1, 2)), jnp.zeros((1, 2, 1, 2))
+    >>> v = jnp.array([[1.0, 0.0], [3.0, 2.0]]).reshape(1, 2, 1, 2)
+    >>> out = attention.sink_attention(q, k, v)  # weights 1 / (1 + 2)
+    >>> print(np.asarray(out[0, 0, 0]).round(4))
+    [1.3333 0.6667]
+
   References:
     Qiu et al., *A Unified View of Attention and Residual Sinks:
     Outlier-Driven Rescaling*, arXiv:2601.22966 (2026); Xiao et al.,
@@ -145,6 +161,7 @@ def sink_attention(
   )
 
 
+@_scope.scoped
 def gated_attention_output(
   attention_out: Float[Array, "B T N H"],
   gate_logits: Float[Array, "B T N Hg"],
@@ -168,6 +185,12 @@ def gated_attention_output(
     ValueError: if ``gate_logits`` is neither shape.
     TypeError: on non-floating inputs.
 
+  Examples:
+    >>> out = jnp.array([2.0, 4.0]).reshape(1, 1, 1, 2)
+    >>> y = attention.gated_attention_output(out, jnp.zeros((1, 1, 1, 1)))
+    >>> print(np.asarray(y[0, 0, 0]))  # head-wise gate sigmoid(0)
+    [1. 2.]
+
   References:
     Qiu et al., *Gated Attention for Large Language Models: Non-linearity,
     Sparsity, and Attention-Sink-Free*, arXiv:2505.06708 (2025); Qiu et al.,
@@ -175,6 +198,7 @@ def gated_attention_output(
   """
   who = "gated_attention_output"
   _checks.check_floating(who, "attention_out", attention_out)
+  attention_out = jnp.asarray(attention_out)
   _checks.check_ndim(who, "attention_out", attention_out, minimum=1)
   _checks.check_floating(who, "gate_logits", gate_logits)
   shape = attention_out.shape

@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float
 
-from jaxnorm import _checks, _numerics, norms
+from jaxnorm import _checks, _numerics, _scope, norms
 from jaxnorm.attention import _grid, lina
 
 
@@ -55,12 +55,20 @@ def _newton_alpha(a: jax.Array, p: jax.Array, init: str) -> jax.Array:
   Computed on ``a`` (the matrix before the ridge), as the official code.
   Differentiable in ``a``; the backtracking count is a constant.
   """
-  rows = jnp.sum(jnp.abs(a), axis=-1)
+  rows = jnp.max(jnp.sum(jnp.abs(a), axis=-1), axis=-1)
+  p_rows = jnp.max(jnp.sum(jnp.abs(p), axis=-1), axis=-1)
+  # Deviation: where the step on A cannot converge (A = 0, or a ridge that
+  # dominates A: alpha * max_row(P)^2 >= 2 bounds sigma_max(P)), it is taken
+  # on P; with P = 0 too, V = 0 (the pseudo-inverse), never inf * 0 = NaN.
+  p_rows = jnp.where(p_rows > 0, p_rows, 1.0)
   if init == "row_sum":
-    alpha = 1.8 / jnp.square(jnp.max(rows, axis=-1))
+    on_a = jnp.where(rows > 0, rows, p_rows)
+    ok = (rows > 0) & (1.8 * jnp.square(p_rows / on_a) < 2.0)
+    alpha = 1.8 / jnp.square(jnp.where(ok, on_a, p_rows))
     return alpha[..., None, None]
   # "backtrack" (SOFT-Norm): global alpha, halved while ||I - P V||_1 > 1.01.
-  alpha0 = 2.0 / jnp.square(jnp.max(rows))
+  top = jnp.max(rows)
+  alpha0 = 2.0 / jnp.square(jnp.where(top > 0, top, jnp.max(p_rows)))
   m = p.shape[-1]
   eye = jnp.eye(m, dtype=p.dtype).reshape((1,) * (p.ndim - 2) + (m, m))
   ps = jax.lax.stop_gradient(p)
@@ -111,6 +119,7 @@ def _newton_implicit_bwd(num_iters, init, v, g):
 _newton_implicit.defvjp(_newton_implicit_fwd, _newton_implicit_bwd)
 
 
+@_scope.scoped
 def newton_inverse(
   a: Float[Array, "... m m"],
   *,
@@ -124,7 +133,9 @@ def newton_inverse(
   With :math:`P = A + r I`: :math:`V_0 = \alpha P^T`, then
   :math:`V \leftarrow 2V - V P V` for ``num_iters`` steps. The step
   :math:`\alpha` is computed on :math:`A` (before the ridge), as in the
-  official code. SOFT's init (``"row_sum"``, ``SOFT/kernel/inverse.py``) is
+  official code (Deviation: on :math:`P` where that step cannot converge,
+  e.g. for :math:`A = 0`). SOFT's init (``"row_sum"``,
+  ``SOFT/kernel/inverse.py``) is
   :math:`\alpha = 0.9 \cdot 2 / (\max_i \sum_j |A_{ij}|)^2` per matrix;
   SOFT-Norm's (``"backtrack"``, ``SoftmaxFreeNormAttentionKernel``) is
   :math:`2/(\max \sum_j |A_{ij}|)^2` taken over the whole batch and halved
@@ -168,6 +179,12 @@ def newton_inverse(
     ValueError: if ``a`` is not square, or on a bad option.
     TypeError: if ``a`` is not floating.
 
+  Examples:
+    >>> a = jnp.array([[2.0, 0.0], [0.0, 4.0]])
+    >>> print(np.asarray(attention.newton_inverse(a, reg=0.0)).round(4))
+    [[0.5  0.  ]
+     [0.   0.25]]
+
   References:
     Lu et al., *SOFT: Softmax-free Transformer with Linear Complexity*,
     arXiv:2110.11945 (2021); Lu et al., *Softmax-free Linear Transformers*,
@@ -193,6 +210,7 @@ def newton_inverse(
   return _newton_iterate(a, p, int(num_iters), init)
 
 
+@_scope.scoped
 def soft_landmarks(
   query: Float[Array, "B T N H"], ratio: int, *, scale: float | None = None
 ) -> Float[Array, "B M N H"]:
@@ -205,6 +223,12 @@ def soft_landmarks(
 
   Raises:
     ValueError: if ``T`` is not divisible by ``ratio``.
+
+  Examples:
+    >>> q = jnp.array([1.0, 2.0, 3.0, 4.0]).reshape(1, 4, 1, 1)
+    >>> lm = attention.soft_landmarks(q, 2, scale=1.0)  # means of 2 tokens
+    >>> print(np.asarray(lm[0, :, 0, 0]))
+    [1.5 3.5]
   """
   who = "soft_landmarks"
   _checks.check_floating(who, "query", query)
@@ -215,9 +239,11 @@ def soft_landmarks(
   s = h**-0.25 if scale is None else scale
   dtype = _numerics.compute_dtype(query)
   q = query.astype(dtype) * s
-  return jnp.mean(q.reshape(b, t // ratio, ratio, n, h), axis=2)
+  lm = jnp.mean(q.reshape(b, t // ratio, ratio, n, h), axis=2)
+  return lm.astype(jnp.result_type(query))
 
 
+@_scope.scoped
 def soft_attention(
   query: Float[Array, "B T N H"],
   value: Float[Array, "B T N Hv"],
@@ -278,6 +304,13 @@ def soft_attention(
     ValueError: on mismatched shapes.
     TypeError: on non-floating inputs.
 
+  Examples:
+    >>> q = jnp.zeros((1, 2, 1, 1))  # every Gaussian kernel entry is 1
+    >>> v = jnp.array([1.0, 3.0]).reshape(1, 2, 1, 1)
+    >>> out = attention.soft_attention(q, v, jnp.zeros((1, 1, 1, 1)))
+    >>> print(np.asarray(out[0, :, 0, 0]).round(4))  # sum(v) / (1 + 0.01)
+    [3.9604 3.9604]
+
   References:
     Lu et al., arXiv:2110.11945 (2021); Lu et al., arXiv:2207.03341 (2024).
   """
@@ -285,6 +318,7 @@ def soft_attention(
   for name, x in (("query", query), ("value", value), ("landmarks", landmarks)):
     _checks.check_floating(who, name, x)
     _checks.check_ndim(who, name, x, expected=4)
+  query = jnp.asarray(query)
   b, t, n, h = query.shape
   if value.shape[:3] != (b, t, n):
     raise ValueError(
@@ -370,6 +404,7 @@ def soft_conv_landmarks(
   """
   who = "soft_conv_landmarks"
   _checks.check_floating(who, "query", query)
+  query = jnp.asarray(query)
   _checks.check_ndim(who, "query", query, expected=4)
   b, t, n, h = query.shape
   gh, gw = _grid.check_grid(who, grid_shape, num_prefix, t)
@@ -434,6 +469,7 @@ def soft_local_conv(
   """
   who = "soft_local_conv"
   _checks.check_floating(who, "value", value)
+  value = jnp.asarray(value)
   _checks.check_ndim(who, "value", value, expected=4)
   b, t, n, e = value.shape
   _grid.check_grid(who, grid_shape, num_prefix, t)
@@ -447,6 +483,7 @@ def soft_local_conv(
   return y.at[:, :num_prefix].set(value[:, :num_prefix])
 
 
+@_scope.scoped
 def soft_grid_attention(
   query: Float[Array, "B T N H"],
   value: Float[Array, "B T N Hv"],
@@ -497,9 +534,24 @@ def soft_grid_attention(
     ValueError: on mismatched shapes or a bad grid.
     TypeError: on non-floating inputs.
 
+  Examples:
+    >>> q = jnp.zeros((1, 4, 1, 1))  # a 2 x 2 map, N = H = 1
+    >>> v = jnp.array([1.0, 2.0, 3.0, 4.0]).reshape(1, 4, 1, 1)
+    >>> kw = dict(landmark_kernel=jnp.zeros((2, 2, 1, 1)), grid_shape=(2, 2),
+    ...           landmark_scale=jnp.ones(1), landmark_bias=jnp.zeros(1))
+    >>> y0 = attention.soft_grid_attention(q, v, local_kernel=None, **kw)
+    >>> two = jnp.full((1, 1, 1), 2.0)  # a 1 x 1 depthwise kernel
+    >>> y1 = attention.soft_grid_attention(q, v, local_kernel=two, **kw)
+    >>> print(np.asarray(y1 - y0)[0, :, 0, 0].round(4))  # the local branch 2 v
+    [2. 4. 6. 8.]
+
   References:
     Lu et al., arXiv:2110.11945 (2021); Lu et al., arXiv:2207.03341 (2024).
   """
+  who = "soft_grid_attention"
+  _checks.check_floating(who, "query", query)
+  _checks.check_floating(who, "value", value)
+  query = jnp.asarray(query)
   dtype = _numerics.compute_dtype(query, value)
   q, v = query.astype(dtype), value.astype(dtype)
   landmarks = soft_conv_landmarks(

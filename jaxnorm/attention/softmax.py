@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float
 
-from jaxnorm import _dispatch, _numerics
+from jaxnorm import _dispatch, _numerics, _scope
 from jaxnorm.attention import _core
 
 Window = _core.Window
@@ -42,6 +42,7 @@ def _softmax_weights(
   return jax.nn.softmax(logits, axis=-1)
 
 
+@_scope.scoped
 def attention_weights(
   query: Float[Array, "B T N H"],
   key: Float[Array, "B S K H"],
@@ -75,6 +76,13 @@ def attention_weights(
     ValueError: on mismatched shapes (naming the argument) or a bad
       ``logits_soft_cap`` / ``local_window_size``.
     TypeError: on non-floating q/k/bias or a non-boolean mask.
+
+  Examples:
+    >>> q = k = jnp.zeros((1, 2, 1, 2))
+    >>> w = attention.attention_weights(q, k, is_causal=True)  # (B, N, T, S)
+    >>> print(np.asarray(w[0, 0]))
+    [[1.  0. ]
+     [0.5 0.5]]
   """
   who = "attention_weights"
   d, query, key, _, bias, mask = _core.prepare(
@@ -90,6 +98,7 @@ def attention_weights(
   return w[0] if d.unbatched else w
 
 
+@_scope.scoped
 @_core.refuses_flax_kwargs
 def dot_product_attention(
   query: Float[Array, "B T N H"],
@@ -157,6 +166,14 @@ def dot_product_attention(
     TypeError: on non-floating inputs or a non-boolean mask.
     NotImplementedError: for ``implementation="pallas"`` on a case the
       kernel does not cover.
+
+  Examples:
+    >>> q = k = jnp.zeros((1, 2, 1, 2))  # (B, T, N, H): equal logits
+    >>> v = jnp.array([[1.0, 0.0], [3.0, 2.0]]).reshape(1, 2, 1, 2)
+    >>> out = attention.dot_product_attention(q, k, v, is_causal=True)
+    >>> print(np.asarray(out[0, :, 0]))  # row 0 sees v0, row 1 the mean
+    [[1. 0.]
+     [2. 1.]]
 
   References:
     Vaswani et al., *Attention Is All You Need*, arXiv:1706.03762 (2017);

@@ -20,6 +20,18 @@ conversion), `born` (CNet's Born rule: probabilities, cross-entropy,
 attention), `cnet` (CNet's causal Fourier mixing), `complexformer`
 (ComplexFormer attention), `pct` (Phase-Coherent Transformer attention and
 gates), `softmax` (complex softmax attention) and `fairy2i` (PhaseQuant).
+``__all__`` holds the functions, the state of `complex_batch_norm` and two
+name tables: `ACTIVATIONS` (name -> activation) and `PCT_GATES` (the
+``gate`` names of `pct_attention`).
+
+Examples:
+  Every example in this package assumes ``import jax``,
+  ``import jax.numpy as jnp`` and ``import numpy as np``:
+
+  >>> from jaxnorm import cplx
+  >>> z = cplx.to_complex(jnp.array([3.0, 0.0, 4.0, 1.0]))  # [Re | Im]
+  >>> print(np.asarray(z), np.asarray(cplx.modulus(z)))
+  [3.+4.j 0.+1.j] [5. 1.]
 """
 
 from jaxnorm.cplx.activations import (

@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Complex, Float
 
-from jaxnorm import _checks, _numerics
+from jaxnorm import _checks, _numerics, _scope
 from jaxnorm.cplx import _common, basics
 
 
@@ -28,6 +28,7 @@ def _split(fn, z: jax.Array) -> jax.Array:
   return jax.lax.complex(fn(jnp.real(z)), fn(jnp.imag(z)))
 
 
+@_scope.scoped
 def crelu(z: Complex[ArrayLike, "..."]) -> Complex[Array, "..."]:
   r"""CReLU: ReLU of the real and imaginary parts separately.
 
@@ -35,6 +36,10 @@ def crelu(z: Complex[ArrayLike, "..."]) -> Complex[Array, "..."]:
 
   Raises:
     TypeError: for a non-complex ``z``.
+
+  Examples:
+    >>> print(np.asarray(cplx.crelu(jnp.array([1 - 2j, -1 + 3j]))))
+    [1.+0.j 0.+3.j]
 
   References:
     Trabelsi et al., *Deep Complex Networks*, arXiv:1705.09792 (2018),
@@ -44,6 +49,7 @@ def crelu(z: Complex[ArrayLike, "..."]) -> Complex[Array, "..."]:
   return _split(jax.nn.relu, jnp.asarray(z))
 
 
+@_scope.scoped
 def zrelu(
   z: Complex[ArrayLike, "..."], *, closed: bool = True
 ) -> Complex[Array, "..."]:
@@ -57,6 +63,10 @@ def zrelu(
   Raises:
     TypeError: for a non-complex ``z``.
 
+  Examples:
+    >>> print(np.asarray(cplx.zrelu(jnp.array([1 + 2j, -1 + 3j, 2 + 0j]))))
+    [1.+2.j 0.+0.j 2.+0.j]
+
   References:
     Guberman, *On Complex Valued Convolutional Neural Networks*,
     arXiv:1602.09046 (2016); Trabelsi et al., arXiv:1705.09792 (2018).
@@ -68,6 +78,7 @@ def zrelu(
   return jnp.where(keep, z, jnp.zeros_like(z))
 
 
+@_scope.scoped
 def modrelu(
   z: Complex[ArrayLike, "... c"],
   bias: Float[ArrayLike, " c"],
@@ -91,6 +102,11 @@ def modrelu(
     TypeError: for a non-complex ``z`` or a non-real ``bias``.
     ValueError: for a bias shape other than ``(c,)`` or ``()``, or a
       non-positive ``power``.
+
+  Examples:
+    >>> y = cplx.modrelu(jnp.array([3 + 4j, 0.6 + 0.8j]), jnp.array(-2.0))
+    >>> print(np.asarray(y).round(4))  # relu(|z| - 2) z / |z|
+    [1.8+2.4j 0. +0.j ]
 
   References:
     Arjovsky, Shah & Bengio, *Unitary Evolution Recurrent Neural Networks*,
@@ -117,6 +133,7 @@ def modrelu(
   )
 
 
+@_scope.scoped
 def cardioid(z: Complex[ArrayLike, "..."]) -> Complex[Array, "..."]:
   r"""Complex cardioid: :math:`\tfrac12 (1 + \cos\arg z)\, z`.
 
@@ -126,6 +143,11 @@ def cardioid(z: Complex[ArrayLike, "..."]) -> Complex[Array, "..."]:
 
   Raises:
     TypeError: for a non-complex ``z``.
+
+  Examples:
+    >>> y = cplx.cardioid(jnp.array([2 + 0j, 1j, 1 + 1j]))
+    >>> print(np.asarray(y).round(4))  # (1 + cos(arg z)) z / 2
+    [2.    +0.j     0.    +0.5j    0.8536+0.8536j]
 
   References:
     Virtue, Yu & Lustig, *Better than Real: Complex-valued Neural Nets for
@@ -138,6 +160,7 @@ def cardioid(z: Complex[ArrayLike, "..."]) -> Complex[Array, "..."]:
   return (0.5 * (1.0 + cos)).astype(z.dtype) * z
 
 
+@_scope.scoped
 def split_gelu(
   z: Complex[ArrayLike, "..."], *, approximate: bool = True
 ) -> Complex[Array, "..."]:
@@ -149,6 +172,11 @@ def split_gelu(
 
   Raises:
     TypeError: for a non-complex ``z``.
+
+  Examples:
+    >>> y = cplx.split_gelu(jnp.array([1 - 1j]))
+    >>> print(np.asarray(y).round(4))  # gelu(1) + i gelu(-1)
+    [0.8412-0.1588j]
 
   References:
     Crasmaru, *CNet* (code ``crasmarum/CNet``, ``CGelu``); Hendrycks &

@@ -22,10 +22,11 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Complex, Float
 
-from jaxnorm import _checks
+from jaxnorm import _checks, _scope
 from jaxnorm.cplx import _common
 
 
+@_scope.scoped
 def to_complex(
   x: Float[Array, "... two_d"], *, axis: int = -1
 ) -> Complex[Array, "... d"]:
@@ -43,6 +44,10 @@ def to_complex(
   Raises:
     TypeError: for a non-real-floating ``x``.
     ValueError: for a bad ``axis`` or an odd length.
+
+  Examples:
+    >>> print(np.asarray(cplx.to_complex(jnp.array([1.0, 2.0, 3.0, 4.0]))))
+    [1.+3.j 2.+4.j]
   """
   who = "to_complex"
   _common.check_real(who, "x", x)
@@ -59,6 +64,7 @@ def to_complex(
   return jax.lax.complex(re, im)
 
 
+@_scope.scoped
 def to_real(
   z: Complex[Array, "... d"], *, axis: int = -1
 ) -> Float[Array, "... two_d"]:
@@ -75,6 +81,10 @@ def to_real(
   Raises:
     TypeError: for a non-complex ``z``.
     ValueError: for a bad ``axis``.
+
+  Examples:
+    >>> print(np.asarray(cplx.to_real(jnp.array([1 + 3j, 2 + 4j]))))
+    [1. 2. 3. 4.]
   """
   who = "to_real"
   _common.check_complex(who, "z", z)
@@ -84,11 +94,16 @@ def to_real(
 
 
 def _nonzero(z: jax.Array) -> tuple[jax.Array, jax.Array]:
-  """``(|z|^2 > 0, z with 1 substituted at 0)``: the double-where operands."""
-  nz = _common.abs2(z) > 0
+  """``(z != 0, z with 1 substituted at 0)``: the double-where operands.
+
+  ``z != 0``, not ``|z|^2 > 0``: the square underflows for ``|z| < 1e-19``
+  (float32) where ``|z|`` itself is representable.
+  """
+  nz = z != 0
   return nz, jnp.where(nz, z, jnp.ones_like(z))
 
 
+@_scope.scoped
 def modulus(z: Complex[Array, "..."]) -> Float[Array, "..."]:
   r"""``|z|`` with a finite gradient (0) at ``z = 0``.
 
@@ -100,12 +115,18 @@ def modulus(z: Complex[Array, "..."]) -> Float[Array, "..."]:
 
   Raises:
     TypeError: for a non-complex ``z``.
+
+  Examples:
+    >>> print(np.asarray(cplx.modulus(jnp.array([3 + 4j, 0j]))))
+    [5. 0.]
   """
   _common.check_complex("modulus", "z", z)
   nz, safe = _nonzero(jnp.asarray(z))
-  return jnp.where(nz, jnp.sqrt(_common.abs2(safe)), 0.0)
+  # jnp.abs scales (hypot), sqrt(Re^2 + Im^2) overflows for |z| > 1e19.
+  return jnp.where(nz, jnp.abs(safe), 0.0)
 
 
+@_scope.scoped
 def phase(z: Complex[Array, "..."]) -> Float[Array, "..."]:
   r"""``arg z = atan2(Im z, Re z)`` in ``(-pi, pi]``, 0 (and gradient 0) at 0.
 
@@ -117,12 +138,17 @@ def phase(z: Complex[Array, "..."]) -> Float[Array, "..."]:
 
   Raises:
     TypeError: for a non-complex ``z``.
+
+  Examples:
+    >>> print(np.asarray(cplx.phase(jnp.array([1j, -1 + 0j, 0j]))).round(4))
+    [1.5708 3.1416 0.    ]
   """
   _common.check_complex("phase", "z", z)
   nz, safe = _nonzero(jnp.asarray(z))
   return jnp.where(nz, jnp.arctan2(jnp.imag(safe), jnp.real(safe)), 0.0)
 
 
+@_scope.scoped
 def unit_phasor(z: Complex[Array, "..."]) -> Complex[Array, "..."]:
   r"""``z / |z|``, and 0 (with gradient 0) at ``z = 0``.
 
@@ -134,30 +160,43 @@ def unit_phasor(z: Complex[Array, "..."]) -> Complex[Array, "..."]:
 
   Raises:
     TypeError: for a non-complex ``z``.
+
+  Examples:
+    >>> print(np.asarray(cplx.unit_phasor(jnp.array([3 + 4j, 0j]))).round(4))
+    [0.6+0.8j 0. +0.j ]
   """
   _common.check_complex("unit_phasor", "z", z)
   z = jnp.asarray(z)
   nz, safe = _nonzero(z)
-  r = jax.lax.rsqrt(_common.abs2(safe)).astype(z.dtype)
-  return jnp.where(nz, safe * r, jnp.zeros_like(z))
+  return jnp.where(nz, safe / jnp.abs(safe).astype(z.dtype), jnp.zeros_like(z))
 
 
+@_scope.scoped
 def modulus_squared(z: Complex[Array, "..."]) -> Float[Array, "..."]:
   """``|z|^2`` (CNet's ``ModulusSquared``), real and smooth.
 
   Raises:
     TypeError: for a non-complex ``z``.
+
+  Examples:
+    >>> print(np.asarray(cplx.modulus_squared(jnp.array([3 + 4j, 1j]))))
+    [25.  1.]
   """
   _common.check_complex("modulus_squared", "z", z)
   return _common.abs2(jnp.asarray(z))
 
 
+@_scope.scoped
 def complex_power(z: Complex[Array, "..."], m: int) -> Complex[Array, "..."]:
   """``z^m`` for an integer ``m >= 1`` (CNet's ``Power``), holomorphic.
 
   Raises:
     TypeError: for a non-complex ``z``.
     ValueError: for ``m`` not a positive integer.
+
+  Examples:
+    >>> print(np.asarray(cplx.complex_power(jnp.array([1j, 1 + 1j]), 2)))
+    [-1.+0.j  0.+2.j]
   """
   _common.check_complex("complex_power", "z", z)
   _checks.check_positive_int("complex_power", "m", m)

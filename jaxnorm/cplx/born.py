@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Bool, Complex, Float, Int
 
-from jaxnorm import _checks
+from jaxnorm import _checks, _scope
 from jaxnorm.attention import _core
 from jaxnorm.cplx import _attention, _common
 
@@ -31,6 +31,7 @@ def _safe_divide(num: jax.Array, den: jax.Array) -> jax.Array:
   return jnp.where(pos, num / jnp.where(pos, den, 1.0), 0.0)
 
 
+@_scope.scoped
 def born_probs(
   z: Complex[ArrayLike, "... v"], *, axis: int = -1
 ) -> Float[Array, "... v"]:
@@ -49,6 +50,11 @@ def born_probs(
   Raises:
     TypeError: for a non-complex ``z``.
     ValueError: for a bad ``axis``.
+
+  Examples:
+    >>> p = cplx.born_probs(jnp.array([1 + 1j, 2 + 0j, 0j]))
+    >>> print(np.asarray(p).round(4))  # |z|^2 = 2, 4, 0
+    [0.3333 0.6667 0.    ]
 
   References:
     Crasmaru, *CNet* (paper eq. 1; code ``crasmarum/CNet``).
@@ -98,6 +104,7 @@ _born_ce_vjp = jax.custom_vjp(_born_ce, nondiff_argnums=(2, 3))
 _born_ce_vjp.defvjp(_born_ce_fwd, _born_ce_bwd)
 
 
+@_scope.scoped
 def born_cross_entropy(
   z: Complex[ArrayLike, "... v"],
   labels: Int[ArrayLike, "..."],
@@ -133,6 +140,11 @@ def born_cross_entropy(
     TypeError: for a non-complex ``z`` or non-integer labels.
     ValueError: for mismatched shapes or negative hyperparameters.
 
+  Examples:
+    >>> z = jnp.array([[1 + 1j, 2 + 0j, 0j]])  # p = [1/3, 2/3, 0]
+    >>> print(np.asarray(cplx.born_cross_entropy(z, jnp.array([1]))).round(4))
+    0.4055
+
   References:
     Crasmaru, *CNet* (paper eq. 1 and 2; code ``SequenceCrossEntropy``).
   """
@@ -153,6 +165,7 @@ def born_cross_entropy(
   return _born_ce_vjp(zf, labels, float(target_floor), float(smoothing))
 
 
+@_scope.scoped
 def born_attention_weights(
   query: Complex[ArrayLike, "B T N H"],
   key: Complex[ArrayLike, "B S K H"],
@@ -168,6 +181,13 @@ def born_attention_weights(
   Raises:
     TypeError: for non-complex q/k or a non-boolean mask.
     ValueError: for mismatched shapes.
+
+  Examples:
+    >>> q = jnp.ones((1, 1, 1, 1), jnp.complex64)
+    >>> k = jnp.array([1 + 0j, 1j, 2 + 0j]).reshape(1, 3, 1, 1)
+    >>> w = cplx.born_attention_weights(q, k)  # |q conj(k)|^2 = 1, 1, 4
+    >>> print(np.asarray(w[0, 0, 0]).round(4))
+    [0.1667 0.1667 0.6667]
   """
   d, q, k, _, _, mask = _attention.prepare(
     "born_attention_weights", query, key, None, None, mask
@@ -188,6 +208,7 @@ def _born_weights(d, q, k, mask, is_causal, eps):
   return _safe_divide(s, jnp.sum(s, axis=-1, keepdims=True) + eps)
 
 
+@_scope.scoped
 def born_attention(
   query: Complex[ArrayLike, "B T N H"],
   key: Complex[ArrayLike, "B S K H"],
@@ -231,6 +252,13 @@ def born_attention(
   Raises:
     TypeError: for non-complex q/k/v or a non-boolean mask.
     ValueError: for mismatched shapes.
+
+  Examples:
+    >>> q = jnp.ones((1, 1, 1, 1), jnp.complex64)
+    >>> k = jnp.array([1 + 0j, 1j, 2 + 0j]).reshape(1, 3, 1, 1)
+    >>> v = jnp.array([6 + 0j, 6j, 0j]).reshape(1, 3, 1, 1)
+    >>> print(np.asarray(cplx.born_attention(q, k, v)[0, 0, 0]).round(4))
+    [1.+1.j]
 
   References:
     Crasmaru, *CNet* (code ``crasmarum/CNet``, Born attention layer).

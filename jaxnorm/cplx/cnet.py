@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Complex
 
-from jaxnorm import _checks
+from jaxnorm import _checks, _scope
 from jaxnorm.cplx import _common
 
 
@@ -40,6 +40,7 @@ def _chirp(n: int, dtype) -> jax.Array:
   return _phasor((-math.pi / n) * kk, dtype)
 
 
+@_scope.scoped
 def causal_fourier_mix(
   h: Complex[ArrayLike, "..."],
   *,
@@ -77,6 +78,14 @@ def causal_fourier_mix(
   Raises:
     TypeError: for a non-complex ``h``.
     ValueError: for a bad ``axis`` or ``method``.
+
+  Examples:
+    >>> y = cplx.causal_fourier_mix(jnp.array([2 + 0j, 0j]))
+    >>> print(np.abs(np.asarray(y)).round(4))  # a delta at 0: 2 / sqrt(2)
+    [1.4142 1.4142]
+    >>> y = cplx.causal_fourier_mix(jnp.array([0j, 2 + 0j]))
+    >>> print(np.abs(np.asarray(y)).round(4))  # output 0 sees only h_0
+    [0.     1.4142]
 
   References:
     Crasmaru, *CNet* (paper §6; code ``TriangFourier``); Bluestein, *A linear

@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Bool, Float
 
-from jaxnorm import _checks
+from jaxnorm import _checks, _scope
 from jaxnorm import attention as attn
 from jaxnorm.attention import _core
 from jaxnorm.cplx import _common, basics
@@ -92,6 +92,7 @@ def _complexformer_prepare(
   return d, fq, fk, v
 
 
+@_scope.scoped
 def complexformer_logits(
   query: Float[ArrayLike, "B T N H"],
   key: Float[ArrayLike, "B S K H"],
@@ -152,6 +153,13 @@ def complexformer_logits(
     TypeError: for non-floating inputs.
     ValueError: for mismatched shapes or an odd head dim.
 
+  Examples:
+    >>> q = k = jnp.array([1.0, 0.0]).reshape(1, 1, 1, 2)  # one complex dim: 1
+    >>> zero = jnp.zeros((1, 1))
+    >>> lg = cplx.complexformer_logits(q, k, zero, zero)
+    >>> print(np.asarray(lg[0, 0]).round(4))  # r^q r^k cos(0)
+    [[1.]]
+
   References:
     Shao et al., *ComplexFormer: Disruptively Advancing Transformer
     Inference Ability via Head-Specific Complex Vector Attention*,
@@ -174,6 +182,7 @@ def complexformer_logits(
   return logits[0] if d.unbatched else logits
 
 
+@_scope.scoped
 def complexformer_attention(
   query: Float[ArrayLike, "B T N H"],
   key: Float[ArrayLike, "B S K H"],
@@ -221,6 +230,14 @@ def complexformer_attention(
   Raises:
     TypeError: for non-floating inputs or a non-boolean mask.
     ValueError: for mismatched shapes or an odd head dim.
+
+  Examples:
+    >>> q = k = jnp.zeros((1, 2, 1, 2))  # equal logits
+    >>> v = jnp.array([1.0, 3.0]).reshape(1, 2, 1, 1)
+    >>> zero = jnp.zeros((1, 1))
+    >>> out = cplx.complexformer_attention(q, k, v, zero, zero, is_causal=True)
+    >>> print(np.asarray(out[0, :, 0, 0]))
+    [1. 2.]
 
   References:
     Shao et al., arXiv:2505.10222 (2025, withdrawn); code

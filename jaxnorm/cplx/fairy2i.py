@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Complex, Float
 
-from jaxnorm import _checks
+from jaxnorm import _checks, _numerics, _scope
 from jaxnorm.cplx import _common, basics, layers
 
 _MIN_SCALE = 1e-6
@@ -37,6 +37,7 @@ def _masked_mean(a: jax.Array, mask: jax.Array) -> jax.Array:
   return jnp.maximum(mean, _MIN_SCALE)
 
 
+@_scope.scoped
 def phase_codes(w: Complex[ArrayLike, "..."]) -> Complex[Array, "..."]:
   r"""The PhaseQuant code of each entry: the sector of :math:`\arg w`.
 
@@ -51,6 +52,11 @@ def phase_codes(w: Complex[ArrayLike, "..."]) -> Complex[Array, "..."]:
 
   Raises:
     TypeError: for a non-complex ``w``.
+
+  Examples:
+    >>> w = jnp.array([2 + 1j, 1 + 2j, 1 - 3j])  # arg near 0, pi/2, -pi/2
+    >>> print(np.asarray(cplx.phase_codes(w)))
+    [1.+0.j 0.+1.j 0.-1.j]
   """
   _common.check_complex("phase_codes", "w", w)
   w = jnp.asarray(w)
@@ -71,6 +77,7 @@ def _phase_quant_stage(w: jax.Array) -> jax.Array:
   return jax.lax.complex(jnp.real(codes) * s_re, jnp.imag(codes) * s_im)
 
 
+@_scope.scoped
 def phase_quantize(
   w: Complex[ArrayLike, "..."],
   *,
@@ -100,6 +107,11 @@ def phase_quantize(
     TypeError: for a non-complex ``w``.
     ValueError: for a non-positive ``num_stages``.
 
+  Examples:
+    >>> w = jnp.array([2 + 1j, 1 + 3j, -4 + 0j, -1j])
+    >>> print(np.asarray(cplx.phase_quantize(w)))  # s_re = 3, s_im = 2
+    [ 3.+0.j  0.+2.j -3.+0.j  0.-2.j]
+
   References:
     Wang et al., *Fairy2i: Training Complex LLMs from Real LLMs with All
     Parameters in {±1, ±i}*, arXiv:2512.02901 (2025); code
@@ -117,6 +129,7 @@ def phase_quantize(
   return _straight_through(wf, total, straight_through)
 
 
+@_scope.scoped
 def fairy2i_quantize_kernel(
   kernel: Float[ArrayLike, "two_m two_n"],
   *,
@@ -148,6 +161,12 @@ def fairy2i_quantize_kernel(
     TypeError: for a non-real kernel.
     ValueError: for odd dimensions or a bad ``num_stages``.
 
+  Examples:
+    >>> k = jnp.array([[1.0, 0.0], [0.0, 1.0]])  # u = 1, w = 0 exactly
+    >>> print(np.asarray(cplx.fairy2i_quantize_kernel(k)).round(4))
+    [[1. 0.]
+     [0. 1.]]
+
   References:
     Wang et al., arXiv:2512.02901 (2025); code ``PKULab1806/Fairy2i-W2``.
   """
@@ -161,6 +180,7 @@ def fairy2i_quantize_kernel(
   return _straight_through(kf, kq, straight_through).astype(k.dtype)
 
 
+@_scope.scoped
 def binary_quantize_kernel(
   kernel: Float[ArrayLike, "..."], *, straight_through: bool = True
 ) -> Float[Array, "..."]:
@@ -174,18 +194,24 @@ def binary_quantize_kernel(
   Raises:
     TypeError: for a non-real kernel.
 
+  Examples:
+    >>> k = jnp.array([0.5, -1.5, 2.0, 1.0])  # mean 0.5, mean |w| 1.25
+    >>> print(np.asarray(cplx.binary_quantize_kernel(k)))
+    [-1.25 -1.25  1.25  1.25]
+
   References:
     Wang et al., *BitNet*, arXiv:2310.11453 (2023); code
     ``PKULab1806/Fairy2i-W2``.
   """
   _common.check_real("binary_quantize_kernel", "kernel", kernel)
   k = jnp.asarray(kernel)
-  kf = k.astype(jnp.promote_types(k.dtype, jnp.float32))
+  kf = k.astype(_numerics.compute_dtype(k))
   sign = jnp.where(kf - jnp.mean(kf) > 0, 1.0, -1.0).astype(kf.dtype)
   q = sign * jnp.mean(jnp.abs(kf))
   return _straight_through(kf, q, straight_through).astype(k.dtype)
 
 
+@_scope.scoped
 def ternary_quantize_kernel(
   kernel: Float[ArrayLike, "..."], *, straight_through: bool = True
 ) -> Float[Array, "..."]:
@@ -199,13 +225,18 @@ def ternary_quantize_kernel(
   Raises:
     TypeError: for a non-real kernel.
 
+  Examples:
+    >>> k = jnp.array([0.1, -1.5, 2.0, 0.4])  # gamma = mean |w| = 1
+    >>> print(np.asarray(cplx.ternary_quantize_kernel(k)).round(4))
+    [ 0. -1.  1.  0.]
+
   References:
     Ma et al., *The Era of 1-bit LLMs*, arXiv:2402.17764 (2024); code
     ``PKULab1806/Fairy2i-W2``.
   """
   _common.check_real("ternary_quantize_kernel", "kernel", kernel)
   k = jnp.asarray(kernel)
-  kf = k.astype(jnp.promote_types(k.dtype, jnp.float32))
+  kf = k.astype(_numerics.compute_dtype(k))
   gamma = jnp.mean(jnp.abs(kf))
   q = jnp.clip(jnp.round(kf / (gamma + 1e-5)), -1.0, 1.0) * gamma
   return _straight_through(kf, q, straight_through).astype(k.dtype)

@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Complex, Float
 
-from jaxnorm import _checks, _numerics, attention
+from jaxnorm import _checks, _numerics, _scope, attention
 from jaxnorm.cplx import _common, basics
 
 
@@ -30,6 +30,7 @@ def _check_kernel(
     _checks.check_shape(who, "bias", bias, (out,), "kernel.shape[-1]")
 
 
+@_scope.scoped
 def complex_dense(
   x: Complex[ArrayLike, "... m"],
   kernel: Complex[ArrayLike, "m n"],
@@ -51,6 +52,12 @@ def complex_dense(
   Raises:
     TypeError: for non-complex arguments.
     ValueError: for mismatched shapes.
+
+  Examples:
+    >>> x = jnp.array([1 + 1j, 2 + 0j])
+    >>> k = jnp.array([[1j], [1 + 0j]])
+    >>> print(np.asarray(cplx.complex_dense(x, k)))  # (1 + i) i + 2
+    [1.+1.j]
 
   References:
     Trabelsi et al., *Deep Complex Networks*, arXiv:1705.09792 (2018).
@@ -80,6 +87,7 @@ def _conv(x, k, strides, padding) -> jax.Array:
   )
 
 
+@_scope.scoped
 def complex_conv(
   x: Complex[ArrayLike, "n *spatial c"],
   kernel: Complex[ArrayLike, "*window c o"],
@@ -116,6 +124,12 @@ def complex_conv(
   Raises:
     TypeError: for non-complex arguments.
     ValueError: for mismatched ranks or channels.
+
+  Examples:
+    >>> x = jnp.array([1 + 1j, 2 + 0j, 0 + 1j]).reshape(1, 3, 1)  # (N, W, C)
+    >>> y = cplx.complex_conv(x, jnp.full((1, 1, 1), 1j))  # a 1-tap kernel i
+    >>> print(np.asarray(y[0, :, 0]))  # i x
+    [-1.+1.j  0.+2.j -1.+0.j]
 
   References:
     Trabelsi et al., *Deep Complex Networks*, arXiv:1705.09792 (2018);
@@ -162,6 +176,7 @@ def complex_conv(
   return y
 
 
+@_scope.scoped
 def complex_rope(
   x: Complex[ArrayLike, "B T N D"],
   positions: Float[ArrayLike, "B T"] | None = None,
@@ -188,6 +203,12 @@ def complex_rope(
     TypeError: for a non-complex ``x``.
     ValueError: for a rank other than 4 or bad ``positions``.
 
+  Examples:
+    >>> x = jnp.ones((1, 2, 1, 1), jnp.complex64)  # positions 0 and 1
+    >>> y = cplx.complex_rope(x)
+    >>> print(np.asarray(y[0, :, 0, 0]).round(4))  # e^{i p}, theta = 1
+    [1.    +0.j     0.5403+0.8415j]
+
   References:
     Su et al., *RoFormer*, arXiv:2104.09864 (2021); Crasmaru, *CNet* (code).
   """
@@ -210,6 +231,7 @@ def _check_even_kernel(who: str, kernel: ArrayLike) -> tuple[int, int]:
   return rows // 2, cols // 2
 
 
+@_scope.scoped
 def widely_linear_from_real(
   kernel: Float[ArrayLike, "two_m two_n"],
 ) -> tuple[Complex[Array, "m n"], Complex[Array, "m n"]]:
@@ -237,6 +259,11 @@ def widely_linear_from_real(
     TypeError: for a non-real kernel.
     ValueError: for a rank other than 2 or odd dimensions.
 
+  Examples:
+    >>> u, w = cplx.widely_linear_from_real(jnp.eye(2))  # the identity layer
+    >>> print(np.asarray(u), np.asarray(w))
+    [[1.+0.j]] [[0.+0.j]]
+
   References:
     Wang et al., *Fairy2i: Training Complex LLMs from Real LLMs with All
     Parameters in {±1, ±i}*, arXiv:2512.02901 (2025) (code
@@ -251,6 +278,7 @@ def widely_linear_from_real(
   return u, w
 
 
+@_scope.scoped
 def real_from_widely_linear(
   u: Complex[ArrayLike, "m n"], w: Complex[ArrayLike, "m n"]
 ) -> Float[Array, "two_m two_n"]:
@@ -262,6 +290,13 @@ def real_from_widely_linear(
   Raises:
     TypeError: for non-complex ``u`` or ``w``.
     ValueError: for different or non-matrix shapes.
+
+  Examples:
+    >>> u, w = jnp.array([[1j]]), jnp.zeros((1, 1), jnp.complex64)
+    >>> k = cplx.real_from_widely_linear(u, w)
+    >>> print(np.asarray(k))  # y = i x: (a, b) -> (-b, a)
+    [[ 0.  1.]
+     [-1.  0.]]
   """
   who = "real_from_widely_linear"
   _common.check_complex(who, "u", u)
@@ -274,6 +309,7 @@ def real_from_widely_linear(
   return jnp.concatenate([top, bottom], axis=0)
 
 
+@_scope.scoped
 def widely_linear(
   x: Complex[ArrayLike, "... m"],
   u: Complex[ArrayLike, "m n"],
@@ -285,6 +321,12 @@ def widely_linear(
   Raises:
     TypeError: for non-complex arguments.
     ValueError: for mismatched shapes.
+
+  Examples:
+    >>> x = jnp.array([1 + 2j])
+    >>> u, w = jnp.array([[1 + 0j]]), jnp.array([[1 + 0j]])
+    >>> print(np.asarray(cplx.widely_linear(x, u, w)))  # x + conj(x) = 2 Re x
+    [2.+0.j]
   """
   who = "widely_linear"
   for name, a in (("x", x), ("u", u), ("w", w)):

@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Complex, Float
 
-from jaxnorm import _checks, _numerics
+from jaxnorm import _checks, _numerics, _scope
 from jaxnorm.cplx import _common
 
 _HALF_ROOT = 1.0 / math.sqrt(2.0)
@@ -35,6 +35,7 @@ class ComplexBatchNormState(NamedTuple):
   cov: jax.Array
 
 
+@_scope.scoped
 def init_complex_batch_norm_state(
   num_features: int, dtype: jnp.dtype = jnp.complex64
 ) -> ComplexBatchNormState:
@@ -43,6 +44,13 @@ def init_complex_batch_norm_state(
   Args:
     num_features: ``C``.
     dtype: complex dtype of ``mean``; ``cov`` takes its real parts' dtype.
+
+  Examples:
+    >>> state = cplx.init_complex_batch_norm_state(2)
+    >>> print(state.mean.dtype, state.cov.shape)  # cov rows (Vrr, Vri, Vii)
+    complex64 (3, 2)
+    >>> print(np.asarray(state.cov[:, 0]).round(4))
+    [0.7071 0.     0.7071]
   """
   who = "init_complex_batch_norm_state"
   _checks.check_positive_int(who, "num_features", num_features)
@@ -55,12 +63,19 @@ def init_complex_batch_norm_state(
   )
 
 
+@_scope.scoped
 def init_whitening_scale(
   num_features: int, dtype: jnp.dtype = jnp.float32
 ) -> jax.Array:
   """``scale`` rows ``(γrr, γri, γii) = (1/sqrt 2, 0, 1/sqrt 2)``, ``(3, C)``.
 
   With it the whitened output has ``E|y|^2 = 1`` (Trabelsi et al.).
+
+  Examples:
+    >>> print(np.asarray(cplx.init_whitening_scale(2)).round(4))
+    [[0.7071 0.7071]
+     [0.     0.    ]
+     [0.7071 0.7071]]
   """
   _checks.check_positive_int(
     "init_whitening_scale", "num_features", num_features
@@ -129,6 +144,7 @@ def _covariance(
   return mean(re * re) + eps, mean(re * im), mean(im * im) + eps
 
 
+@_scope.scoped
 def complex_batch_norm(
   x: Complex[ArrayLike, "... c"],
   scale: Float[ArrayLike, "3 c"] | None,
@@ -196,6 +212,14 @@ def complex_batch_norm(
     ValueError: for a bad ``axis``, rank below 2, or a bad parameter or
       state shape.
 
+  Examples:
+    >>> x = jnp.array([[1 + 0j], [-1 + 0j], [1j], [-1j]])  # 4 examples, C = 1
+    >>> state = cplx.init_complex_batch_norm_state(1)
+    >>> y, state = cplx.complex_batch_norm(
+    ...     x, None, None, state, training=True, eps=0.0)
+    >>> print(np.asarray(y[:, 0]).round(4))  # covariance I / 2: times sqrt 2
+    [ 1.4142+0.j     -1.4142+0.j      0.    +1.4142j  0.    -1.4142j]
+
   References:
     Trabelsi et al., *Deep Complex Networks*, arXiv:1705.09792 (2018).
   """
@@ -233,6 +257,7 @@ def complex_batch_norm(
   return y.astype(x.dtype), new_state
 
 
+@_scope.scoped
 def complex_layer_norm(
   x: Complex[ArrayLike, "... d"],
   scale: Float[ArrayLike, "3 d"] | None = None,
@@ -270,6 +295,12 @@ def complex_layer_norm(
     TypeError: for a non-complex ``x`` or ``bias``, or a non-real ``scale``.
     ValueError: for a bad ``axis`` or parameter shape.
 
+  Examples:
+    >>> x = jnp.array([3 + 1j, 1 + 1j, 2 + 2j, 2 + 0j])  # mean 2 + i
+    >>> y = cplx.complex_layer_norm(x, eps=0.0)  # covariance I / 2
+    >>> print(np.asarray(y).round(4))  # sqrt(2) (x - mean)
+    [ 1.4142+0.j     -1.4142+0.j      0.    +1.4142j  0.    -1.4142j]
+
   References:
     Trabelsi et al., *Deep Complex Networks*, arXiv:1705.09792 (2018).
   """
@@ -285,6 +316,7 @@ def complex_layer_norm(
   return y.astype(x.dtype)
 
 
+@_scope.scoped
 def complex_rms_norm(
   x: Complex[ArrayLike, "... d"],
   scale: Complex[ArrayLike, " d"] | None = None,
@@ -322,6 +354,11 @@ def complex_rms_norm(
     TypeError: for a non-complex ``x`` or ``scale``.
     ValueError: for a bad ``axis`` or ``scale`` shape.
 
+  Examples:
+    >>> y = cplx.complex_rms_norm(jnp.array([1 + 1j, 1 - 1j]), eps=0.0)
+    >>> print(np.asarray(y).round(4))  # RMS modulus sqrt(2)
+    [0.7071+0.7071j 0.7071-0.7071j]
+
   References:
     Crasmaru, *CNet* (C++/CUDA complex-valued network library, code
     ``crasmarum/CNet``; TokenNorm read in the code, not in the paper);
@@ -343,6 +380,7 @@ def complex_rms_norm(
   return y.astype(x.dtype)
 
 
+@_scope.scoped
 def complex_l2_normalize(
   z: Complex[ArrayLike, "..."],
   *,
@@ -368,6 +406,11 @@ def complex_l2_normalize(
   Raises:
     TypeError: for a non-complex ``z``.
     ValueError: for a bad ``axis``.
+
+  Examples:
+    >>> y = cplx.complex_l2_normalize(jnp.array([3 + 0j, 4j]))
+    >>> print(np.asarray(y).round(4))
+    [0.6+0.j  0. +0.8j]
 
   References:
     Crasmaru, *CNet* (paper §§5-6 and code ``crasmarum/CNet``).

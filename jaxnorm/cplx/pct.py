@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Bool, Complex, Float
 
-from jaxnorm import _checks
+from jaxnorm import _checks, _scope
 from jaxnorm.attention import _core
 from jaxnorm.cplx import _attention, _common, basics, norms
 
@@ -62,6 +62,7 @@ def _pct_chunk(d, qn, kn, v, gate_bias, bias, allowed, gate, dtype, cdt):
   return _core.apply_weights(d2, a, v, cdt)
 
 
+@_scope.scoped
 def pct_attention(
   query: Complex[ArrayLike, "B T N H"],
   key: Complex[ArrayLike, "B S K H"],
@@ -119,6 +120,13 @@ def pct_attention(
       mask.
     ValueError: for mismatched shapes, an unknown gate, a non-scalar
       ``gate_bias`` or a chunk size that does not divide ``T``.
+
+  Examples:
+    >>> q = k = jnp.ones((1, 2, 1, 1), jnp.complex64)  # s = sqrt(H) = 1
+    >>> v = jnp.array([1 + 0j, 1j]).reshape(1, 2, 1, 1)
+    >>> out = cplx.pct_attention(q, k, v, jnp.array(-1.0))  # sigmoid(1 - 1)
+    >>> print(np.asarray(out[0, :, 0, 0]).round(4))  # no normalization
+    [0.5+0.5j 0.5+0.5j]
 
   References:
     Hioki, *Complex-Valued Phase-Coherent Transformer*, arXiv:2605.10123

@@ -16,10 +16,12 @@ import math
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Bool, Complex, Float
 
+from jaxnorm import _scope
 from jaxnorm.attention import _core, softmax
 from jaxnorm.cplx import _attention, _common, basics
 
 
+@_scope.scoped
 def complex_softmax_attention(
   query: Complex[ArrayLike, "B T N H"],
   key: Complex[ArrayLike, "B S K H"],
@@ -61,6 +63,13 @@ def complex_softmax_attention(
     TypeError: for non-complex q/k/v, a non-real bias or a non-boolean
       mask.
     ValueError: for mismatched shapes.
+
+  Examples:
+    >>> q = k = jnp.zeros((1, 2, 1, 1), jnp.complex64)
+    >>> v = jnp.array([1 + 0j, 1j]).reshape(1, 2, 1, 1)
+    >>> out = cplx.complex_softmax_attention(q, k, v, is_causal=True)
+    >>> print(np.asarray(out[0, :, 0, 0]))
+    [1. +0.j  0.5+0.5j]
 
   References:
     Eilers & Jiang, *Building Blocks for a Complex-Valued Transformer

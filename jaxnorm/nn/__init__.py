@@ -5,6 +5,12 @@ Every family has one registry whose entries carry capabilities
 `make_attention` (token attention), `make_image_attention` (NHWC attention)
 and `make_residual` build a part by name, and `decay_mask` applies the one
 weight-decay policy to any model.
+
+Examples:
+  >>> from jaxnorm import nn
+  >>> norm = nn.make_norm("rmsnorm", 4, rngs=nnx.Rngs(0))
+  >>> [round(v, 4) for v in norm(jnp.array([3.0, 4.0, 0.0, 0.0])).tolist()]
+  [1.2, 1.6, 0.0, 0.0]
 """
 
 from jaxnorm.nn import registry

@@ -24,6 +24,21 @@ InstanceNorm), `dyt`, `seednorm`, `scalenorm` (ScaleNorm), `scaling`
 (LayerNorm Scaling), `evonorm`, `powernorm`, `unified`, `region`, `unmix_tns`,
 `l1`, `scale_vectors`, `cls`, `timestep_decay` and `fakeln` (FakeLN, the
 LayerNorm-removal schedule).
+
+``__all__`` is what a user imports: the functions, the state tuples and
+``init_*_state`` functions of the stateful ones, and the ``Literal`` types
+of their signatures. Constants and helpers (``EPS_MODES``, ``L1_KAPPA``,
+``Axis``, ``resize_mask_nearest``) still import from the package for
+`jaxnorm.nn` and the tests but are not part of it.
+
+Examples:
+  Every example in this package assumes ``import jax``,
+  ``import jax.numpy as jnp`` and ``import numpy as np``:
+
+  >>> from jaxnorm import norms
+  >>> y = norms.rms_norm(jnp.array([3.0, 4.0]), jnp.ones(2))
+  >>> print(np.asarray(y).round(4))  # [3, 4] / sqrt(12.5)
+  [0.8485 1.1314]
 """
 
 from jaxnorm.norms.batch import (
@@ -54,15 +69,15 @@ from jaxnorm.norms.fakeln import (
   init_fake_ln_state,
 )
 from jaxnorm.norms.l1 import (
-  L1_KAPPA,
+  L1_KAPPA,  # noqa: F401 (not public; jaxnorm.nn)
   L1BatchNormState,
   init_l1_batch_norm_state,
   l1_batch_norm,
   l1_layer_norm,
 )
 from jaxnorm.norms.layer import (
-  EPS_MODES,
-  Axis,
+  EPS_MODES,  # noqa: F401 (not public; jaxnorm.nn)
+  Axis,  # noqa: F401 (not public; jaxnorm.nn, linen, fused_norms)
   EpsMode,
   crms_norm,
   layer_norm,
@@ -78,7 +93,7 @@ from jaxnorm.norms.region import (
   region_norm,
   region_norm_b,
   region_norm_l,
-  resize_mask_nearest,
+  resize_mask_nearest,  # noqa: F401 (not public; jaxnorm.nn, tests)
 )
 from jaxnorm.norms.scale_vectors import (
   branch_rms_norm,
@@ -107,9 +122,6 @@ from jaxnorm.norms.unmix_tns import (
 )
 
 __all__ = [
-  "EPS_MODES",
-  "L1_KAPPA",
-  "Axis",
   "BackwardStat",
   "BatchNormState",
   "EpsMode",
@@ -152,7 +164,6 @@ __all__ = [
   "region_norm",
   "region_norm_b",
   "region_norm_l",
-  "resize_mask_nearest",
   "rms_norm",
   "scale_norm",
   "seed_norm",

@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Bool, Float
 
-from jaxnorm import _checks, _numerics
+from jaxnorm import _checks, _numerics, _scope
 from jaxnorm.norms import layer, masked
 
 
@@ -24,10 +24,17 @@ class BatchNormState(NamedTuple):
   var: jax.Array
 
 
+@_scope.scoped
 def init_batch_norm_state(
   num_features: int, dtype: jnp.dtype = jnp.float32
 ) -> BatchNormState:
-  """Running statistics at initialization: mean 0, variance 1."""
+  """Running statistics at initialization: mean 0, variance 1.
+
+  Examples:
+    >>> state = norms.init_batch_norm_state(3)
+    >>> print(state.mean, state.var)
+    [0. 0. 0.] [1. 1. 1.]
+  """
   _checks.check_positive_int(
     "init_batch_norm_state", "num_features", num_features
   )
@@ -72,6 +79,7 @@ def _check_mask(who: str, mask: ArrayLike | None, x: jax.Array, feat: int):
   return jnp.expand_dims(jnp.asarray(mask), feat)
 
 
+@_scope.scoped
 def batch_norm(
   x: Float[ArrayLike, "... c"],
   scale: Float[ArrayLike, " c"] | None,
@@ -143,6 +151,13 @@ def batch_norm(
       ``mask``.
     ValueError: for a bad ``axis``, parameter, state or ``mask`` shape.
 
+  Examples:
+    >>> x = jnp.array([[1.0], [2.0], [3.0], [4.0]])  # 4 examples, 1 channel
+    >>> state = norms.init_batch_norm_state(1)
+    >>> y, state = norms.batch_norm(x, None, None, state, training=True)
+    >>> print(np.asarray(y[:, 0]).round(4), np.asarray(state.mean).round(4))
+    [-1.3416 -0.4472  0.4472  1.3416] [0.025]
+
   References:
     Ioffe & Szegedy, *Batch Normalization: Accelerating Deep Network Training
     by Reducing Internal Covariate Shift*, arXiv:1502.03167 (2015); Dwivedi
@@ -184,6 +199,7 @@ def batch_norm(
   return y.astype(x.dtype), new_state
 
 
+@_scope.scoped
 def group_norm(
   x: Float[ArrayLike, "n *spatial c"],
   scale: Float[ArrayLike, " c"] | None = None,
@@ -239,6 +255,12 @@ def group_norm(
       the channels, ``reduction_axes`` without the channel axis, or a bad
       parameter shape.
 
+  Examples:
+    >>> x = jnp.array([[[1.0, 3.0, 10.0, 20.0]]])  # (n=1, w=1, c=4)
+    >>> y = norms.group_norm(x, num_groups=2)  # groups {1, 3} and {10, 20}
+    >>> print(np.asarray(y).round(4))
+    [[[-1.  1. -1.  1.]]]
+
   References:
     Wu & He, *Group Normalization*, arXiv:1803.08494 (2018).
   """
@@ -266,6 +288,7 @@ def group_norm(
   return y.astype(x.dtype)
 
 
+@_scope.scoped
 def instance_norm(
   x: Float[ArrayLike, "n *spatial c"],
   scale: Float[ArrayLike, " c"] | None = None,
@@ -298,6 +321,12 @@ def instance_norm(
   Raises:
     TypeError: for non-floating input or parameters.
     ValueError: for rank < 3 or a bad parameter shape.
+
+  Examples:
+    >>> x = jnp.array([[[1.0, 10.0], [3.0, 30.0]]])  # (n=1, w=2, c=2)
+    >>> print(np.asarray(norms.instance_norm(x)).round(4))
+    [[[-1. -1.]
+      [ 1.  1.]]]
 
   References:
     Ulyanov, Vedaldi & Lempitsky, *Instance Normalization: The Missing

@@ -8,12 +8,13 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Float
 
-from jaxnorm import _checks, _numerics
+from jaxnorm import _checks, _numerics, _scope
 from jaxnorm.norms import layer
 
 RegistersWith = Literal["patch", "cls"]
 
 
+@_scope.scoped
 def cls_token_type(
   seq_len: int,
   *,
@@ -36,6 +37,12 @@ def cls_token_type(
 
   Raises:
     ValueError: if the special tokens do not fit or for a bad choice.
+
+  Examples:
+    >>> print(norms.cls_token_type(5, num_registers=2))
+    [1 0 0 0 0]
+    >>> print(norms.cls_token_type(5, num_registers=2, registers_with="cls"))
+    [1 1 1 0 0]
   """
   who = "cls_token_type"
   _checks.check_choice(who, "registers_with", registers_with, ("patch", "cls"))
@@ -68,6 +75,7 @@ def _token_select(who: str, token_type: ArrayLike, x: jax.Array) -> jax.Array:
   return t.reshape((1,) * (len(lead) - len(shape)) + shape + (1,))
 
 
+@_scope.scoped
 def specialized_layer_norm(
   x: Float[ArrayLike, "... d"],
   token_type: ArrayLike,
@@ -110,6 +118,15 @@ def specialized_layer_norm(
     ValueError: for bad shapes, a bad ``kind`` or biases given with only
       one token type.
 
+  Examples:
+    >>> x = jnp.array([[1.0, 3.0], [1.0, 3.0]])  # [CLS], patch
+    >>> tt = norms.cls_token_type(2)
+    >>> y = norms.specialized_layer_norm(
+    ...     x, tt, jnp.full(2, 2.0), None, jnp.ones(2), None, kind="rms")
+    >>> print(np.asarray(y).round(4))
+    [[0.8944 2.6833]
+     [0.4472 1.3416]]
+
   References:
     Marouani, Siméoni, Jégou, Bojanowski & Vo, *Revisiting [CLS] and Patch
     Token Interaction in Vision Transformers*, arXiv:2602.08626 (ICLR 2026).
@@ -151,6 +168,7 @@ def specialized_layer_norm(
   return y.astype(x.dtype)
 
 
+@_scope.scoped
 def specialized_linear(
   x: Float[ArrayLike, "... d_in"],
   token_type: ArrayLike,
@@ -179,6 +197,15 @@ def specialized_linear(
   Raises:
     TypeError: for non-floating arrays.
     ValueError: for mismatched shapes or a single bias.
+
+  Examples:
+    >>> x = jnp.ones((3, 2))  # [CLS] and two patches
+    >>> y = norms.specialized_linear(
+    ...     x, norms.cls_token_type(3), jnp.eye(2), 2.0 * jnp.eye(2))
+    >>> print(np.asarray(y))
+    [[1. 1.]
+     [2. 2.]
+     [2. 2.]]
 
   References:
     Marouani, Siméoni, Jégou, Bojanowski & Vo, *Revisiting [CLS] and Patch

@@ -5,10 +5,11 @@ from __future__ import annotations
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Float
 
-from jaxnorm import _checks, _dispatch, _numerics
+from jaxnorm import _checks, _dispatch, _numerics, _scope
 from jaxnorm.norms import layer
 
 
+@_scope.scoped
 def dyt(
   x: Float[ArrayLike, "..."],
   alpha: Float[ArrayLike, " "],
@@ -47,6 +48,11 @@ def dyt(
     ValueError: for a non-scalar ``alpha``, a bad ``axis`` or parameter shape.
     NotImplementedError: ``implementation="pallas"`` on a case the kernel
       does not support (named in the message).
+
+  Examples:
+    >>> y = norms.dyt(jnp.array([0.0, 1.0, 100.0]), jnp.array(0.5))
+    >>> print(np.asarray(y).round(4))  # tanh(x / 2)
+    [0.     0.4621 1.    ]
 
   References:
     Zhu, Chen, He, LeCun & Liu, *Transformers without Normalization*,

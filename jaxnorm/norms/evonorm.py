@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Float
 
-from jaxnorm import _checks, _numerics
+from jaxnorm import _checks, _numerics, _scope
 from jaxnorm.norms import layer
 
 
@@ -24,16 +24,23 @@ class EvoNormB0State(NamedTuple):
   var: jax.Array
 
 
+@_scope.scoped
 def init_evo_norm_b0_state(
   num_features: int, dtype: jnp.dtype = jnp.float32
 ) -> EvoNormB0State:
-  """`evo_norm_b0` state at initialization: running variance 1."""
+  """`evo_norm_b0` state at initialization: running variance 1.
+
+  Examples:
+    >>> print(norms.init_evo_norm_b0_state(2).var)
+    [1. 1.]
+  """
   _checks.check_positive_int(
     "init_evo_norm_b0_state", "num_features", num_features
   )
   return EvoNormB0State(var=jnp.ones((num_features,), dtype))
 
 
+@_scope.scoped
 def evo_norm_b0(
   x: Float[ArrayLike, "n *spatial c"],
   scale: Float[ArrayLike, " c"] | None,
@@ -94,6 +101,16 @@ def evo_norm_b0(
     ValueError: for rank < 3, bad parameter or state shapes, or a training
       batch with one value per channel.
 
+  Examples:
+    >>> x = jnp.array([[[1.0], [-1.0]], [[1.0], [-1.0]]])  # (n=2, w=2, c=1)
+    >>> state = norms.init_evo_norm_b0_state(1)
+    >>> y, state = norms.evo_norm_b0(
+    ...     x, None, None, jnp.ones(1), state, training=True, eps=0.0)
+    >>> print(np.asarray(y[0, :, 0]))  # x / max(1, x + 1)
+    [ 0.5 -1. ]
+    >>> print(np.asarray(state.var).round(4))  # 0.9 + 0.1 * 4 / 3
+    [1.0333]
+
   References:
     Liu, Brock, Simonyan & Le, *Evolving Normalization-Activation Layers*,
     arXiv:2004.02967 (NeurIPS 2020). Layer formula as in timm's
@@ -133,6 +150,7 @@ def evo_norm_b0(
 EvoNormS0Variant = Literal["s0", "s0a"]
 
 
+@_scope.scoped
 def evo_norm_s0(
   x: Float[ArrayLike, "n *spatial c"],
   scale: Float[ArrayLike, " c"] | None,
@@ -189,6 +207,12 @@ def evo_norm_s0(
     ValueError: for a rank below 3 (default) or 1, ``reduction_axes``
       without the channel axis, a bad group configuration, parameter shape
       or variant.
+
+  Examples:
+    >>> x = jnp.array([[[1.0], [-1.0]]])  # (n=1, w=2, c=1)
+    >>> y = norms.evo_norm_s0(x, None, None, jnp.ones(1), num_groups=1)
+    >>> print(np.asarray(y[0, :, 0]).round(4))  # x sigmoid(x) / std(x)
+    [ 0.7311 -0.2689]
 
   References:
     Liu, Brock, Simonyan & Le, *Evolving Normalization-Activation Layers*,

@@ -32,9 +32,10 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, ArrayLike, Float
 
-from jaxnorm import _checks, _numerics
+from jaxnorm import _checks, _numerics, _scope
 
 
+@_scope.scoped
 def fake_layer_norm(
   x: Float[ArrayLike, "... d"],
   scale: Float[ArrayLike, " d"] | None = None,
@@ -66,6 +67,14 @@ def fake_layer_norm(
     TypeError: for non-floating ``x``.
     ValueError: for a parameter whose shape is not ``(d,)``, or a ``std``
       that does not broadcast to ``x.shape[:-1]``.
+
+  Examples:
+    >>> x = jnp.array([1.0, 2.0, 3.0])
+    >>> print(np.asarray(norms.fake_layer_norm(x, std=2.0)).round(4))
+    [-0.5  0.   0.5]
+    >>> y = norms.fake_layer_norm(x, std=jnp.sqrt(2 / 3))  # the real std
+    >>> print(np.asarray(y).round(4))
+    [-1.2247  0.      1.2247]
 
   References:
     Baroni et al., *Transformers Don't Need LayerNorm at Inference Time*,
@@ -125,6 +134,7 @@ def _check_step(who: str, name: str, value: object) -> None:
     )
 
 
+@_scope.scoped
 def init_fake_ln_state(
   *, remove_at: int = 0, bos_off_at: int = 0
 ) -> FakeLNState:
@@ -132,6 +142,11 @@ def init_fake_ln_state(
 
   Raises:
     ValueError: for a negative or non-integer step.
+
+  Examples:
+    >>> state = norms.init_fake_ln_state(remove_at=100)
+    >>> print(state.std, state.step, state.remove_at)
+    1.0 0 100
   """
   who = "init_fake_ln_state"
   _check_step(who, "remove_at", remove_at)
@@ -172,6 +187,7 @@ def _record(
   )
 
 
+@_scope.scoped
 def fake_ln(
   x: Float[ArrayLike, "... t d"],
   scale: Float[ArrayLike, " d"] | None,
@@ -250,6 +266,15 @@ def fake_ln(
       a `FakeLNState`.
     ValueError: for rank < 2, a parameter of shape other than ``(d,)``, a
       non-scalar state field, or ``momentum`` outside ``[0, 1)``.
+
+  Examples:
+    >>> x = jnp.array([[[1.0, 3.0], [0.0, 4.0]]])  # (batch, t, d), stds 1, 2
+    >>> state = norms.init_fake_ln_state(remove_at=1)
+    >>> y, state = norms.fake_ln(x, None, None, state, eps=0.0)  # real
+    >>> y, state = norms.fake_ln(x, None, None, state, eps=0.0)  # std 1.5
+    >>> print(np.asarray(y[0]).round(4), state.step)
+    [[-0.6667  0.6667]
+     [-1.3333  1.3333]] 2
 
   References:
     Baroni, Khara, Schaeffer, Subkhankulov & Heimersheim, *Transformers

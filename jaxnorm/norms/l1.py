@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Float
 
-from jaxnorm import _checks, _numerics
+from jaxnorm import _checks, _numerics, _scope
 from jaxnorm.norms import layer
 
 L1_KAPPA = math.sqrt(math.pi / 2)
@@ -32,6 +32,7 @@ def _l1_moments(
   return mu, _numerics.pmean(s1, axis_name)
 
 
+@_scope.scoped
 def l1_layer_norm(
   x: Float[ArrayLike, "..."],
   scale: Float[ArrayLike, " *d"] | None = None,
@@ -77,6 +78,11 @@ def l1_layer_norm(
     TypeError: for non-floating input or parameters.
     ValueError: for a bad axis, parameter shape or ``eps_mode``.
 
+  Examples:
+    >>> y = norms.l1_layer_norm(jnp.array([1.0, 3.0]), kappa=1.0, eps=0.0)
+    >>> print(np.asarray(y))  # (x - 2) / mean|x - 2|
+    [-1.  1.]
+
   References:
     Guo et al., *Towards Accurate and Efficient Sub-8-Bit Integer Training*,
     arXiv:2411.10948 (2024).
@@ -108,10 +114,17 @@ class L1BatchNormState(NamedTuple):
   dev: jax.Array
 
 
+@_scope.scoped
 def init_l1_batch_norm_state(
   num_features: int, dtype: jnp.dtype = jnp.float32
 ) -> L1BatchNormState:
-  """`l1_batch_norm` state at initialization: mean 0, deviation 1."""
+  """`l1_batch_norm` state at initialization: mean 0, deviation 1.
+
+  Examples:
+    >>> state = norms.init_l1_batch_norm_state(2)
+    >>> print(state.mean, state.dev)
+    [0. 0.] [1. 1.]
+  """
   _checks.check_positive_int(
     "init_l1_batch_norm_state", "num_features", num_features
   )
@@ -120,6 +133,7 @@ def init_l1_batch_norm_state(
   )
 
 
+@_scope.scoped
 def l1_batch_norm(
   x: Float[ArrayLike, "... c"],
   scale: Float[ArrayLike, " c"] | None,
@@ -166,6 +180,14 @@ def l1_batch_norm(
   Raises:
     TypeError: for non-floating input or parameters, or a bad state type.
     ValueError: for rank < 2, bad shapes or ``eps_mode``.
+
+  Examples:
+    >>> x = jnp.array([[1.0], [3.0]])
+    >>> state = norms.init_l1_batch_norm_state(1)
+    >>> y, state = norms.l1_batch_norm(
+    ...     x, None, None, state, training=True, kappa=1.0, eps=0.0)
+    >>> print(np.asarray(y[:, 0]), np.asarray(state.mean).round(4))
+    [-1.  1.] [0.02]
 
   References:
     Guo et al., *Towards Accurate and Efficient Sub-8-Bit Integer Training*,

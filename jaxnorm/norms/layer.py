@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Bool, Float
 
-from jaxnorm import _checks, _dispatch, _numerics
+from jaxnorm import _checks, _dispatch, _numerics, _scope
 from jaxnorm.norms import masked
 
 Axis = int | Sequence[int]
@@ -24,6 +24,7 @@ EpsMode = Literal["inside", "outside"]
 EPS_MODES: tuple[str, ...] = ("inside", "outside")
 
 
+@_scope.scoped
 def layer_norm(
   x: Float[ArrayLike, "..."],
   scale: Float[ArrayLike, " *d"] | None = None,
@@ -72,6 +73,14 @@ def layer_norm(
     NotImplementedError: ``implementation="pallas"`` on a case the kernel
       does not support (named in the message).
 
+  Examples:
+    >>> y = norms.layer_norm(jnp.array([1.0, 2.0, 3.0]))  # mean 2, var 2/3
+    >>> print(np.asarray(y).round(4))
+    [-1.2247  0.      1.2247]
+    >>> y = norms.layer_norm(jnp.array([1.0, 2.0, 3.0]), jnp.full(3, 2.0))
+    >>> print(np.asarray(y).round(4))  # scale 2
+    [-2.4495  0.      2.4495]
+
   References:
     Ba, Kiros & Hinton, *Layer Normalization*, arXiv:1607.06450 (2016).
   """
@@ -106,6 +115,7 @@ def layer_norm(
 # RMSNorm.
 
 
+@_scope.scoped
 def rms_norm(
   x: Float[ArrayLike, "..."],
   scale: Float[ArrayLike, " *d"] | None = None,
@@ -156,6 +166,14 @@ def rms_norm(
     NotImplementedError: ``implementation="pallas"`` on a case the kernel
       does not support (named in the message).
 
+  Examples:
+    >>> y = norms.rms_norm(jnp.array([3.0, 4.0]), jnp.ones(2))  # RMS sqrt(12.5)
+    >>> print(np.asarray(y).round(4))
+    [0.8485 1.1314]
+    >>> y = norms.rms_norm(jnp.array([3.0, 4.0]), jnp.ones(2), scale_offset=1.0)
+    >>> print(np.asarray(y).round(4))  # gain 1 + scale = 2
+    [1.6971 2.2627]
+
   References:
     Zhang & Sennrich, *Root Mean Square Layer Normalization*,
     arXiv:1910.07467 (2019).
@@ -193,6 +211,7 @@ def rms_norm(
 # CRMSNorm.
 
 
+@_scope.scoped
 def crms_norm(
   z: Float[ArrayLike, "... d_minus_1"],
   scale: Float[ArrayLike, " d_minus_1"] | None = None,
@@ -228,6 +247,13 @@ def crms_norm(
   Raises:
     TypeError: if ``z`` or ``scale`` is not floating.
     ValueError: for a bad ``axis`` or ``scale`` shape.
+
+  Examples:
+    >>> x = jnp.array([1.0, -3.0, 2.0])  # zero mean: stored as its first two
+    >>> print(np.asarray(norms.crms_norm(x[:2])).round(4))
+    [ 0.4629 -1.3887]
+    >>> print(np.asarray(norms.rms_norm(x)).round(4))
+    [ 0.4629 -1.3887  0.9258]
 
   References:
     Jiang, Gu, Zhu & Pan, *Pre-RMSNorm and Pre-CRMSNorm Transformers:

@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Float
 
-from jaxnorm import _checks, _numerics
+from jaxnorm import _checks, _numerics, _scope
 from jaxnorm.norms import layer
 
 
@@ -39,10 +39,17 @@ class PowerNormState(NamedTuple):
   grad_ema: jax.Array
 
 
+@_scope.scoped
 def init_power_norm_state(
   num_features: int, dtype: jnp.dtype = jnp.float32
 ) -> PowerNormState:
-  """`power_norm` state at initialization: ``t=0, Phi=1, nu=0``."""
+  """`power_norm` state at initialization: ``t=0, Phi=1, nu=0``.
+
+  Examples:
+    >>> state = norms.init_power_norm_state(2)
+    >>> print(state.count, state.running_phi, state.grad_ema)
+    0 [1. 1.] [0. 0.]
+  """
   _checks.check_positive_int(
     "init_power_norm_state", "num_features", num_features
   )
@@ -56,6 +63,7 @@ def init_power_norm_state(
 BackwardStat = Literal["batch", "running"]
 
 
+@_scope.scoped
 def power_norm(
   x: Float[ArrayLike, "... c"],
   scale: Float[ArrayLike, " c"] | None,
@@ -142,6 +150,14 @@ def power_norm(
     TypeError: for non-floating input or parameters, a non-boolean
       ``pad_mask`` or a bad state type.
     ValueError: for bad shapes, group configuration or ``backward_stat``.
+
+  Examples:
+    >>> x = jnp.array([[1.0], [-3.0]])  # psi^2 = mean(x^2) = 5
+    >>> state = norms.init_power_norm_state(1)
+    >>> y, state = norms.power_norm(
+    ...     x, None, None, state, training=True, num_groups=None, eps=0.0)
+    >>> print(np.asarray(y[:, 0]).round(4), int(state.count))
+    [ 0.4472 -1.3416] 1
 
   References:
     Shen, Yao, Gholami, Mahoney & Keutzer, *PowerNorm: Rethinking Batch

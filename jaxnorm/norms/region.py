@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, ArrayLike, Float
 
-from jaxnorm import _checks, _numerics
+from jaxnorm import _checks, _numerics, _scope
 
 
 def _check_mask(who: str, mask: ArrayLike, x: jax.Array) -> jax.Array:
@@ -64,6 +64,7 @@ def resize_mask_nearest(
   return mask
 
 
+@_scope.scoped
 def region_norm(
   x: Float[ArrayLike, "n *spatial c"],
   mask: ArrayLike,
@@ -104,6 +105,12 @@ def region_norm(
     TypeError: for a non-floating ``x``.
     ValueError: for rank < 3 or a bad mask shape.
 
+  Examples:
+    >>> x = jnp.array([1.0, 3.0, 10.0, 30.0]).reshape(1, 4, 1)  # (n, w, c)
+    >>> mask = jnp.array([1.0, 1.0, 0.0, 0.0]).reshape(1, 4, 1)
+    >>> print(np.asarray(norms.region_norm(x, mask, eps=0.0)[0, :, 0]))
+    [-1.  1. -1.  1.]
+
   References:
     Yu et al., *Region Normalization for Image Inpainting*,
     arXiv:1911.10375 (AAAI 2020).
@@ -128,17 +135,17 @@ def region_norm(
       _numerics.psum(jnp.sum(xf * region, axis=axes, keepdims=True), axis_name)
       / count
     )
+    # Outside the region the square is dropped, not multiplied by 0: an
+    # overflowing square (inputs near 1e30) times 0 would be NaN.
+    sq = jnp.where(region > 0, jnp.square(xf - mean), 0.0) * region
     var = (
-      _numerics.psum(
-        jnp.sum(jnp.square(xf - mean) * region, axis=axes, keepdims=True),
-        axis_name,
-      )
-      / count
+      _numerics.psum(jnp.sum(sq, axis=axes, keepdims=True), axis_name) / count
     )
     y = y + region * (xf - mean) * jax.lax.rsqrt(var + eps * n_tot / count)
   return y.astype(x.dtype)
 
 
+@_scope.scoped
 def region_norm_b(
   x: Float[ArrayLike, "n *spatial c"],
   mask: ArrayLike,
@@ -181,6 +188,14 @@ def region_norm_b(
   Raises:
     TypeError: for non-floating input or parameters.
     ValueError: for rank < 3, a bad mask or parameter shape.
+
+  Examples:
+    >>> x = jnp.array([1.0, 3.0, 10.0, 30.0]).reshape(1, 4, 1)
+    >>> mask = jnp.array([1.0, 1.0, 0.0, 0.0]).reshape(1, 4, 1)
+    >>> zero = jnp.zeros(1)
+    >>> y = norms.region_norm_b(x, mask, zero, zero, jnp.ones(1), zero, eps=0.0)
+    >>> print(np.asarray(y[0, :, 0]))  # background gain 1 + 1
+    [-1.  1. -2.  2.]
 
   References:
     Yu et al., *Region Normalization for Image Inpainting*,
@@ -231,6 +246,7 @@ def _conv_same(x: jax.Array, kernel: jax.Array) -> jax.Array:
   )
 
 
+@_scope.scoped
 def region_norm_l(
   x: Float[ArrayLike, "n h w c"],
   mask_kernel: Float[ArrayLike, "k k 2 1"],
@@ -273,6 +289,15 @@ def region_norm_l(
   Raises:
     TypeError: for non-floating input or parameters.
     ValueError: for a non-4-D input or bad kernel shapes.
+
+  Examples:
+    >>> x = jnp.array([1.0, 3.0, 1.0, 3.0]).reshape(1, 2, 2, 1)
+    >>> k1, k2 = jnp.zeros((1, 1, 2, 1)), jnp.zeros((1, 1, 1, 1))
+    >>> b = jnp.zeros(1)
+    >>> y = norms.region_norm_l(x, k1, k2, b, k2, b, threshold=0.5)  # a = 0.5
+    >>> print(np.asarray(y[0, ..., 0]).round(4))
+    [[-1.  1.]
+     [-1.  1.]]
 
   References:
     Yu et al., *Region Normalization for Image Inpainting*,

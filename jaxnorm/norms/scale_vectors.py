@@ -8,10 +8,11 @@ from collections.abc import Sequence
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Float
 
-from jaxnorm import _checks, _numerics
+from jaxnorm import _checks, _numerics, _scope
 from jaxnorm.norms import layer
 
 
+@_scope.scoped
 def magnitude_direction_scale(
   magnitude: Float[ArrayLike, " *one"],
   direction: Float[ArrayLike, " d"],
@@ -38,6 +39,12 @@ def magnitude_direction_scale(
     TypeError: for non-floating arrays.
     ValueError: for a non-scalar magnitude or non-vector direction.
 
+  Examples:
+    >>> u = jnp.array([3.0, 4.0])
+    >>> g = norms.magnitude_direction_scale(jnp.array(2.0), u)
+    >>> print(np.asarray(g).round(4))  # 2 * [0.6, 0.8] * sqrt(2)
+    [1.6971 2.2627]
+
   References:
     Wang et al., *Negligible in Size, Significant in Effect: On Scale
     Vectors in Large Language Models*, arXiv:2605.26895 (2026).
@@ -55,6 +62,7 @@ def magnitude_direction_scale(
   return m * u / norm * math.sqrt(u.shape[0])
 
 
+@_scope.scoped
 def branch_rms_norm(
   x: Float[ArrayLike, "... d"],
   scales: Sequence[Float[ArrayLike, " d"]],
@@ -87,6 +95,12 @@ def branch_rms_norm(
     TypeError: for non-floating input or scales.
     ValueError: for no scales or a bad scale shape.
 
+  Examples:
+    >>> x = jnp.array([3.0, 4.0])
+    >>> q, k = norms.branch_rms_norm(x, [jnp.ones(2), jnp.full(2, 2.0)])
+    >>> print(np.asarray(q).round(4), np.asarray(k).round(4))
+    [0.8485 1.1314] [1.6971 2.2627]
+
   References:
     Wang et al., *Negligible in Size, Significant in Effect: On Scale
     Vectors in Large Language Models*, arXiv:2605.26895 (2026).
@@ -109,6 +123,7 @@ def branch_rms_norm(
   )
 
 
+@_scope.scoped
 def dual_scaled_linear(
   x: Float[ArrayLike, "... d_in"],
   kernel: Float[ArrayLike, "d_in d_out"],
@@ -143,6 +158,13 @@ def dual_scaled_linear(
   Raises:
     TypeError: for non-floating arrays.
     ValueError: for mismatched shapes.
+
+  Examples:
+    >>> x = jnp.array([1.0, 2.0])
+    >>> s_in, s_out = jnp.array([3.0, 1.0]), jnp.array([1.0, 10.0])
+    >>> y = norms.dual_scaled_linear(x, jnp.eye(2), s_in, s_out)
+    >>> print(np.asarray(y))  # s_out * ((s_in * x) @ W)
+    [ 3. 20.]
 
   References:
     Wang et al., *Negligible in Size, Significant in Effect: On Scale

@@ -5,10 +5,11 @@ from __future__ import annotations
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Float
 
-from jaxnorm import _checks, _numerics
+from jaxnorm import _checks, _numerics, _scope
 from jaxnorm.norms import layer
 
 
+@_scope.scoped
 def scale_norm(
   x: Float[ArrayLike, "..."],
   scale: Float[ArrayLike, " "],
@@ -42,6 +43,11 @@ def scale_norm(
   Raises:
     TypeError: for non-floating ``x`` or ``scale``.
     ValueError: for a non-scalar ``scale`` or a bad ``axis``.
+
+  Examples:
+    >>> y = norms.scale_norm(jnp.array([3.0, 4.0]), jnp.array(10.0))
+    >>> print(np.asarray(y).round(4))  # 10 x / |x|
+    [6. 8.]
 
   References:
     Nguyen & Salazar, *Transformers without Tears: Improving the

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import math
 
+from jaxnorm import _scope
 
+
+@_scope.scoped
 def layer_norm_scaling(layer_index: int) -> float:
   r"""LayerNorm Scaling factor :math:`1/\sqrt{\ell}` for a 0-based layer.
 
@@ -21,6 +24,10 @@ def layer_norm_scaling(layer_index: int) -> float:
 
   Raises:
     ValueError: for a negative or non-integer ``layer_index``.
+
+  Examples:
+    >>> print(norms.layer_norm_scaling(0), norms.layer_norm_scaling(3))
+    1.0 0.5
 
   References:
     Sun et al., *The Curse of Depth in Large Language Models*,

@@ -6,9 +6,10 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Float
 
-from jaxnorm import _checks, _dispatch, _numerics
+from jaxnorm import _checks, _dispatch, _numerics, _scope
 
 
+@_scope.scoped
 def seed_norm(
   x: Float[ArrayLike, "... d"],
   scale: Float[ArrayLike, " d"],
@@ -68,6 +69,15 @@ def seed_norm(
     ValueError: for a bad axis, parameter shape or head count.
     NotImplementedError: ``implementation="pallas"`` on a case the kernel
       does not support (named in the message).
+
+  Examples:
+    >>> x = jnp.array([3.0, 4.0])
+    >>> y = norms.seed_norm(x, jnp.ones(2), jnp.ones(2), jnp.zeros(2))
+    >>> print(np.asarray(y).round(4))  # dyn_proj 0: RMSNorm
+    [0.8485 1.1314]
+    >>> y = norms.seed_norm(x, jnp.ones(2), jnp.ones(2), jnp.full(2, 10.0))
+    >>> print(np.asarray(y).round(4))  # gain 1 + tanh(70) ~ 2
+    [1.6971 2.2627]
 
   References:
     Cai, Zhu, Liu & Min, *SeeDNorm: Self-Rescaled Dynamic Normalization*,

@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Float
 
-from jaxnorm import _checks, _numerics
+from jaxnorm import _checks, _numerics, _scope
 
 
 class TimestepDecayNormState(NamedTuple):
@@ -26,10 +26,17 @@ class TimestepDecayNormState(NamedTuple):
   var: jax.Array
 
 
+@_scope.scoped
 def init_timestep_decay_norm_state(
   batch_size: int, num_groups: int = 64, dtype: jnp.dtype = jnp.float32
 ) -> TimestepDecayNormState:
-  """The empty `timestep_decay_norm` state: ``n = M = V = 0``."""
+  """The empty `timestep_decay_norm` state: ``n = M = V = 0``.
+
+  Examples:
+    >>> state = norms.init_timestep_decay_norm_state(2, num_groups=4)
+    >>> print(state.count, state.mean.shape, state.var.shape)
+    [0 0] (2, 4) (2, 4)
+  """
   who = "init_timestep_decay_norm_state"
   _checks.check_positive_int(who, "batch_size", batch_size)
   _checks.check_positive_int(who, "num_groups", num_groups)
@@ -52,6 +59,7 @@ def _affine_scan(a: jax.Array, b: jax.Array, h0: jax.Array) -> jax.Array:
   return big_a * jnp.expand_dims(h0, 1) + big_b
 
 
+@_scope.scoped
 def timestep_decay_norm(
   x: Float[ArrayLike, "b l d"],
   scale: Float[ArrayLike, " d"] | None = None,
@@ -112,6 +120,16 @@ def timestep_decay_norm(
     TypeError: for non-floating input or parameters, non-boolean masks or a
       bad state type.
     ValueError: for bad shapes or group counts.
+
+  Examples:
+    >>> x = jnp.array([[[1.0, 3.0], [2.0, 6.0]]])  # (b=1, l=2, d=2)
+    >>> y, state = norms.timestep_decay_norm(
+    ...     x, num_groups=1, beta1=0.5, beta2=0.5)
+    >>> print(np.asarray(y[0]).round(4))  # token 2: mean 2.5 / 0.75, var 3
+    [[-1.      1.    ]
+     [-0.7698  1.5396]]
+    >>> print(state.count)
+    [2]
 
   References:
     Ma et al., *Gecko: An Efficient Neural Architecture Inherently

@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Float
 
-from jaxnorm import _checks, _numerics
+from jaxnorm import _checks, _numerics, _scope
 
 
 class UnifiedNormState(NamedTuple):
@@ -37,6 +37,7 @@ class UnifiedNormState(NamedTuple):
   buf_gz: jax.Array
 
 
+@_scope.scoped
 def init_unified_norm_state(
   num_features: int,
   window_size: int | tuple[int, int] = 4,
@@ -54,6 +55,11 @@ def init_unified_norm_state(
 
   Raises:
     ValueError: for a non-positive size or a malformed ``window_size``.
+
+  Examples:
+    >>> state = norms.init_unified_norm_state(3, window_size=(4, 2))
+    >>> print(state.running_var, state.buf_x2.shape, state.buf_gz.shape)
+    [1. 1. 1.] (4, 3) (2, 3)
   """
   who = "init_unified_norm_state"
   _checks.check_positive_int(who, "num_features", num_features)
@@ -79,6 +85,7 @@ def init_unified_norm_state(
   )
 
 
+@_scope.scoped
 def unified_norm(
   x: Float[ArrayLike, "... c"],
   scale: Float[ArrayLike, " c"] | None,
@@ -160,6 +167,14 @@ def unified_norm(
     TypeError: for non-floating input or parameters, a non-boolean
       ``pad_mask`` or a bad state type.
     ValueError: for bad shapes.
+
+  Examples:
+    >>> x = jnp.array([[1.0], [-3.0]])  # psi^2 = 5
+    >>> state = norms.init_unified_norm_state(1)
+    >>> y, state = norms.unified_norm(
+    ...     x, None, None, state, training=True, eps=0.0)
+    >>> print(np.asarray(y[:, 0]).round(4), int(state.count))
+    [ 0.4472 -1.3416] 1
 
   References:
     Yang et al., *Unified Normalization for Accelerating and Stabilizing
@@ -339,6 +354,7 @@ def _unified_norm_core_bwd(eps, momentum, warmup, axis_name, res, dy):
 _unified_norm_core.defvjp(_unified_norm_core_fwd, _unified_norm_core_bwd)
 
 
+@_scope.scoped
 def fold_unified_norm(
   scale: Float[ArrayLike, " c"] | None,
   bias: Float[ArrayLike, " c"] | None,
@@ -382,6 +398,13 @@ def fold_unified_norm(
   Raises:
     TypeError: for non-floating arrays.
     ValueError: for inconsistent shapes or a bad ``position``.
+
+  Examples:
+    >>> w, b = norms.fold_unified_norm(
+    ...     jnp.array([2.0]), jnp.array([1.0]), jnp.array([4.0]),
+    ...     jnp.array([[3.0]]), eps=0.0)  # s = 2 / sqrt(4) = 1
+    >>> print(np.asarray(w), np.asarray(b))
+    [[3.]] [3.]
 
   References:
     Yang et al., *Unified Normalization for Accelerating and Stabilizing

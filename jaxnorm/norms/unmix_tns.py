@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Float
 
-from jaxnorm import _checks, _numerics
+from jaxnorm import _checks, _numerics, _scope
 
 
 class UnMixTNSState(NamedTuple):
@@ -24,6 +24,7 @@ class UnMixTNSState(NamedTuple):
   var: jax.Array
 
 
+@_scope.scoped
 def init_unmix_tns_state(
   mean: Float[ArrayLike, " c"],
   var: Float[ArrayLike, " c"],
@@ -55,6 +56,12 @@ def init_unmix_tns_state(
     TypeError: for non-floating statistics.
     ValueError: for a bad ``num_components`` or mismatched shapes.
 
+  Examples:
+    >>> state = norms.init_unmix_tns_state(
+    ...     jnp.zeros(2), jnp.ones(2), jax.random.key(0), num_components=4)
+    >>> print(state.mean.shape, np.asarray(state.var).round(4)[0])
+    (4, 2) [0.5 0.5]
+
   References:
     Tomar, Vray, Thiran & Bozorgtabar, *Un-Mixing Test-Time Normalization
     Statistics: Combatting Label Temporal Correlation*, ICLR 2024.
@@ -81,6 +88,7 @@ def init_unmix_tns_state(
   return UnMixTNSState(means.astype(dtype), variances.astype(dtype))
 
 
+@_scope.scoped
 def unmix_tns_momentum(
   batch_size: int, *, max_batch_size: int = 64, bn_momentum: float = 0.1
 ) -> float:
@@ -92,6 +100,12 @@ def unmix_tns_momentum(
 
   Raises:
     ValueError: for non-positive batch sizes.
+
+  Examples:
+    >>> print(round(norms.unmix_tns_momentum(64), 4))  # batch 64: bn_momentum
+    0.1
+    >>> print(round(norms.unmix_tns_momentum(16), 4))  # 1 - 0.9 ** (16 / 64)
+    0.026
   """
   who = "unmix_tns_momentum"
   _checks.check_positive_int(who, "batch_size", batch_size)
@@ -99,6 +113,7 @@ def unmix_tns_momentum(
   return 1.0 - (1.0 - bn_momentum) ** (batch_size / max_batch_size)
 
 
+@_scope.scoped
 def unmix_tns(
   x: Float[ArrayLike, "b *spatial c"],
   scale: Float[ArrayLike, " c"] | None,
@@ -157,6 +172,14 @@ def unmix_tns(
   Raises:
     TypeError: for non-floating input or parameters, or a bad state type.
     ValueError: for rank < 3 or bad shapes.
+
+  Examples:
+    >>> state = norms.init_unmix_tns_state(
+    ...     jnp.zeros(1), jnp.ones(1), jax.random.key(0), num_components=1)
+    >>> x = jnp.array([[[4.0], [6.0]]])  # (b=1, w=2, c=1), mean 5, var 1
+    >>> y, state = norms.unmix_tns(x, None, None, state, eps=0.0)
+    >>> print(np.asarray(y[0, :, 0]).round(4))
+    [-1.  1.]
 
   References:
     Tomar, Vray, Thiran & Bozorgtabar, *Un-Mixing Test-Time Normalization

@@ -10,27 +10,43 @@ pre-norm stack and the scaled residuals: depth rule, SkipInit, ReZero,
 LayerScale), `hyper` (multi-stream expansion, readout and update;
 Hyper-Connections), `manifold` (Sinkhorn-Knopp, quaternion rotations; mHC,
 oHC, iHC), `attnres` (Attention Residuals) and `depth` (DeepNorm, KEEL,
-depth-muP, CompleteP). This package re-exports every public name.
+depth-muP, CompleteP).
+
+``__all__`` is what a user imports: the residual steps, the maps and
+initial values they take, the depth rules, and the ``Literal`` types of
+their signatures. Tables of choices (``READOUTS``, ``DEPTH_EXPONENTS``),
+the checks and type aliases shared with `jaxnorm.nn` and the quaternion
+matrices behind `quaternion_rotation` still import from the package but
+are not part of it.
+
+Examples:
+  Every example in this package assumes ``import jax``,
+  ``import jax.numpy as jnp`` and ``import numpy as np``; the norm and the
+  sublayer are any functions:
+
+  >>> from jaxnorm import residual
+  >>> x = jnp.array([3.0, 4.0])
+  >>> y = residual.pre_norm(x, lambda h: 2 * h, lambda h: h / 5)
+  >>> print(np.asarray(y))  # x + f(norm(x)) = x + 2 x / 5
+  [4.2 5.6]
 """
 
 from jaxnorm.residual._common import (
-  AddNormFn,
-  ArrayFn,
-  IndexLike,
-  check_layer_index,
+  IndexLike,  # noqa: F401 (not public; jaxnorm.nn)
+  check_layer_index,  # noqa: F401 (not public; jaxnorm.nn)
 )
 from jaxnorm.residual.attnres import attn_res, attn_res_weights
 from jaxnorm.residual.depth import (
-  DEPTH_EXPONENTS,
+  DEPTH_EXPONENTS,  # noqa: F401 (not public; jaxnorm.nn, tests)
   deepnorm_alpha,
   deepnorm_beta,
   depth_scale,
   keel_alpha,
-  num_layers_of,
+  num_layers_of,  # noqa: F401 (not public; jaxnorm.nn, tests)
   scaled_post_norm,
 )
 from jaxnorm.residual.hyper import (
-  READOUTS,
+  READOUTS,  # noqa: F401 (not public; jaxnorm.nn)
   Readout,
   expand_streams,
   hc_maps,
@@ -39,17 +55,16 @@ from jaxnorm.residual.hyper import (
   reduce_streams,
 )
 from jaxnorm.residual.manifold import (
-  RESIDUAL_MAPS,
+  RESIDUAL_MAPS,  # noqa: F401 (not public; jaxnorm.nn)
   ResidualMap,
   mhc_maps,
   mhc_static_init,
-  quaternion_left_matrix,
-  quaternion_right_matrix,
+  quaternion_left_matrix,  # noqa: F401 (not public; tests)
+  quaternion_right_matrix,  # noqa: F401 (not public; tests)
   quaternion_rotation,
   sinkhorn_knopp,
 )
 from jaxnorm.residual.wiring import (
-  SCALE_RULES,
   ScaleRule,
   fused_pre_norm,
   post_norm,
@@ -60,19 +75,11 @@ from jaxnorm.residual.wiring import (
 )
 
 __all__ = [
-  "DEPTH_EXPONENTS",
-  "READOUTS",
-  "RESIDUAL_MAPS",
-  "SCALE_RULES",
-  "AddNormFn",
-  "ArrayFn",
-  "IndexLike",
   "Readout",
   "ResidualMap",
   "ScaleRule",
   "attn_res",
   "attn_res_weights",
-  "check_layer_index",
   "deepnorm_alpha",
   "deepnorm_beta",
   "depth_scale",
@@ -84,11 +91,8 @@ __all__ = [
   "keel_alpha",
   "mhc_maps",
   "mhc_static_init",
-  "num_layers_of",
   "post_norm",
   "pre_norm",
-  "quaternion_left_matrix",
-  "quaternion_right_matrix",
   "quaternion_rotation",
   "reduce_streams",
   "residual_scale",

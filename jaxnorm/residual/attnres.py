@@ -6,10 +6,11 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Bool, Float
 
-from jaxnorm import _checks, _numerics, norms
+from jaxnorm import _checks, _numerics, _scope, norms
 from jaxnorm.residual._common import leading
 
 
+@_scope.scoped
 def attn_res_weights(
   sources: Float[ArrayLike, "m ... d"],
   query: Float[ArrayLike, " d"],
@@ -48,6 +49,12 @@ def attn_res_weights(
       whose length is not ``sources.shape[-1]``, or a ``mask`` not shaped
       ``(m,)``.
 
+  Examples:
+    >>> sources = jnp.array([[[1.0, 0.0]], [[0.0, 1.0]]])  # m = 2, one token
+    >>> w = residual.attn_res_weights(sources, jnp.array([1.0, 0.0]))
+    >>> print(np.asarray(w[:, 0]).round(4))  # softmax(sqrt(2) * [1, 0])
+    [0.8044 0.1956]
+
   References:
     Kimi Team, *Attention Residuals*, arXiv:2603.15031 (2026).
   """
@@ -83,6 +90,7 @@ def attn_res_weights(
   return jax.nn.softmax(scores, axis=0)
 
 
+@_scope.scoped
 def attn_res(
   sources: Float[ArrayLike, "m ... d"],
   query: Float[ArrayLike, " d"],
@@ -117,6 +125,12 @@ def attn_res(
   Raises:
     TypeError: for non-floating inputs.
     ValueError: as `attn_res_weights`.
+
+  Examples:
+    >>> sources = jnp.array([[[1.0, 0.0]], [[0.0, 1.0]]])
+    >>> h = residual.attn_res(sources, jnp.zeros(2))  # query 0: the mean
+    >>> print(np.asarray(h))
+    [[0.5 0.5]]
 
   References:
     Kimi Team, *Attention Residuals*, arXiv:2603.15031 (2026).

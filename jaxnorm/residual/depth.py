@@ -30,13 +30,14 @@ from __future__ import annotations
 import jax
 from jaxtyping import Array, ArrayLike, Float
 
-from jaxnorm import _checks, _numerics
+from jaxnorm import _checks, _numerics, _scope
 from jaxnorm.residual._common import ArrayFn, branch
 
 DEPTH_EXPONENTS = {"depth_mup": 0.5, "completep": 1.0}
 """Exponent ``e`` of the branch multiplier :math:`(L/L_0)^{-e}`."""
 
 
+@_scope.scoped
 def deepnorm_alpha(num_layers: int) -> float:
   r"""DeepNorm's residual weight :math:`\alpha = (2L)^{1/4}` (decoder-only).
 
@@ -49,6 +50,10 @@ def deepnorm_alpha(num_layers: int) -> float:
   Raises:
     ValueError: for a non-positive ``num_layers``.
 
+  Examples:
+    >>> print(round(residual.deepnorm_alpha(8), 4))  # (2 * 8) ** 0.25
+    2.0
+
   References:
     Wang et al., *DeepNet: Scaling Transformers to 1,000 Layers*,
     arXiv:2203.00555 (2022), decoder-only row of the constants table;
@@ -58,6 +63,7 @@ def deepnorm_alpha(num_layers: int) -> float:
   return (2.0 * num_layers) ** 0.25
 
 
+@_scope.scoped
 def deepnorm_beta(num_layers: int) -> float:
   r"""DeepNorm's init gain :math:`\beta = (8L)^{-1/4}` (decoder-only).
 
@@ -75,6 +81,10 @@ def deepnorm_beta(num_layers: int) -> float:
   Raises:
     ValueError: for a non-positive ``num_layers``.
 
+  Examples:
+    >>> print(round(residual.deepnorm_beta(2), 4))  # (8 * 2) ** -0.25
+    0.5
+
   References:
     Wang et al., *DeepNet: Scaling Transformers to 1,000 Layers*,
     arXiv:2203.00555 (2022).
@@ -83,6 +93,7 @@ def deepnorm_beta(num_layers: int) -> float:
   return (8.0 * num_layers) ** -0.25
 
 
+@_scope.scoped
 def keel_alpha(num_layers: int) -> float:
   r"""KEEL's residual weight :math:`\alpha = 2L`.
 
@@ -93,6 +104,10 @@ def keel_alpha(num_layers: int) -> float:
   Raises:
     ValueError: for a non-positive ``num_layers``.
 
+  Examples:
+    >>> print(residual.keel_alpha(12))
+    24.0
+
   References:
     KEEL, arXiv:2601.19895 (2026) (abstract only: Unverified beyond
     DepthBench's ``KeelTransformerBlock``).
@@ -101,6 +116,7 @@ def keel_alpha(num_layers: int) -> float:
   return 2.0 * num_layers
 
 
+@_scope.scoped
 def depth_scale(num_layers: int, base_depth: int, exponent: float) -> float:
   r"""The depth-scaled branch multiplier :math:`(L / L_0)^{-e}`.
 
@@ -119,6 +135,12 @@ def depth_scale(num_layers: int, base_depth: int, exponent: float) -> float:
   Raises:
     ValueError: for non-positive depths or exponent.
 
+  Examples:
+    >>> print(residual.depth_scale(32, 8, 0.5))  # depth-muP: (32 / 8) ** -0.5
+    0.5
+    >>> print(residual.depth_scale(32, 8, 1.0))  # CompleteP
+    0.25
+
   References:
     Yang et al., *Tensor Programs VI: Feature Learning in Infinite-Depth
     Neural Networks*, arXiv:2310.02244 (2023); Dey et al., *Don't be lazy:
@@ -135,6 +157,7 @@ def depth_scale(num_layers: int, base_depth: int, exponent: float) -> float:
   return (num_layers / base_depth) ** -float(exponent)
 
 
+@_scope.scoped
 def scaled_post_norm(
   x: Float[ArrayLike, "... d"],
   sublayer: ArrayFn,
@@ -168,6 +191,12 @@ def scaled_post_norm(
     TypeError: for a non-floating ``x``.
     ValueError: for a non-positive ``alpha`` or a branch that changes the
       shape of ``x``.
+
+  Examples:
+    >>> x = jnp.array([1.0, 2.0])
+    >>> y = residual.scaled_post_norm(x, lambda h: h, lambda h: h, alpha=2.0)
+    >>> print(np.asarray(y))  # norm(alpha x + f(x)) with identity norm
+    [3. 6.]
 
   References:
     Wang et al., *DeepNet: Scaling Transformers to 1,000 Layers*,

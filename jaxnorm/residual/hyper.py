@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, ArrayLike, Float
 
-from jaxnorm import _checks, _numerics
+from jaxnorm import _checks, _numerics, _scope
 from jaxnorm.residual._common import (
   ArrayFn,
   IndexLike,
@@ -48,6 +48,7 @@ def _check_map(
     )
 
 
+@_scope.scoped
 def expand_streams(
   x: Float[ArrayLike, "... d"], num_streams: int
 ) -> Float[Array, "... n d"]:
@@ -65,6 +66,11 @@ def expand_streams(
 
   Raises:
     ValueError: for a non-positive ``num_streams`` or a scalar ``x``.
+
+  Examples:
+    >>> h = residual.expand_streams(jnp.array([1.0, 2.0]), 3)
+    >>> print(h.shape, np.asarray(h[2]))
+    (3, 2) [1. 2.]
   """
   who = "expand_streams"
   _checks.check_positive_int(who, "num_streams", num_streams)
@@ -75,6 +81,7 @@ def expand_streams(
   )
 
 
+@_scope.scoped
 def reduce_streams(
   h: Float[ArrayLike, "... n d"], *, readout: Readout = "sum"
 ) -> Float[Array, "... d"]:
@@ -92,6 +99,13 @@ def reduce_streams(
 
   Raises:
     ValueError: for an unknown ``readout`` or ``h`` of rank < 2.
+
+  Examples:
+    >>> h = jnp.array([[1.0, 2.0], [3.0, 4.0]])  # n = 2 streams, d = 2
+    >>> print(np.asarray(residual.reduce_streams(h)))
+    [4. 6.]
+    >>> print(np.asarray(residual.reduce_streams(h, readout="mean")))
+    [2. 3.]
   """
   who = "reduce_streams"
   _checks.check_choice(who, "readout", readout, READOUTS)
@@ -104,6 +118,7 @@ def reduce_streams(
   return out.astype(h.dtype)
 
 
+@_scope.scoped
 def hyper_connection(
   h: Float[ArrayLike, "... n d"],
   sublayer: ArrayFn,
@@ -146,6 +161,15 @@ def hyper_connection(
     ValueError: for maps whose shape does not match ``h`` (wrong stream
       count), or a branch that changes the shape.
 
+  Examples:
+    >>> h = jnp.array([[1.0, 1.0], [2.0, 2.0]])  # n = 2 streams, d = 2
+    >>> y = residual.hyper_connection(
+    ...     h, lambda u: 10 * u, h_pre=jnp.array([1.0, 0.0]),
+    ...     h_post=jnp.array([1.0, 1.0]), h_res=jnp.eye(2))
+    >>> print(np.asarray(y))  # each stream + f(stream 0)
+    [[11. 11.]
+     [12. 12.]]
+
   References:
     Zhu et al., *Hyper-Connections*, arXiv:2409.19606 (2024); Xie et al.,
     *mHC: Manifold-Constrained Hyper-Connections*, arXiv:2512.24880 (2025).
@@ -178,6 +202,7 @@ def hyper_connection(
 # Hyper-Connections (static and dynamic).
 
 
+@_scope.scoped
 def hc_maps(
   h: Float[ArrayLike, "... n d"],
   *,
@@ -236,6 +261,16 @@ def hc_maps(
     TypeError: for non-floating inputs.
     ValueError: for shapes that do not match ``n = h.shape[-2]`` and
       ``d = h.shape[-1]``, or only one of the two dynamic weights.
+
+  Examples:
+    >>> alpha, beta = residual.hc_static_init(2, 0)
+    >>> h_pre, h_post, h_res = residual.hc_maps(
+    ...     jnp.ones((2, 3)), static_alpha=alpha, static_beta=beta)
+    >>> print(np.asarray(h_pre), np.asarray(h_post))  # A_m = e_0, B = 1
+    [1. 0.] [1. 1.]
+    >>> print(np.asarray(h_res))  # A_r^T
+    [[1. 0.]
+     [0. 1.]]
 
   References:
     Zhu et al., *Hyper-Connections*, arXiv:2409.19606 (2024), Sec. 2.1-2.2
@@ -296,6 +331,7 @@ def hc_maps(
   return alpha[..., 0], beta, jnp.swapaxes(alpha[..., 1:], -1, -2)
 
 
+@_scope.scoped
 def hc_static_init(
   num_streams: int, layer_index: IndexLike, *, dtype: jnp.dtype = jnp.float32
 ) -> tuple[jax.Array, jax.Array]:
@@ -319,6 +355,14 @@ def hc_static_init(
   Raises:
     ValueError: for a non-positive ``num_streams`` or a negative,
       non-integer or non-scalar index.
+
+  Examples:
+    >>> alpha, beta = residual.hc_static_init(2, 1)  # sublayer 1 reads stream 1
+    >>> print(np.asarray(alpha))  # [A_m | A_r] = [e_1 | I]
+    [[0. 1. 0.]
+     [1. 0. 1.]]
+    >>> print(np.asarray(beta))
+    [1. 1.]
   """
   who = "hc_static_init"
   _checks.check_positive_int(who, "num_streams", num_streams)

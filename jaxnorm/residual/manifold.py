@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, ArrayLike, Float
 
-from jaxnorm import _checks, _numerics
+from jaxnorm import _checks, _numerics, _scope
 from jaxnorm.residual._common import (
   IndexLike,
   check_layer_index,
@@ -35,6 +35,7 @@ RESIDUAL_MAPS: tuple[str, ...] = ("sinkhorn", "quaternion", "identity")
 # Sinkhorn-Knopp and quaternion rotations.
 
 
+@_scope.scoped
 def sinkhorn_knopp(
   logits: Float[ArrayLike, "... n n"],
   *,
@@ -81,6 +82,13 @@ def sinkhorn_knopp(
     TypeError: for non-floating logits.
     ValueError: for a non-square matrix, non-positive ``num_iters`` or
       ``temperature``, negative ``eps``, or ``eps`` in log domain.
+
+  Examples:
+    >>> logits = jnp.log(jnp.array([[1.0, 2.0], [1.0, 1.0]]))
+    >>> p = residual.sinkhorn_knopp(logits)
+    >>> print(np.asarray(p).round(4))  # rows and columns sum to 1
+    [[0.4142 0.5858]
+     [0.5858 0.4142]]
 
   References:
     Sinkhorn & Knopp, *Concerning nonnegative matrices and doubly
@@ -197,6 +205,7 @@ def quaternion_right_matrix(
   return jnp.stack([jnp.stack(r, axis=-1) for r in rows], axis=-2)
 
 
+@_scope.scoped
 def quaternion_rotation(
   p: Float[ArrayLike, "... 4"],
   q: Float[ArrayLike, "... 4"],
@@ -231,6 +240,17 @@ def quaternion_rotation(
     TypeError: for non-floating inputs.
     ValueError: unless both have 4 components and equal shapes.
 
+  Examples:
+    >>> one = jnp.array([1.0, 0.0, 0.0, 0.0])
+    >>> print(np.asarray(residual.quaternion_rotation(one, one)))  # identity
+    [[1. 0. 0. 0.]
+     [0. 1. 0. 0.]
+     [0. 0. 1. 0.]
+     [0. 0. 0. 1.]]
+    >>> i = jnp.array([0.0, 1.0, 0.0, 0.0])
+    >>> print(np.asarray(residual.quaternion_rotation(i, one)) @ np.ones(4))
+    [-1.  1. -1.  1.]
+
   References:
     Guo et al., *oHC: Orthogonal Hyper-Connections on SO(4) via
     Quaternions*, arXiv:2609.02672 (2026).
@@ -256,6 +276,7 @@ def quaternion_rotation(
 # mHC, oHC and iHC maps.
 
 
+@_scope.scoped
 def mhc_maps(
   h: Float[ArrayLike, "... n d"],
   *,
@@ -346,6 +367,17 @@ def mhc_maps(
     ValueError: for an unknown ``residual``, ``n != 4`` with quaternions, or
       any shape that does not match ``n = h.shape[-2]``, ``d = h.shape[-1]``.
 
+  Examples:
+    >>> b_pre, b_post, b_res = residual.mhc_static_init(2, res_diag=0.75)
+    >>> h_pre, h_post, h_res = residual.mhc_maps(
+    ...     jnp.ones((2, 3)), phi_pre=None, phi_post=None, phi_res=None,
+    ...     b_pre=b_pre, b_post=b_post, b_res=b_res)  # static: no phi
+    >>> print(np.asarray(h_pre), np.asarray(h_post))  # sigmoid(0), 2 sigmoid(0)
+    [0.5 0.5] [1. 1.]
+    >>> print(np.asarray(h_res).round(4))
+    [[0.75 0.25]
+     [0.25 0.75]]
+
   References:
     Xie et al., *mHC: Manifold-Constrained Hyper-Connections*,
     arXiv:2512.24880 (2025); Guo et al., *oHC: Orthogonal Hyper-Connections
@@ -429,6 +461,7 @@ def _logit(p: float) -> float:
   return math.log(p / (1.0 - p))
 
 
+@_scope.scoped
 def mhc_static_init(
   num_streams: int,
   *,
@@ -482,6 +515,14 @@ def mhc_static_init(
 
   Raises:
     ValueError: for a bad ``num_streams``, ``residual`` or ``res_diag``.
+
+  Examples:
+    >>> b_pre, b_post, b_res = residual.mhc_static_init(2, res_diag=0.75)
+    >>> print(np.asarray(b_pre).round(4), np.asarray(b_post))  # logit(1/2) = 0
+    [0. 0.] [0. 0.]
+    >>> print(np.asarray(b_res).round(4))  # log(0.75 / 0.25) on the diagonal
+    [[1.0986 0.    ]
+     [0.     1.0986]]
   """
   who = "mhc_static_init"
   _checks.check_positive_int(who, "num_streams", num_streams)

@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, ArrayLike, Float
 
-from jaxnorm import _checks, _numerics, norms
+from jaxnorm import _checks, _numerics, _scope, norms
 from jaxnorm.residual._common import (
   AddNormFn,
   ArrayFn,
@@ -30,7 +30,7 @@ from jaxnorm.residual._common import (
 )
 
 ScaleRule = Literal["1/n", "1/sqrt(n)"]
-SCALE_RULES: tuple[str, ...] = ("1/n", "1/sqrt(n)")
+_SCALE_RULES: tuple[str, ...] = ("1/n", "1/sqrt(n)")
 
 
 def _add(x: ArrayLike, y: jax.Array) -> jax.Array:
@@ -59,6 +59,7 @@ def _scaled(norm: ArrayFn, layer_index: IndexLike | None) -> ArrayFn:
   return scaled
 
 
+@_scope.scoped
 def pre_norm(
   x: jax.Array,
   sublayer: ArrayFn,
@@ -89,6 +90,12 @@ def pre_norm(
   Raises:
     ValueError: for a negative, non-integer or non-scalar ``layer_index``.
 
+  Examples:
+    >>> x = jnp.array([3.0, 4.0])
+    >>> y = residual.pre_norm(x, lambda h: 2 * h, lambda h: h / 5)
+    >>> print(np.asarray(y))  # x + f(norm(x))
+    [4.2 5.6]
+
   References:
     Xiong et al., *On Layer Normalization in the Transformer Architecture*,
     arXiv:2002.04745 (2020); Sun et al., *The Curse of Depth in Large
@@ -98,6 +105,7 @@ def pre_norm(
   return _add(x, sublayer(_scaled(norm, layer_index)(x)))
 
 
+@_scope.scoped
 def post_norm(x: jax.Array, sublayer: ArrayFn, norm: ArrayFn) -> jax.Array:
   r"""Post-norm residual step :math:`\mathrm{norm}(x + f(x))`.
 
@@ -105,12 +113,19 @@ def post_norm(x: jax.Array, sublayer: ArrayFn, norm: ArrayFn) -> jax.Array:
   ``promote_types(x.dtype, float32)``; the output has the dtype of ``x``
   (the residual steps keep the stream's dtype).
 
+  Examples:
+    >>> x = jnp.array([3.0, 4.0])
+    >>> y = residual.post_norm(x, lambda h: h, lambda h: h / 5)
+    >>> print(np.asarray(y))  # norm(x + f(x))
+    [1.2 1.6]
+
   References:
     Vaswani et al., *Attention Is All You Need*, arXiv:1706.03762 (2017).
   """
   return norm(_add(x, sublayer(x))).astype(jnp.result_type(x))
 
 
+@_scope.scoped
 def sandwich_norm(
   x: jax.Array,
   sublayer: ArrayFn,
@@ -126,6 +141,13 @@ def sandwich_norm(
   ``layer_index`` applies LayerNorm Scaling to the input norm as in
   `pre_norm`.
 
+  Examples:
+    >>> x = jnp.array([3.0, 4.0])
+    >>> f, norm_in, norm_out = (lambda h: h), (lambda h: h / 5), (lambda h: -h)
+    >>> y = residual.sandwich_norm(x, f, norm_in, norm_out)
+    >>> print(np.asarray(y).round(4))  # x + norm_out(f(norm_in(x)))
+    [2.4 3.2]
+
   References:
     Ding et al., *CogView: Mastering Text-to-Image Generation via
     Transformers*, arXiv:2105.13290 (2021).
@@ -134,6 +156,7 @@ def sandwich_norm(
   return _add(x, norm_out(sublayer(_scaled(norm_in, layer_index)(x))))
 
 
+@_scope.scoped
 def fused_pre_norm(
   x: Float[ArrayLike, "... d"],
   sublayers: Sequence[ArrayFn],
@@ -174,6 +197,14 @@ def fused_pre_norm(
     ValueError: for an empty ``sublayers``, or ``add_norms`` whose length is
       not ``len(sublayers) - 1``.
 
+  Examples:
+    >>> norm = lambda h: h / 2
+    >>> add_norm = lambda b, x: (x + b, norm(x + b))
+    >>> f = [lambda h: h, lambda h: 3 * h]
+    >>> y = residual.fused_pre_norm(jnp.array([2.0]), f, norm, [add_norm])
+    >>> print(np.asarray(y))  # x1 = 2 + 1 = 3, x2 = 3 + 3 * 1.5
+    [7.5]
+
   References:
     Xiong et al., *On Layer Normalization in the Transformer Architecture*,
     arXiv:2002.04745 (2020).
@@ -201,6 +232,7 @@ def fused_pre_norm(
 # Scaled residuals: depth rule, SkipInit, ReZero, LayerScale.
 
 
+@_scope.scoped
 def residual_scale(
   num_residuals: int, rule: ScaleRule | float = "1/n"
 ) -> float:
@@ -229,13 +261,19 @@ def residual_scale(
     ValueError: for a non-positive ``num_residuals``, an unknown rule or a
       non-positive float.
 
+  Examples:
+    >>> print(residual.residual_scale(4))
+    0.25
+    >>> print(residual.residual_scale(4, "1/sqrt(n)"))
+    0.5
+
   References:
     Dherin & Munn, *On residual network depth*, arXiv:2510.03470 (2025).
   """
   who = "residual_scale"
   _checks.check_positive_int(who, "num_residuals", num_residuals)
   if isinstance(rule, str):
-    _checks.check_choice(who, "rule", rule, SCALE_RULES)
+    _checks.check_choice(who, "rule", rule, _SCALE_RULES)
     return 1.0 / (num_residuals if rule == "1/n" else math.sqrt(num_residuals))
   if (
     isinstance(rule, bool) or not isinstance(rule, (int, float)) or (rule <= 0)
@@ -246,6 +284,7 @@ def residual_scale(
   return float(rule)
 
 
+@_scope.scoped
 def scaled_residual(
   x: Float[ArrayLike, "... d"],
   sublayer: ArrayFn,
@@ -282,6 +321,12 @@ def scaled_residual(
     TypeError: if ``x`` or ``scale`` is not floating.
     ValueError: if ``scale`` is neither a scalar nor shaped ``(d,)``, or the
       branch output does not have the shape of ``x``.
+
+  Examples:
+    >>> x = jnp.array([1.0, 2.0])
+    >>> y = residual.scaled_residual(x, lambda h: h, jnp.array([0.0, 0.5]))
+    >>> print(np.asarray(y))  # LayerScale: x + s * f(x)
+    [1. 3.]
 
   References:
     Dherin & Munn, *On residual network depth*, arXiv:2510.03470 (2025);

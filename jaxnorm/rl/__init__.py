@@ -17,7 +17,18 @@ the per-token policy entropy, is here (`token_entropy`).
 
 The public path of every name is ``jaxnorm.rl.<name>``; the modules are
 `grpo` (GRPO, Dr.GRPO and the clipped policy loss), `corrgrpo` and `gdpo`,
-with `token_entropy` and `kl_k3` in the shared `_common`.
+with `token_entropy` and `kl_k3` in the shared `_common`. ``__all__`` holds
+the functions and the ``Literal`` types of their options; the tuples of
+allowed values (``AGGREGATIONS``...) are not part of it.
+
+Examples:
+  Every example in this package assumes ``import jax``,
+  ``import jax.numpy as jnp`` and ``import numpy as np``:
+
+  >>> from jaxnorm import rl
+  >>> r = jnp.array([1.0, 0.0, 0.0, 1.0])  # one group of G = 4 responses
+  >>> print(np.asarray(rl.grpo_advantages(r)).round(4))  # (r - 0.5) / std
+  [ 0.866 -0.866 -0.866  0.866]
 
 References:
   Shao et al., *DeepSeekMath: Pushing the Limits of Mathematical Reasoning in
@@ -32,14 +43,9 @@ References:
 
 from jaxnorm.rl._common import kl_k3, token_entropy
 from jaxnorm.rl.corrgrpo import corrgrpo_advantages
-from jaxnorm.rl.gdpo import (
-  GDPO_NORMALIZATIONS,
-  GdpoNormalization,
-  gdpo_advantages,
-)
+from jaxnorm.rl.gdpo import GdpoNormalization, gdpo_advantages
 from jaxnorm.rl.grpo import (
-  AGGREGATIONS,
-  SINGLETONS,
+  AGGREGATIONS,  # noqa: F401 (not public; tests)
   Aggregation,
   Singleton,
   grpo_advantages,
@@ -48,9 +54,6 @@ from jaxnorm.rl.grpo import (
 )
 
 __all__ = [
-  "AGGREGATIONS",
-  "GDPO_NORMALIZATIONS",
-  "SINGLETONS",
   "Aggregation",
   "GdpoNormalization",
   "Singleton",

@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Bool, Float
 
-from jaxnorm import _checks, _numerics
+from jaxnorm import _checks, _numerics, _scope
 
 
 def as_float(who: str, name: str, x: ArrayLike) -> jax.Array:
@@ -43,6 +43,7 @@ def correlation_sum(centred: jax.Array, axis: int) -> jax.Array:
   return jnp.maximum(jnp.sum(corr, axis=(-2, -1)), 0.0)
 
 
+@_scope.scoped
 def token_entropy(
   logits: Float[ArrayLike, "... V"],
   mask: Bool[ArrayLike, "..."] | None = None,
@@ -67,6 +68,11 @@ def token_entropy(
     TypeError: for non-floating logits.
     ValueError: for a scalar input or a mask of another shape.
 
+  Examples:
+    >>> p = jnp.array([[0.25, 0.25, 0.25, 0.25], [0.5, 0.5, 0.0, 0.0]])
+    >>> print(np.asarray(rl.token_entropy(jnp.log(p))).round(4))  # log 4, log 2
+    [1.3863 0.6931]
+
   References:
     ERPO, arXiv:2603.28204 (2026), abstract only.
   """
@@ -82,6 +88,7 @@ def token_entropy(
   return jnp.where(jnp.asarray(mask, bool), h, 0.0)
 
 
+@_scope.scoped
 def kl_k3(
   logp: Float[ArrayLike, "..."], ref_logp: Float[ArrayLike, "..."]
 ) -> Float[Array, "..."]:
@@ -102,6 +109,13 @@ def kl_k3(
   Raises:
     TypeError: for non-floating input.
     ValueError: for shapes that differ.
+
+  Examples:
+    >>> logp = jnp.log(jnp.array([0.5, 0.5]))
+    >>> ref_logp = jnp.log(jnp.array([0.5, 1.0]))
+    >>> k3 = rl.kl_k3(logp, ref_logp)
+    >>> print(np.asarray(k3).round(4))  # e^u - u - 1 with u = log(ref / p)
+    [0.     0.3069]
 
   References:
     Shao et al., arXiv:2402.03300 (2024), eq. 4.

@@ -13,10 +13,11 @@ from __future__ import annotations
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Float
 
-from jaxnorm import _checks
+from jaxnorm import _checks, _scope
 from jaxnorm.rl import _common
 
 
+@_scope.scoped
 def corrgrpo_advantages(
   rewards: Float[ArrayLike, "... G K"],
   weights: Float[ArrayLike, " K"] | None = None,
@@ -53,6 +54,11 @@ def corrgrpo_advantages(
     TypeError: for non-floating rewards or weights.
     ValueError: for rank < 2, a weight vector of another length or a
       negative ``eps``.
+
+  Examples:
+    >>> r = jnp.array([[1.0, 1.0], [0.0, 0.0]])  # G = 2, K = 2 equal parts
+    >>> print(np.asarray(rl.corrgrpo_advantages(r)).round(4))  # +-1 / sqrt(4)
+    [ 0.5 -0.5]
 
   References:
     HKUST-KnowComp, *CorrGRPO*, ``grpo_covariance_coefficient`` in

@@ -16,16 +16,17 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Float
 
-from jaxnorm import _checks
+from jaxnorm import _checks, _scope
 from jaxnorm.rl import _common, grpo
 
 GdpoNormalization = Literal["std", "correlation"]
-GDPO_NORMALIZATIONS = ("std", "correlation")
+_GDPO_NORMALIZATIONS = ("std", "correlation")
 
 # verl's ``masked_whiten`` adds this inside the reciprocal square root.
 _WHITEN_EPS = 1e-8
 
 
+@_scope.scoped
 def gdpo_advantages(
   rewards: Float[ArrayLike, "... G K"],
   weights: Float[ArrayLike, " K"] | None = None,
@@ -65,13 +66,18 @@ def gdpo_advantages(
     ValueError: for rank < 2, mismatched ``weights``/``lengths`` or a bad
       ``batch_normalization``.
 
+  Examples:
+    >>> r = jnp.array([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0], [0.0, 0.0]])
+    >>> print(np.asarray(rl.gdpo_advantages(r)).round(4))  # G = 4, K = 2
+    [ 0.      0.      1.2247 -1.2247]
+
   References:
     Liu et al., arXiv:2601.05242 (2026); the CorrGRPO repository's
     ``compute_gdpo_outcome_advantage`` (official code, read).
   """
   who = "gdpo_advantages"
   _checks.check_choice(
-    who, "batch_normalization", batch_normalization, GDPO_NORMALIZATIONS
+    who, "batch_normalization", batch_normalization, _GDPO_NORMALIZATIONS
   )
   _checks.check_nonnegative(who, "eps", eps)
   _checks.check_ndim(who, "rewards", rewards, minimum=2)

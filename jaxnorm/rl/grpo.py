@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Bool, Float, Int
 
-from jaxnorm import _checks
+from jaxnorm import _checks, _scope
 from jaxnorm.rl import _common
 
 Singleton = Literal["zero", "verl"]
@@ -29,7 +29,7 @@ Aggregation = Literal[
   "seq_mean_token_sum",
   "seq_mean_token_sum_norm",
 ]
-SINGLETONS = ("zero", "verl")
+_SINGLETONS = ("zero", "verl")
 AGGREGATIONS = (
   "token_mean",
   "seq_mean_token_mean",
@@ -38,6 +38,7 @@ AGGREGATIONS = (
 )
 
 
+@_scope.scoped
 def grpo_advantages(
   rewards: Float[ArrayLike, "... G"],
   *,
@@ -81,13 +82,20 @@ def grpo_advantages(
     ValueError: for a scalar input, a bad ``singleton``, a negative ``eps``
       or a ``ddof`` outside ``[0, G)`` for ``G > 1``.
 
+  Examples:
+    >>> r = jnp.array([1.0, 0.0, 0.0, 1.0])  # one group of G = 4, std 0.5774
+    >>> print(np.asarray(rl.grpo_advantages(r)).round(4))
+    [ 0.866 -0.866 -0.866  0.866]
+    >>> print(np.asarray(rl.grpo_advantages(r, scale_by_std=False)))  # Dr.GRPO
+    [ 0.5 -0.5 -0.5  0.5]
+
   References:
     Shao et al., arXiv:2402.03300 (2024); Liu et al., arXiv:2503.20783
     (2025).
   """
   who = "grpo_advantages"
   _checks.check_ndim(who, "rewards", rewards, minimum=1)
-  _checks.check_choice(who, "singleton", singleton, SINGLETONS)
+  _checks.check_choice(who, "singleton", singleton, _SINGLETONS)
   _checks.check_nonnegative(who, "eps", eps)
   r = _common.as_float(who, "rewards", rewards)
   g = r.shape[-1]
@@ -108,6 +116,7 @@ def grpo_advantages(
   return centred / (std + eps)
 
 
+@_scope.scoped
 def grpo_process_advantages(
   step_rewards: Float[ArrayLike, "... G S"],
   step_mask: Bool[ArrayLike, "... G S"],
@@ -149,6 +158,15 @@ def grpo_process_advantages(
     ValueError: for mismatched shapes, rank < 2 or a non-positive
       ``num_tokens``.
 
+  Examples:
+    >>> steps = jnp.array([[1.0, 0.0], [0.0, 1.0]])  # G = 2, two steps each
+    >>> ends = jnp.array([[0, 2], [1, 2]])  # the token where each step ends
+    >>> a = rl.grpo_process_advantages(
+    ...     steps, jnp.ones((2, 2), bool), ends, num_tokens=3, ddof=0)
+    >>> print(np.asarray(a).round(4))  # sums of later normalized step rewards
+    [[ 0. -1. -1.]
+     [ 0.  0.  1.]]
+
   References:
     Shao et al., arXiv:2402.03300 (2024), section 4.1.3.
   """
@@ -183,6 +201,7 @@ def grpo_process_advantages(
   return jnp.sum(jnp.where(after, normed[..., None, :], 0.0), axis=-1)
 
 
+@_scope.scoped
 def grpo_policy_loss(
   logp: Float[ArrayLike, "B T"],
   old_logp: Float[ArrayLike, "B T"],
@@ -234,6 +253,13 @@ def grpo_policy_loss(
     TypeError: for non-floating log-probabilities or advantages.
     ValueError: for ranks/shapes that do not match, a bad ``agg``, negative
       ``clip_eps`` or ``kl_coef``, or a non-positive ``norm_length``.
+
+  Examples:
+    >>> logp = jnp.log(jnp.array([[0.5, 0.5]]))  # one response of two tokens
+    >>> loss = rl.grpo_policy_loss(logp, logp, None, jnp.array([2.0]),
+    ...                            jnp.ones((1, 2), bool))
+    >>> print(np.asarray(loss))  # ratio 1: minus the advantage
+    -2.0
 
   References:
     Shao et al., arXiv:2402.03300 (2024), eq. 3; Liu et al.,
