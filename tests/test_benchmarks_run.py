@@ -22,6 +22,10 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 TINY = {
   "norms.py": "--rows 64 --cols 128 --rounds 1 --warmup 1",
+  "scan_compile.py": (
+    "--width 16 --heads 2 --depths 1,2 --step-depth 1 --seq-len 8 "
+    "--batch 2 --rounds 1 --steps-per-round 1"
+  ),
   "train.py": (
     "--width 32 --depth 1 --heads 2 --seq-len 16 --batch 2 --rounds 1 "
     "--steps-per-round 1"

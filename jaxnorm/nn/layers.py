@@ -1,22 +1,72 @@
-"""Layers several models and modules share: `Dense`, `Conv`, `MLP`.
+"""Layers several models and modules share: `Dense`, `Conv`, `MLP`, `Remat`.
 
 Plain parameter-holding layers with logical axis names (``embed``, ``mlp``,
 ``channels``, resolved by `jaxnorm.sharding`): the building blocks of
 `jaxnorm.nn.models`, `jaxnorm.nn.graph` and `jaxnorm.nn.nap`, and the layer
-`jaxnorm.nn.quant.Int8Dense` is a drop-in for.
+`jaxnorm.nn.quant.Int8Dense` is a drop-in for. `Remat` runs a sublayer under
+`nnx.remat` with a named `jax.checkpoint` policy (`REMAT_POLICIES`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+import types
+from collections.abc import Callable, Mapping
+from typing import Any, Literal
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from jaxnorm import _checks
 from jaxnorm.nn import _param
 from jaxnorm.nn import activations as nn_activations
+
+RematName = Literal["none", "full", "dots", "dots_no_batch"]
+
+_POLICIES = jax.checkpoint_policies
+REMAT_POLICIES: Mapping[str, Callable[..., bool]] = types.MappingProxyType(
+  {
+    "full": _POLICIES.nothing_saveable,
+    "dots": _POLICIES.checkpoint_dots,
+    "dots_no_batch": _POLICIES.checkpoint_dots_with_no_batch_dims,
+  }
+)
+"""The ``remat`` names and their `jax.checkpoint` policies: ``full`` saves
+nothing (the backward pass recomputes the whole layer), ``dots`` saves the
+matrix products, ``dots_no_batch`` those without batch dimensions (the
+weight products, not attention's scores). ``"none"`` (not a key) runs
+without rematerialization."""
+REMAT_CHOICES: tuple[str, ...] = ("none", *REMAT_POLICIES)
+"""Every valid ``remat`` value."""
+
+
+def check_remat(who: str, remat: str) -> None:
+  """Raises `ValueError` unless ``remat`` is one of `REMAT_CHOICES`."""
+  _checks.check_choice(who, "remat", remat, REMAT_CHOICES)
+
+
+def rematerialize(fn: Callable[..., Any], remat: RematName) -> Callable:
+  """``fn`` under `nnx.remat` with the policy ``remat`` names.
+
+  ``"none"`` returns ``fn`` itself; the others wrap it with
+  ``nnx.remat(fn, policy=REMAT_POLICIES[remat])``, so its arguments may be
+  nnx modules (their state goes through `jax.checkpoint`).
+
+  Args:
+    fn: the function (of arrays and nnx modules).
+    remat: one of `REMAT_CHOICES`.
+
+  Returns:
+    A function with ``fn``'s signature, outputs and gradients.
+
+  Raises:
+    ValueError: for a ``remat`` outside `REMAT_CHOICES` (the message lists
+      them).
+  """
+  check_remat("rematerialize", remat)
+  if remat == "none":
+    return fn
+  return nnx.remat(fn, policy=REMAT_POLICIES[remat])
 
 
 class Dense(nnx.Module):
@@ -128,3 +178,37 @@ class MLP(nnx.Module):
     else:
       h = self.act(h)
     return self.down(h)
+
+
+def _call(module: Callable[[jax.Array], jax.Array], x: jax.Array) -> jax.Array:
+  return module(x)
+
+
+class Remat(nnx.Module):
+  """Runs ``inner`` under `nnx.remat` with the policy ``remat`` names.
+
+  The backward pass recomputes what the policy does not save
+  (`REMAT_POLICIES`), trading compute for activation memory; the outputs
+  and gradients are those of ``inner``. The parameters of ``inner`` sit
+  under ``inner`` in the state.
+
+  References:
+    Chen et al., *Training Deep Nets with Sublinear Memory Cost*,
+    arXiv:1604.06174 (2016).
+
+  Examples:
+    >>> dense = Dense(4, 4, names=(None, None), rngs=nnx.Rngs(0))
+    >>> x = jnp.ones((2, 4), jnp.float32)
+    >>> bool((Remat(dense, remat="full")(x) == dense(x)).all())
+    True
+  """
+
+  def __init__(
+    self, inner: Callable[[jax.Array], jax.Array], *, remat: RematName
+  ):
+    check_remat("Remat", remat)
+    self.inner, self.remat = inner, remat
+
+  def __call__(self, x: jax.Array) -> jax.Array:
+    """``inner(x)``, rematerialized in the backward pass."""
+    return rematerialize(_call, self.remat)(self.inner, x)

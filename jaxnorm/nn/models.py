@@ -24,12 +24,21 @@ raised before anything is built, naming the reason and the valid names.
 Parts that later land in those registries plug in without touching this
 file. Parameters carry logical axis names (``vocab``, ``embed``, ``mlp``,
 ``channels``) resolved by `jaxnorm.sharding`.
+
+Every config has ``remat`` (`jaxnorm.nn.layers.REMAT_CHOICES`: ``"none"``,
+``"full"``, ``"dots"``, ``"dots_no_batch"``), the `jax.checkpoint` policy
+each layer runs under. The LM and the ViT have ``scan_layers``: their layers
+are stacked on a leading ``layers`` axis and run by ``nnx.scan``
+(`jaxnorm.nn._common.ScannedStack`), so compile time is flat in depth;
+`stack_layers` and `unstack_layers` convert a state between the two
+layouts.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import jax
@@ -45,6 +54,7 @@ from jaxnorm.nn import quant as nn_quant
 from jaxnorm.nn import residual as nn_residual
 
 ACTIVATIONS = nn_activations.ACTIVATIONS
+_PER_LAYER = 2  # Transformer layers: attention, then MLP.
 
 
 # ---------------------------------------------------------------------------
@@ -91,6 +101,16 @@ class LMConfig:
     quant: ``"none"``, or the int8 path of every MLP and untied-head
       projection (`jaxnorm.nn.quant.QUANT_MODES`: ``"mixed"`` LLM.int8(),
       ``"vector"``, ``"tensor"``); parameters are unchanged.
+    scan_layers: stack the layers on a leading ``layers`` axis and run them
+      with ``nnx.scan`` (`jaxnorm.nn._common.ScannedStack`): the same
+      network (`stack_layers` converts the parameters), compiled once per
+      layer instead of once per depth. A residual scheme whose spec has a
+      ``scan_refusal`` (AttnRes, KEEL) is refused.
+    remat: the `jax.checkpoint` policy of every layer
+      (`jaxnorm.nn.layers.REMAT_CHOICES`): ``"none"``, ``"full"`` (save
+      nothing), ``"dots"``, ``"dots_no_batch"``. Scanned, the scan body
+      runs under it; unrolled, every sublayer is a `jaxnorm.nn.layers.Remat`
+      (its parameters under ``net/blocks/<k>/inner``).
   """
 
   vocab_size: int = 256
@@ -113,6 +133,43 @@ class LMConfig:
   attention_kwargs: tuple[tuple[str, Any], ...] = ()
   allow_batch_stats: bool = False
   quant: str = "none"
+  scan_layers: bool = False
+  remat: str = "none"
+
+
+def _check_stack(who: str, c: LMConfig | ViTConfig) -> None:
+  """Refuses a bad ``remat`` and a residual scheme that cannot be scanned."""
+  layers.check_remat(who, c.remat)
+  if c.scan_layers:
+    _common.check_scannable(who, c.residual)
+
+
+def _stack(
+  c: LMConfig | ViTConfig,
+  make_blocks: Callable[[nnx.Rngs], list[nnx.Module]],
+  norm_kwargs: dict[str, Any],
+  finish: Callable[[_common.ScanLayer], Any] | None,
+  rngs: nnx.Rngs,
+) -> nnx.Module:
+  """The residual network of ``depth`` layers of ``make_blocks(rngs)``.
+
+  Scanned (`_common.ScannedStack`, ``finish`` applied to each layer) or
+  unrolled (`_common.residual` over the blocks of every layer, in order).
+  """
+  kwargs = dict(
+    width=c.width,
+    per_layer=_PER_LAYER,
+    norm=c.norm,
+    norm_kwargs=norm_kwargs,
+    rngs=rngs,
+    remat=c.remat,
+  )
+  if c.scan_layers:
+    return _common.ScannedStack(
+      c.residual, make_blocks, depth=c.depth, finish=finish, **kwargs
+    )
+  blocks = [b for _ in range(c.depth) for b in make_blocks(rngs)]
+  return _common.residual(c.residual, blocks, **kwargs)
 
 
 def _center(x: jax.Array) -> jax.Array:
@@ -152,6 +209,7 @@ class DecoderLM(nnx.Module):
       attention=c.attention,
       allow_batch_stats=c.allow_batch_stats,
     )
+    _check_stack("DecoderLM", c)
     self.dtype = dtype
     d = c.width
     # Unit-norm rows: the tied head then starts with logits of std ~1.
@@ -176,9 +234,9 @@ class DecoderLM(nnx.Module):
       **spec.defaults(c.num_heads, head_dim, None),
       **dict(c.attention_kwargs),
     }
-    blocks = []
-    for _ in range(c.depth):
-      blocks.append(
+
+    def make_blocks(rngs: nnx.Rngs) -> list[nnx.Module]:
+      blocks = [
         nn_attention.MultiHeadAttention(
           d,
           c.num_heads,
@@ -190,9 +248,7 @@ class DecoderLM(nnx.Module):
           use_bias=c.use_bias,
           dtype=dtype,
           rngs=rngs,
-        )
-      )
-      blocks.append(
+        ),
         layers.MLP(
           d,
           c.mlp_hidden or c.mlp_ratio * d,
@@ -200,23 +256,22 @@ class DecoderLM(nnx.Module):
           use_bias=c.use_bias,
           dtype=dtype,
           rngs=rngs,
-        )
-      )
-    if c.zero_mean_writers:
-      blocks = [ZeroMeanOutput(b) for b in blocks]
+        ),
+      ]
+      if c.zero_mean_writers:
+        blocks = [ZeroMeanOutput(b) for b in blocks]
+      return blocks
+
     norm_free = c.norm == nn_residual.NORM_FREE
     # make_norm reads the layout: e.g. per-token groups on sequences.
     norm_kwargs = {} if norm_free else {"layout": "tokens"}
     norm_kwargs.update(c.norm_kwargs)
-    self.net = _common.residual(
-      c.residual,
-      blocks,
-      width=d,
-      per_layer=2,
-      norm=c.norm,
-      norm_kwargs=norm_kwargs,
-      rngs=rngs,
+    finish = (
+      None
+      if c.quant == "none"
+      else lambda layer: nn_quant.swap_dense(layer, quant_mode=c.quant)
     )
+    self.net = _stack(c, make_blocks, norm_kwargs, finish, rngs)
     self.final_norm = (
       None
       if norm_free
@@ -250,7 +305,8 @@ class DecoderLM(nnx.Module):
     ``(depth + 1, batch, seq, width)``: the embedding, then each layer's
     output (after its MLP sublayer, before the final norm), the ``hs`` of
     `jaxnorm.depth_metrics`. Multi-stream schemes give their read-out
-    stream; Attention Residuals the aggregated state after each layer.
+    stream; Attention Residuals the aggregated state after each layer. A
+    scanned stack outputs them from the scan, one per layer.
     """
     del rngs  # No dropout in the LM.
     if tokens.ndim != 2 or tokens.shape[1] > self.config.max_len:
@@ -265,8 +321,9 @@ class DecoderLM(nnx.Module):
       x = _center(x)
     x = sharding.constrain(x.astype(self.dtype), ("batch", "seq", "embed"))
     if return_hidden:
-      h, per_sublayer = self.net(x, return_hidden=True)
-      hidden = jnp.concatenate([x[None], per_sublayer[1::2]])
+      h, states = self.net(x, return_hidden=True)
+      per_layer = states if self.config.scan_layers else states[1::2]
+      hidden = jnp.concatenate([x[None], per_layer])
     else:
       h = self.net(x)
     if self.final_norm is not None:
@@ -287,7 +344,8 @@ class ViTConfig:
   the specs' defaults (the attention spec sees the token count, CLS + patches).
   An attention whose spec ``needs_grid`` (SOFT, NaLaFormer) is built as the
   paper's layer on the patch map: the ViT passes it ``grid_shape=(H / p, W
-  / p)`` and ``num_prefix=1`` (the [CLS]).
+  / p)`` and ``num_prefix=1`` (the [CLS]). ``scan_layers`` and ``remat``
+  are the LM's (`LMConfig`).
   """
 
   num_classes: int = 10
@@ -303,6 +361,8 @@ class ViTConfig:
   activation: str = "gelu"
   norm_kwargs: tuple[tuple[str, Any], ...] = ()
   attention_kwargs: tuple[tuple[str, Any], ...] = ()
+  scan_layers: bool = False
+  remat: str = "none"
 
 
 class ViT(nnx.Module):
@@ -321,6 +381,7 @@ class ViT(nnx.Module):
       norm=c.norm,
       attention=c.attention,
     )
+    _check_stack("ViT", c)
     h, w, ch = c.image_shape
     if h % c.patch_size or w % c.patch_size:
       raise ValueError(
@@ -352,9 +413,9 @@ class ViT(nnx.Module):
     if spec.needs_grid:  # The patch map, row-major after the [CLS].
       grid = (h // c.patch_size, w // c.patch_size)
       attention_kwargs.update(grid_shape=grid, num_prefix=1)
-    blocks = []
-    for _ in range(c.depth):
-      blocks.append(
+
+    def make_blocks(rngs: nnx.Rngs) -> list[nnx.Module]:
+      return [
         nn_attention.MultiHeadAttention(
           d,
           c.num_heads,
@@ -362,22 +423,13 @@ class ViT(nnx.Module):
           attention_kwargs=attention_kwargs,
           dtype=dtype,
           rngs=rngs,
-        )
-      )
-      blocks.append(
+        ),
         layers.MLP(
           d, c.mlp_ratio * d, activation=c.activation, dtype=dtype, rngs=rngs
-        )
-      )
-    self.net = _common.residual(
-      c.residual,
-      blocks,
-      width=d,
-      per_layer=2,
-      norm=c.norm,
-      norm_kwargs=norm_kwargs,
-      rngs=rngs,
-    )
+        ),
+      ]
+
+    self.net = _stack(c, make_blocks, norm_kwargs, None, rngs)
     self.final_norm = nn_norms.make_norm(c.norm, d, rngs=rngs, **norm_kwargs)
     self.head = layers.Dense(
       d, c.num_classes, names=("embed", None), dtype=dtype, rngs=rngs
@@ -423,6 +475,9 @@ class CNNConfig:
   The field is not named ``attention``: the runner copies its
   ``--attention`` (a token attention, default ``softmax``) into every model
   config field of that name.
+
+  ``remat`` (`jaxnorm.nn.layers.REMAT_CHOICES`) wraps every `ConvBlock` in
+  `jaxnorm.nn.layers.Remat` (parameters under ``net/blocks/<k>/inner``).
   """
 
   num_classes: int = 10
@@ -434,6 +489,7 @@ class CNNConfig:
   activation: str = "relu"
   norm_kwargs: tuple[tuple[str, Any], ...] = ()
   block_attention: str = "none"
+  remat: str = "none"
 
 
 class ConvBlock(nnx.Module):
@@ -493,6 +549,7 @@ class CNN(nnx.Module):
       norm=c.norm,
       attention=None if c.block_attention == "none" else c.block_attention,
     )
+    layers.check_remat("CNN", c.remat)
     ch = c.image_shape[-1]
     stride = 2 if min(c.image_shape[:2]) >= 16 else 1
     self.stem = layers.Conv(ch, c.width, stride=stride, dtype=dtype, rngs=rngs)
@@ -515,6 +572,7 @@ class CNN(nnx.Module):
       norm=c.norm,
       norm_kwargs=norm_kwargs,
       rngs=rngs,
+      remat=c.remat,
     )
     self.final_norm = nn_norms.make_norm(
       c.norm, c.width, rngs=rngs, **norm_kwargs
@@ -539,7 +597,11 @@ class CNN(nnx.Module):
 
 @dataclasses.dataclass(frozen=True)
 class SNNConfig:
-  """A self-normalizing MLP: SELU, LeCun-normal init, alpha dropout."""
+  """A self-normalizing MLP: SELU, LeCun-normal init, alpha dropout.
+
+  ``remat`` (`jaxnorm.nn.layers.REMAT_CHOICES`) runs each hidden layer's
+  ``act(dense(x))`` under that `jax.checkpoint` policy.
+  """
 
   num_classes: int = 10
   image_shape: tuple[int, int, int] = (28, 28, 1)
@@ -547,6 +609,7 @@ class SNNConfig:
   depth: int = 4
   activation: str = "selu"
   dropout: float = 0.05
+  remat: str = "none"
 
 
 class SNN(nnx.Module):
@@ -568,6 +631,7 @@ class SNN(nnx.Module):
         f"SNN: activation must be elementwise, got {c.activation!r}; "
         f"choose one of {', '.join(valid)}"
       )
+    layers.check_remat("SNN", c.remat)
     self.act = spec.fn
     init = activations.lecun_normal("normal")
     sizes = [math.prod(c.image_shape)] + [c.width] * c.depth
@@ -594,10 +658,262 @@ class SNN(nnx.Module):
   ) -> jax.Array:
     """Class logits; alpha dropout is active when ``rngs`` is a key."""
     x = images.reshape(images.shape[0], -1)
+    act = self.act
+    hidden = layers.rematerialize(
+      lambda layer, x: act(layer(x)), self.config.remat
+    )
     for i, layer in enumerate(self.layers):
-      x = self.act(layer(x))
+      x = hidden(layer, x)
       if rngs is not None and self.config.dropout > 0:
         x = self.dropout(
           x, deterministic=False, key=jax.random.fold_in(rngs, i)
         )
     return self.head(x)
+
+
+# ---------------------------------------------------------------------------
+# Layout conversion: unrolled <-> scanned stacks.
+
+_Path = tuple[Any, ...]
+_SCANNED = ("net", "layers")
+
+
+def _model_class(who: str, config: Any) -> type[nnx.Module]:
+  models = {LMConfig: DecoderLM, ViTConfig: ViT}
+  if type(config) not in models:
+    raise ValueError(
+      f"{who}: config must be an LMConfig or a ViTConfig (the models with "
+      f"scan_layers), got {type(config).__name__}"
+    )
+  return models[type(config)]
+
+
+def _scanned_template(who: str, config: LMConfig | ViTConfig) -> dict:
+  """The scanned model's flat state, abstract: path -> variable."""
+  cls = _model_class(who, config)
+  scanned = dataclasses.replace(config, scan_layers=True)
+  model = nnx.eval_shape(lambda: cls(scanned, rngs=nnx.Rngs(0)))
+  return {tuple(p): v for p, v in nnx.to_flat_state(nnx.state(model))}
+
+
+def _to_scanned(path: _Path, inner: bool) -> tuple[_Path, int | None]:
+  """An unrolled path's scanned path and layer (None: not in a layer)."""
+  if len(path) < 3 or path[0] != "net" or path[1] not in ("blocks", "steps"):
+    return path, None
+  k, rest = path[2], path[3:]
+  layer, j = divmod(k, _PER_LAYER)
+  if path[1] == "steps":
+    return (*_SCANNED, "res", "steps", j, *rest), layer
+  if inner:
+    if not rest or rest[0] != "inner":
+      return path, None  # Not a layout of this remat: reported unknown.
+    rest = rest[1:]
+  return (*_SCANNED, "blocks", j, *rest), layer
+
+
+def _to_unrolled(path: _Path, layer: int, inner: bool) -> _Path:
+  """The unrolled path of layer ``layer`` of a scanned path."""
+  if path[2] == "res":  # net/layers/res/steps/j/...
+    j, rest = path[4], path[5:]
+    return ("net", "steps", layer * _PER_LAYER + j, *rest)
+  j, rest = path[3], path[4:]  # net/layers/blocks/j/...
+  prefix = ("inner",) if inner else ()
+  return ("net", "blocks", layer * _PER_LAYER + j, *prefix, *rest)
+
+
+def _copied(leaf: Any) -> Any:
+  """A new variable holding the same value (no variable object is shared)."""
+  return leaf.copy() if isinstance(leaf, nnx.Variable) else leaf
+
+
+def _value(leaf: Any) -> Any:
+  return leaf.get_value() if isinstance(leaf, nnx.Variable) else leaf
+
+
+def _resharded(sharding: Any, stack: bool) -> Any:
+  """A `NamedSharding` with the leading layer axis added or dropped."""
+  if not isinstance(sharding, jax.sharding.NamedSharding):
+    return sharding
+  spec = tuple(sharding.spec)
+  spec = (None, *spec) if stack else spec[1:]
+  return jax.sharding.NamedSharding(
+    sharding.mesh, jax.sharding.PartitionSpec(*spec)
+  )
+
+
+def _with_value(leaf: Any, value: Any, stack: bool) -> Any:
+  """``leaf`` (a variable or a bare value) holding ``value``.
+
+  A variable's ``out_sharding`` names gain (``stack``) or lose their
+  leading entry, the layer axis, as `_common.ScannedStack` names it.
+  """
+  if not isinstance(leaf, nnx.Variable):
+    return value
+  new = leaf.copy(value)
+  names = new.get_metadata().get("out_sharding")
+  if names is not None:
+    names = tuple(names)
+    names = (_common.layer_axis_name(), *names) if stack else names[1:]
+    new.set_metadata(out_sharding=names)
+  return new
+
+
+def _stack_values(values: list[Any]) -> Any:
+  first = values[0]
+  if isinstance(first, jax.ShapeDtypeStruct):
+    return jax.ShapeDtypeStruct(
+      (len(values), *first.shape),
+      first.dtype,
+      sharding=_resharded(first.sharding, True),
+    )
+  return jnp.stack(values)
+
+
+def _layer_value(value: Any, layer: int) -> Any:
+  if isinstance(value, jax.ShapeDtypeStruct):
+    return jax.ShapeDtypeStruct(
+      value.shape[1:], value.dtype, sharding=_resharded(value.sharding, False)
+    )
+  return value[layer]
+
+
+def _check_shape(who: str, path: _Path, shape: tuple, want: tuple) -> None:
+  if tuple(shape) != tuple(want):
+    raise ValueError(
+      f"{who}: {'/'.join(map(str, path))} has shape {tuple(shape)}, but "
+      f"the config's model has {tuple(want)}; pass the config the state "
+      "was built with"
+    )
+
+
+def _unknown(who: str, path: _Path, layout: str) -> ValueError:
+  return ValueError(
+    f"{who}: {'/'.join(map(str, path))} is not a variable of the {layout} "
+    "layout of this config (its depth, residual, remat and parts); pass "
+    "the config the state was built with"
+  )
+
+
+def stack_layers(
+  unrolled_state: nnx.State,
+  config: LMConfig | ViTConfig,
+  *,
+  constants: bool = False,
+) -> nnx.State:
+  """The state of the scanned model (``scan_layers=True``) from an unrolled.
+
+  Layer ``l``'s sublayer ``j`` (``net/blocks/<2 l + j>``, below ``inner``
+  when ``config.remat`` is not ``"none"``) and residual step
+  (``net/steps/<2 l + j>``) become slice ``l`` of ``net/layers/blocks/<j>``
+  and ``net/layers/res/steps/<j>``; every other variable is kept. Works on
+  any part of a model's state (``nnx.state(model, nnx.Param)``, an
+  optimizer's moments, the abstract target of a checkpoint restore): array
+  leaves are stacked in their dtype, `jax.ShapeDtypeStruct` leaves get the
+  stacked shape and a `NamedSharding` with a replicated leading axis, and
+  variables' ``out_sharding`` gain the leading ``layers`` name.
+
+  Args:
+    unrolled_state: an `nnx.State` of the unrolled model of ``config``.
+    config: the model's config: its depth, parts and ``remat`` (of the
+      unrolled state) decide the layout; ``scan_layers`` is ignored.
+    constants: also add the scanned model's constant layer indices
+      (`jaxnorm.nn.LayerIndex`: LNS's layer ``l``), which no unrolled state
+      holds. Set it for the part that holds the model's non-parameter
+      variables (the whole ``nnx.state(model)``, or the ``...`` part of
+      ``nnx.split(model, nnx.Param, ...)``), so the result merges with the
+      scanned graph; or `nnx.update` a scanned model with the result, which
+      keeps the model's own.
+
+  Returns:
+    The `nnx.State` of the scanned layout.
+
+  Raises:
+    ValueError: for a config other than `LMConfig` / `ViTConfig`, a
+      residual that cannot be scanned, a variable the config's unrolled
+      model does not have, a wrong shape or a missing layer.
+  """
+  who = "stack_layers"
+  template = _scanned_template(who, config)
+  inner = config.remat != "none"
+  out: dict[_Path, Any] = {}
+  layered: dict[_Path, list[Any]] = {}
+  for path, leaf in nnx.to_flat_state(unrolled_state):
+    target, layer = _to_scanned(tuple(path), inner)
+    want = template.get(target)
+    scanned = layer is None and target[: len(_SCANNED)] == _SCANNED
+    if want is None or scanned or (layer is not None and layer >= config.depth):
+      raise _unknown(who, tuple(path), "unrolled")
+    shape = want.shape if layer is None else want.shape[1:]
+    _check_shape(who, tuple(path), _value(leaf).shape, shape)
+    if layer is None:
+      out[target] = _copied(leaf)
+    else:
+      layered.setdefault(target, [None] * config.depth)[layer] = leaf
+  for target, leaves in layered.items():
+    missing = [i for i, leaf in enumerate(leaves) if leaf is None]
+    if missing:
+      path = _to_unrolled(target, missing[0], inner)
+      raise ValueError(
+        f"{who}: {'/'.join(map(str, path))} is missing (layer "
+        f"{missing[0]} of {'/'.join(map(str, target))})"
+      )
+    value = _stack_values([_value(leaf) for leaf in leaves])
+    out[target] = _with_value(leaves[0], value, True)
+  if constants:
+    for path, var in template.items():
+      if isinstance(var, nn_residual.LayerIndex):
+        out[path] = var.copy(jnp.arange(config.depth, dtype=var.dtype))
+  return nnx.from_flat_state(sorted(out.items(), key=lambda kv: _order(kv[0])))
+
+
+def unstack_layers(
+  scanned_state: nnx.State, config: LMConfig | ViTConfig
+) -> nnx.State:
+  """The state of the unrolled model (``scan_layers=False``) from a scanned.
+
+  The inverse of `stack_layers`: slice ``l`` of ``net/layers/blocks/<j>``
+  and ``net/layers/res/steps/<j>`` becomes ``net/blocks/<2 l + j>`` (below
+  ``inner`` when ``config.remat`` is not ``"none"``) and
+  ``net/steps/<2 l + j>``; the constant layer indices
+  (`jaxnorm.nn.LayerIndex`) are dropped (the unrolled steps hold theirs as
+  Python integers). Array leaves are sliced, `jax.ShapeDtypeStruct` leaves
+  (a restore target) lose the leading axis of their shape and sharding.
+
+  Args:
+    scanned_state: an `nnx.State` (or a part of one) of the scanned model of
+      ``config``.
+    config: the model's config: its depth, parts and ``remat`` (of the
+      unrolled result) decide the layout; ``scan_layers`` is ignored.
+
+  Returns:
+    The `nnx.State` of the unrolled layout.
+
+  Raises:
+    ValueError: for a config other than `LMConfig` / `ViTConfig`, a
+      residual that cannot be scanned, a variable the config's scanned
+      model does not have, or a wrong shape.
+  """
+  who = "unstack_layers"
+  template = _scanned_template(who, config)
+  inner = config.remat != "none"
+  out: dict[_Path, Any] = {}
+  for path, leaf in nnx.to_flat_state(scanned_state):
+    path = tuple(path)
+    want = template.get(path)
+    if want is None:
+      raise _unknown(who, path, "scanned")
+    value = _value(leaf)
+    _check_shape(who, path, value.shape, want.shape)
+    if path[: len(_SCANNED)] != _SCANNED:
+      out[path] = _copied(leaf)
+    elif not isinstance(leaf, nn_residual.LayerIndex):
+      for layer in range(config.depth):
+        out[_to_unrolled(path, layer, inner)] = _with_value(
+          leaf, _layer_value(value, layer), False
+        )
+  return nnx.from_flat_state(sorted(out.items(), key=lambda kv: _order(kv[0])))
+
+
+def _order(path: _Path) -> tuple:
+  """Sort key of a state path: integers (list indices) before strings."""
+  return tuple((isinstance(k, str), k) for k in path)
