@@ -24,6 +24,12 @@ maths and references live there. One module per family:
 Complex parameters need conjugated gradients: train them with
 `jaxnorm.optim.complex.complex_adam` (plain optax climbs the loss in every
 imaginary part).
+
+Examples:
+  >>> from flax import nnx
+  >>> norm = ComplexRMSNorm(4, rngs=nnx.Rngs(0))  # complex-native
+  >>> norm.scale[...].dtype, NORM_SPECS["complexrmsnorm"].dtype_kind
+  (dtype('complex64'), 'complex')
 """
 
 from jaxnorm.nn.cplx._registry import ATTENTION_SPECS

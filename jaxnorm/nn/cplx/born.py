@@ -23,6 +23,15 @@ class BornAttention(_common.FunctionCore):
   additive biases (Born weights have no logits). Causal form:
   ``is_causal=True``. No parameters.
 
+  Examples:
+    >>> from flax import nnx
+    >>> from jaxnorm.nn import HeadDims
+    >>> core = BornAttention(HeadDims(1, 1, 1, 1), rngs=nnx.Rngs(0))
+    >>> q = k = jax.numpy.ones((1, 3, 1, 1), "complex64")  # equal scores
+    >>> v = jax.numpy.array([1, 3, 5], "complex64").reshape(1, 3, 1, 1)
+    >>> [round(abs(z), 4) for z in core(None, q, k, v).reshape(-1).tolist()]
+    [3.0, 3.0, 3.0]
+
   References:
     Crasmaru, *CNet* (code ``crasmarum/CNet``).
   """

@@ -27,6 +27,13 @@ class ComplexFormerAttention(_base.AttentionCore):
   The core applies its own relative rotation: build the attention without
   RoPE. Causal form: ``is_causal=True``; masks and biases as softmax.
 
+  Examples:
+    >>> from jaxnorm.nn import HeadDims
+    >>> core = ComplexFormerAttention(HeadDims(4, 1, 1, 4), rngs=nnx.Rngs(0))
+    >>> q = k = v = jnp.ones((1, 3, 1, 4))  # real heads (B, T, N, H)
+    >>> core(None, q, k, v).shape, core.delta[...].shape  # delta (N, H / 2)
+    ((1, 3, 1, 4), (1, 2))
+
   References:
     Shao et al., arXiv:2505.10222 (2025, withdrawn); code
     ``shaojintian/complexFormer``.

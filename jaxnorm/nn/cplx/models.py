@@ -71,6 +71,11 @@ class ComplexLMConfig:
     cnet_gelu: CNet's block, which applies ``split_gelu`` to the stream
       after each residual add (and the norm input after the first); off
       gives a plain pre-norm block.
+
+  Examples:
+    >>> config = ComplexLMConfig(vocab_size=16, width=8, depth=1)
+    >>> config.attention, config.norm, config.readout  # CNet's defaults
+    ('born', 'complexrmsnorm', 'born')
   """
 
   vocab_size: int = 256
@@ -120,6 +125,12 @@ class ComplexBlock(nnx.Module):
 
   ``mix`` is `ComplexMultiHeadAttention` (``attn``), or CNet's causal
   Fourier mixing for ``attention="fourier"`` (``attn`` is None).
+
+  Examples:
+    >>> block = ComplexBlock(ComplexLMConfig(width=8), rngs=nnx.Rngs(0))
+    >>> y = block(jnp.ones((1, 3, 8), jnp.complex64))  # complex (B, T, D)
+    >>> y.shape, y.dtype, type(block.attn).__name__
+    ((1, 3, 8), dtype('complex64'), 'ComplexMultiHeadAttention')
   """
 
   def __init__(self, c: ComplexLMConfig, *, rngs: nnx.Rngs):
@@ -167,6 +178,13 @@ class ComplexLM(nnx.Module):
   Its norms and attention see the ``tokens`` layout, are causal and
   complex-valued (the class attributes ``layout``, ``causal`` and
   ``dtype_kind``, against which it checks its parts).
+
+  Examples:
+    >>> config = ComplexLMConfig(vocab_size=16, width=8, depth=1, max_len=8)
+    >>> lm = ComplexLM(config, rngs=nnx.Rngs(0))
+    >>> logits = lm(jnp.zeros((2, 5), jnp.int32))  # real (B, T, V)
+    >>> logits.shape, logits.dtype
+    ((2, 5, 16), dtype('float32'))
   """
 
   layout: ClassVar[str] = "tokens"
@@ -274,6 +292,11 @@ class CVCNNConfig:
     input: ``real`` (a real image becomes ``x + 0i``), ``pairs`` (channel
       split halves ``[Re | Im]``, so ``C`` is even), or ``complex``.
     activation: ``crelu`` (the study's) or ``cardioid``/``zrelu``.
+
+  Examples:
+    >>> config = CVCNNConfig(image_shape=(8, 8, 2), input="pairs")  # [Re | Im]
+    >>> config.widths, config.activation
+    ((16, 32, 64), 'crelu')
   """
 
   num_classes: int = 10
@@ -290,6 +313,12 @@ class CVCNN(nnx.Module):
   (CReLU). How the study formed complex inputs from MRI is unknown; the
   ``input`` field says what this model does. Parameter counts in reals:
   `count_real_parameters`.
+
+  Examples:
+    >>> config = CVCNNConfig(num_classes=3, image_shape=(8, 8, 1), widths=(4,))
+    >>> model = CVCNN(config, rngs=nnx.Rngs(0))
+    >>> model(jnp.ones((2, 8, 8, 1))).shape  # real logits; training-mode BN
+    (2, 3)
   """
 
   def __init__(
@@ -349,7 +378,12 @@ class CVCNN(nnx.Module):
 
 
 def count_real_parameters(model: nnx.Module) -> int:
-  """Trainable parameters in reals: a complex entry counts twice."""
+  """Trainable parameters in reals: a complex entry counts twice.
+
+  Examples:
+    >>> count_real_parameters(ComplexDense(2, 3, rngs=nnx.Rngs(0)))  # 9 complex
+    18
+  """
   return sum(
     p.size * (2 if jnp.iscomplexobj(p) else 1)
     for p in jax.tree.leaves(nnx.state(model, nnx.Param))

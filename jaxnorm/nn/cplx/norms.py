@@ -132,7 +132,9 @@ class ComplexBatchNorm(nnx.Module):
 
   Parameters: ``scale (3, C)`` real, rows ``(γrr, γri, γii)`` init
   ``(1/√2, 0, 1/√2)``; ``bias (C,)`` complex, zeros. Running statistics
-  (`nnx.BatchStat`): ``mean (C,)`` complex, ``cov (3, C)`` real. Follows
+  (`nnx.BatchStat`): ``mean (C,)`` complex64, ``cov (3, C)`` float32,
+  whatever ``param_dtype`` (as `jaxnorm.nn.BatchNorm`'s), updated under
+  `jax.lax.stop_gradient`. Follows
   flax's train/eval protocol: ``use_running_average`` (``model.eval()``,
   ``nnx.view`` through `set_view`, or a call argument). ``real_pairs``:
   real ``(..., 2C)`` input and output (split halves). ``scale_init``
@@ -141,6 +143,14 @@ class ComplexBatchNorm(nnx.Module):
   This module does not subclass `jaxnorm.nn.norms`' ``RunningAverage``:
   importing the norm package here would be an import cycle, as the norm
   registry lists this module.
+
+  Examples:
+    >>> bn = ComplexBatchNorm(1, eps=0.0, rngs=nnx.Rngs(0))
+    >>> y = bn(jnp.array([[1 + 0j], [-1 + 0j], [1j], [-1j]]))  # training mode
+    >>> [round(abs(v), 4) for v in y[:, 0].tolist()]  # whitened, times 1/sqrt 2
+    [1.0, 1.0, 1.0, 1.0]
+    >>> bn.mean[...].dtype, bn.cov[...].dtype  # the running statistics
+    (dtype('complex64'), dtype('float32'))
   """
 
   dtype_kind: ClassVar[str] = "complex"
@@ -170,14 +180,14 @@ class ComplexBatchNorm(nnx.Module):
     self.real_pairs, self.momentum, self.eps = real_pairs, momentum, eps
     self.use_running_average, self.axis_name = use_running_average, axis_name
     self.dtype = dtype
-    cdt, rows = _whitening_dtype_rows(param_dtype, axis_names)
+    _, rows = _whitening_dtype_rows(param_dtype, axis_names)
     self.scale = _whitening_scale(
       c, use_scale, scale_init, scale_key, param_dtype, axis_names
     )
     self.bias = _complex_bias(
       c, use_bias, bias_init, bias_key, param_dtype, axis_names
     )
-    state = cplx.init_complex_batch_norm_state(c, cdt)
+    state = cplx.init_complex_batch_norm_state(c, jnp.complex64)
     self.mean = _param.param(state.mean, axis_names, nnx.BatchStat)
     self.cov = _param.param(state.cov, rows, nnx.BatchStat)
 
@@ -219,7 +229,7 @@ class ComplexBatchNorm(nnx.Module):
 
     y = _apply(self, fn, x)
     if training:
-      self.mean[...], self.cov[...] = new[0]
+      self.mean[...], self.cov[...] = jax.lax.stop_gradient(new[0])
     return y
 
 
@@ -227,6 +237,12 @@ class ComplexLayerNorm(nnx.Module):
   """Complex layer norm; maths in `jaxnorm.cplx.complex_layer_norm`.
 
   Parameters and keywords as `ComplexBatchNorm` (no running statistics).
+
+  Examples:
+    >>> norm = ComplexLayerNorm(4, eps=0.0, rngs=nnx.Rngs(0))
+    >>> y = norm(jnp.array([[1 + 0j, -1 + 0j, 1j, -1j]]))  # covariance I / 2
+    >>> [round(abs(v), 4) for v in y[0].tolist()]  # whitened, times 1/sqrt 2
+    [1.0, 1.0, 1.0, 1.0]
   """
 
   dtype_kind: ClassVar[str] = "complex"
@@ -276,6 +292,12 @@ class ComplexRMSNorm(nnx.Module):
   ``use_scale=False`` is CNet's parameter-free TokenNorm). No bias:
   ``use_bias=True`` and ``bias_init`` are refused. ``dtype`` as in
   `ComplexBatchNorm`.
+
+  Examples:
+    >>> norm = ComplexRMSNorm(2, rngs=nnx.Rngs(0))  # unit complex gain
+    >>> y = norm(jnp.array([3 + 0j, 4j]))  # RMS modulus sqrt(12.5)
+    >>> [round(abs(v), 4) for v in y.tolist()], y.dtype
+    ([0.8485, 1.1314], dtype('complex64'))
   """
 
   dtype_kind: ClassVar[str] = "complex"

@@ -27,6 +27,14 @@ class PCTAttention(_base.AttentionCore):
   the code). Causal form: ``is_causal=True``; masks and additive biases on
   the score.
 
+  Examples:
+    >>> from jaxnorm.nn import HeadDims
+    >>> core = PCTAttention(HeadDims(2, 1, 1, 2), rngs=nnx.Rngs(0))
+    >>> q = k = v = jnp.ones((1, 3, 1, 2), jnp.complex64)  # (B, T, N, H)
+    >>> y = core(None, q, k, v)
+    >>> y.shape, round(float(core.gate_bias[...]), 4)  # gate bias -log 64
+    ((1, 3, 1, 2), -4.1589)
+
   References:
     Hioki, arXiv:2605.10123 (2026); code
     ``leohio/phase-coherent-transformer-r-d``.

@@ -19,6 +19,16 @@ class ComplexSoftmaxAttention(_common.FunctionCore):
   `BornAttention`. Causal form: ``is_causal=True``; boolean masks and real
   additive biases on the logits. No parameters.
 
+  Examples:
+    >>> from flax import nnx
+    >>> from jaxnorm.nn import HeadDims
+    >>> core = ComplexSoftmaxAttention(HeadDims(1, 1, 1, 1), is_causal=True,
+    ...                                rngs=nnx.Rngs(0))
+    >>> q = k = jax.numpy.ones((1, 3, 1, 1), "complex64")  # equal scores
+    >>> v = jax.numpy.array([1, 3, 5], "complex64").reshape(1, 3, 1, 1)
+    >>> [round(abs(z), 4) for z in core(None, q, k, v).reshape(-1).tolist()]
+    [1.0, 2.0, 3.0]
+
   References:
     Eilers & Jiang, arXiv:2306.09827 (2023).
   """

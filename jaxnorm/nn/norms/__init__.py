@@ -7,7 +7,10 @@ arguments:
 * ``num_features``: size of the normalized (last) axis.
 * ``dtype``: output dtype; ``None`` keeps the input dtype. Statistics are
   always computed in at least float32.
-* ``param_dtype``: storage dtype of parameters and statistics (float32).
+* ``param_dtype``: storage dtype of parameters (float32). Running
+  statistics (`nnx.BatchStat`, `BackwardStat`) are float32 whatever it is,
+  as flax's ``batch_stats`` (a bfloat16 average with momentum 0.99 loses
+  updates), and are written back under `jax.lax.stop_gradient`.
 * ``axis_names``: logical axis name of the feature axis, attached to every
   parameter for sharding (default ``("norm",)``, replicated by the default
   rules of `jaxnorm.sharding`). Under a mesh, a name without a rule in the
@@ -32,6 +35,12 @@ GroupNorm, InstanceNorm), `dyt`, `seednorm`, `scalenorm`, `evonorm`,
 `powernorm`, `unified`, `region`, `unmix_tns`, `l1`, `scale_vectors`, `cls`
 and `timestep_decay`; `iwd` holds the scale-vector paper's weight-decay
 masks, `_backward` the backward-pass state of PowerNorm and Unified Norm.
+
+Examples:
+  >>> from flax import nnx
+  >>> norm = make_norm("layernorm", 4, rngs=nnx.Rngs(0))
+  >>> type(norm).__name__, sorted(nnx.state(norm)), NORMS["layernorm"].causal
+  ('LayerNorm', ['bias', 'scale'], True)
 """
 
 from jaxnorm.nn.norms._backward import (

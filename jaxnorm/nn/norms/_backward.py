@@ -17,6 +17,12 @@ class BackwardStat(nnx.Variable):
   argnums=nnx.DiffState(0, BACKWARD_DIFF))``, keep it out of the optimizer,
   and add it with `apply_backward_updates`. Plain ``nnx.grad`` (parameters
   only) leaves it unchanged.
+
+  Examples:
+    >>> from jaxnorm.nn import PowerNorm
+    >>> norm = PowerNorm(2, rngs=nnx.Rngs(0))
+    >>> list(nnx.state(norm, BackwardStat)), norm.grad_ema[...].dtype
+    (['grad_ema'], dtype('float32'))
   """
 
 
@@ -30,6 +36,15 @@ def apply_backward_updates(module: nnx.Module, grads: nnx.State) -> None:
     module: the model that was differentiated.
     grads: gradients taken with respect to (at least) its `BackwardStat`
       variables, e.g. with ``nnx.DiffState(0, BACKWARD_DIFF)``.
+
+  Examples:
+    >>> from jaxnorm.nn import PowerNorm
+    >>> norm, x = PowerNorm(2, rngs=nnx.Rngs(0)), jnp.array([[1.0, -2.0]])
+    >>> diff = nnx.DiffState(0, BACKWARD_DIFF)  # parameters and BackwardStat
+    >>> grads = nnx.grad(lambda m: jnp.sum(m(x) * x), argnums=diff)(norm)
+    >>> apply_backward_updates(norm, grads)  # adds the grad_ema increment
+    >>> bool(jnp.all(norm.grad_ema[...] != 0))
+    True
   """
   increments = nnx.split_state(grads, BackwardStat, ...)[0]
   current = nnx.state(module, BackwardStat)

@@ -273,6 +273,11 @@ def make_norm(
   Raises:
     ValueError: for an unknown name or layout, or a layout the norm does
       not support; the message lists the valid choices.
+
+  Examples:
+    >>> norm = make_norm("groupnorm", 64, rngs=nnx.Rngs(0), layout="tokens")
+    >>> type(norm).__name__, norm.num_groups, norm.reduction_axes  # per token
+    ('GroupNorm', 32, -1)
   """
   if name not in NORMS:
     raise ValueError(
@@ -313,6 +318,14 @@ def norm_decay(module: nnx.Module) -> Mapping[str, bool] | None:
 
   A norm is an instance of a class registered in `NORMS` (its spec's
   ``decay``) or of one of `FLAX_NORMS`.
+
+  Examples:
+    >>> dict(norm_decay(SeeDNorm(4, rngs=nnx.Rngs(0))))  # its paper decays them
+    {'dyn_scale': True, 'dyn_proj': True}
+    >>> dict(norm_decay(nnx.LayerNorm(4, rngs=nnx.Rngs(0))))  # a flax norm
+    {'scale': False, 'bias': False}
+    >>> print(norm_decay(nnx.Linear(4, 4, rngs=nnx.Rngs(0))))  # not a norm
+    None
   """
   for cls in type(module).__mro__:
     for spec in NORMS.values():

@@ -38,6 +38,14 @@ class BatchNorm(RunningAverage):
   receives ``(x, mean, var, scale, bias)``, and with ``dtype=None`` the
   output dtype is the promotion of the input with all of them (float32
   statistics: float32 or wider, as in flax).
+
+  Examples:
+    >>> bn = BatchNorm(1, param_dtype=jnp.bfloat16, rngs=nnx.Rngs(0))
+    >>> y = bn(jnp.array([[1.0], [2.0], [3.0], [4.0]]))  # training mode
+    >>> [round(v, 4) for v in y[:, 0].tolist()]
+    [-1.3416, -0.4472, 0.4472, 1.3416]
+    >>> bn.mean[...].dtype, round(float(bn.mean[...][0]), 4)  # 0.01 * 2.5
+    (dtype('float32'), 0.025)
   """
 
   @flax_spelling
@@ -134,6 +142,12 @@ class GroupNorm(nnx.Module):
   d)`` sequences that `make_norm` builds for ``layout="tokens"``.
   ``num_groups`` and ``group_size`` may be positional, as in flax's
   ``nnx.GroupNorm``; its other keywords as in `LayerNorm`.
+
+  Examples:
+    >>> norm = GroupNorm(4, 2, rngs=nnx.Rngs(0))  # two groups of two channels
+    >>> y = norm(jnp.array([[1.0, 3.0, 5.0, 9.0]]))  # (batch, features)
+    >>> [round(v, 4) for v in y[0].tolist()]
+    [-1.0, 1.0, -1.0, 1.0]
   """
 
   @flax_spelling
@@ -202,6 +216,12 @@ class InstanceNorm(nnx.Module):
   """InstanceNorm of channels-last input; see `jaxnorm.norms.instance_norm`.
 
   flax's keywords as in `LayerNorm`, and ``mask=`` in the call.
+
+  Examples:
+    >>> x = jnp.array([[0.0, 0.0, 2.0, 2.0], [1.0, 1.0, 5.0, 5.0]])[..., None]
+    >>> y = InstanceNorm(1, rngs=nnx.Rngs(0))(x)  # per example and channel
+    >>> [[round(v, 4) for v in row] for row in y[..., 0].tolist()]
+    [[-1.0, -1.0, 1.0, 1.0], [-1.0, -1.0, 1.0, 1.0]]
   """
 
   @flax_spelling

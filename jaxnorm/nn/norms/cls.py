@@ -37,6 +37,13 @@ class CLSNorm(nnx.Module):
   equal); ``use_bias`` defaults to the kind's (a bias for ``"layer"``, none
   for ``"rms"``, where ``use_bias=True`` is refused). The specialized
   scales are the method: ``use_scale=False`` is refused.
+
+  Examples:
+    >>> norm = CLSNorm(2, kind="rms", rngs=nnx.Rngs(0))  # token 0 is [CLS]
+    >>> norm.scale_cls[...] = jnp.array([2.0, 2.0])
+    >>> y = norm(jnp.array([[3.0, 4.0], [3.0, 4.0]]))  # (seq, d)
+    >>> [[round(v, 4) for v in row] for row in y.tolist()]
+    [[1.6971, 2.2627], [0.8485, 1.1314]]
   """
 
   @paper_affine(

@@ -31,6 +31,11 @@ class DyT(nnx.Module):
   ``bias`` are the per-feature affine (``use_scale``, ``use_bias``,
   ``scale_init``, ``bias_init``). ``implementation`` picks the Pallas
   kernel (see `jaxnorm.norms.dyt`).
+
+  Examples:
+    >>> dyt = DyT(2, alpha_init=0.5, rngs=nnx.Rngs(0))  # tanh(alpha x)
+    >>> [round(v, 4) for v in dyt(jnp.array([0.0, 2.0])).tolist()]
+    [0.0, 0.7616]
   """
 
   @paper_affine()

@@ -27,11 +27,21 @@ class EvoNormB0(RunningAverage):
   """EvoNorm-B0 of NHWC input; see `jaxnorm.norms.evo_norm_b0`.
 
   Parameters ``scale`` (1), ``bias`` (0) and ``v`` (1, absent with
-  ``apply_act=False``); running variance ``var`` is an `nnx.BatchStat`.
-  ``momentum`` is Flax-style (0.9 = timm's 0.1). ``use_running_average``
-  selects inference, as in `BatchNorm`. flax's ``use_scale``,
-  ``use_bias``, ``scale_init`` and ``bias_init`` act on ``scale`` and
-  ``bias``.
+  ``apply_act=False``); running variance ``var`` is an `nnx.BatchStat`,
+  float32 whatever ``param_dtype`` (as flax's ``batch_stats``: a bfloat16
+  average with momentum 0.99 loses updates), updated under
+  `jax.lax.stop_gradient`. ``momentum`` is Flax-style (0.9 = timm's 0.1).
+  ``use_running_average`` selects inference, as in `BatchNorm`. flax's
+  ``use_scale``, ``use_bias``, ``scale_init`` and ``bias_init`` act on
+  ``scale`` and ``bias``.
+
+  Examples:
+    >>> norm = EvoNormB0(1, param_dtype=jnp.bfloat16, rngs=nnx.Rngs(0))
+    >>> y = norm(jnp.array([1.0, 3.0]).reshape(2, 1, 1, 1))  # training mode
+    >>> y.shape, norm.var[...].dtype  # float32 running variance
+    ((2, 1, 1, 1), dtype('float32'))
+    >>> round(float(norm.var[...][0]), 4)  # 0.9 * 1 + 0.1 * 2 (unbiased)
+    1.1
   """
 
   @paper_affine()
@@ -68,7 +78,7 @@ class EvoNormB0(RunningAverage):
     self.v = (
       param(jnp.ones(shape, param_dtype), axis_names) if apply_act else None
     )
-    state = norms.init_evo_norm_b0_state(num_features, param_dtype)
+    state = norms.init_evo_norm_b0_state(num_features, jnp.float32)
     self.var = param(state.var, axis_names, nnx.BatchStat)
 
   def __call__(
@@ -89,7 +99,7 @@ class EvoNormB0(RunningAverage):
       axis_name=self.axis_name,
     )
     if not eval_mode:
-      self.var[...] = new_state.var
+      self.var[...] = jax.lax.stop_gradient(new_state.var)
     return cast(y, self)
 
 
@@ -100,6 +110,12 @@ class EvoNormS0(nnx.Module):
   ``apply_act=False``). Stateless. ``reduction_axes`` as in `GroupNorm`
   (``-1``: per token and group, causal-safe on sequences). flax's affine
   keywords as in `EvoNormB0`.
+
+  Examples:
+    >>> norm = EvoNormS0(1, num_groups=1, rngs=nnx.Rngs(0))
+    >>> y = norm(jnp.array([[[1.0], [-1.0]]]))  # (n, w, c): group std 1
+    >>> [round(v, 4) for v in y[0, :, 0].tolist()]  # x sigmoid(x) / std
+    [0.7311, -0.2689]
   """
 
   @paper_affine()

@@ -88,6 +88,14 @@ def weight_decay_mask(
   Raises:
     ValueError: for a bad ``rule`` or role.
 
+  Examples:
+    >>> rngs = nnx.Rngs(0)
+    >>> model = nnx.Dict(pre_norm=nnx.RMSNorm(2, rngs=rngs),
+    ...                  q_norm=nnx.RMSNorm(2, rngs=rngs))  # an Output-Norm
+    >>> mask = weight_decay_mask(model)(nnx.state(model, nnx.Param))
+    >>> jax.tree.leaves(mask)  # pre_norm.scale decayed, q_norm.scale not
+    [True, False]
+
   References:
     Wang et al., *Negligible in Size, Significant in Effect: On Scale
     Vectors in Large Language Models*, arXiv:2605.26895 (2026).

@@ -28,6 +28,12 @@ class L1LayerNorm(nnx.Module):
 
   flax's ``use_scale``, ``use_bias``, ``scale_init`` and ``bias_init`` act
   on ``scale`` and ``bias``.
+
+  Examples:
+    >>> norm = L1LayerNorm(2, rngs=nnx.Rngs(0))  # mean |x - mu| = 1
+    >>> y = norm(jnp.array([1.0, 3.0]))  # (x - mu) / (sqrt(pi / 2) + eps)
+    >>> [round(v, 4) for v in y.tolist()]
+    [-0.7979, 0.7979]
   """
 
   @paper_affine()
@@ -76,9 +82,18 @@ class L1LayerNorm(nnx.Module):
 class L1BatchNorm(RunningAverage):
   """L1 BatchNorm (features last); see `jaxnorm.norms.l1_batch_norm`.
 
-  `nnx.BatchStat` ``mean`` and ``dev``; ``use_running_average`` selects
-  inference, as in `BatchNorm`. flax's affine keywords as in
-  `L1LayerNorm`.
+  `nnx.BatchStat` ``mean`` and ``dev``, float32 whatever ``param_dtype``
+  (as `BatchNorm`'s), updated under `jax.lax.stop_gradient`;
+  ``use_running_average`` selects inference, as in `BatchNorm`. flax's
+  affine keywords as in `L1LayerNorm`.
+
+  Examples:
+    >>> norm = L1BatchNorm(1, param_dtype=jnp.bfloat16, rngs=nnx.Rngs(0))
+    >>> y = norm(jnp.array([[1.0], [3.0]]))  # training: batch statistics
+    >>> [round(v, 4) for v in y[:, 0].tolist()]
+    [-0.7979, 0.7979]
+    >>> sorted(nnx.state(norm, nnx.BatchStat)), norm.mean[...].dtype
+    (['dev', 'mean'], dtype('float32'))
   """
 
   @paper_affine()
@@ -108,7 +123,7 @@ class L1BatchNorm(RunningAverage):
     self.kappa, self.eps_mode = kappa, eps_mode
     self.use_running_average, self.axis_name = use_running_average, axis_name
     self.dtype = dtype
-    state = norms.init_l1_batch_norm_state(num_features, param_dtype)
+    state = norms.init_l1_batch_norm_state(num_features, jnp.float32)
     self.scale = optional(
       use_scale, scale_init, scale_key, num_features, param_dtype, axis_names
     )
@@ -137,6 +152,7 @@ class L1BatchNorm(RunningAverage):
       axis_name=self.axis_name,
     )
     if not eval_mode:
+      new = jax.lax.stop_gradient(new)
       self.mean[...] = new.mean
       self.dev[...] = new.dev
     return cast(y, self)

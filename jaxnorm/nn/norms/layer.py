@@ -67,6 +67,12 @@ class LayerNorm(nnx.Module):
   ``param_dtype`` and ``promote_dtype`` (None: the input promoted with the
   parameters' dtypes, upcast to an explicit ``dtype``; a callable:
   ``promote_dtype((x, scale, bias), dtype=dtype)`` as in flax).
+
+  Examples:
+    >>> norm = LayerNorm(2, rngs=nnx.Rngs(0))  # scale 1, bias 0
+    >>> y = norm(jnp.array([1.0, 3.0]))  # mean 2, variance 1
+    >>> [round(v, 4) for v in y.tolist()]
+    [-1.0, 1.0]
   """
 
   @flax_spelling
@@ -155,6 +161,12 @@ class RMSNorm(nnx.Module):
   flax's ``nnx.RMSNorm`` keywords as in `LayerNorm` (``promote_dtype``
   receives ``(x, scale)``); it has no bias, so ``use_bias=True`` and
   ``bias_init`` are a `ValueError` (``use_bias=False`` is accepted).
+
+  Examples:
+    >>> norm = RMSNorm(2, rngs=nnx.Rngs(0))  # unit scale
+    >>> y = norm(jnp.array([3.0, 4.0]))  # RMS sqrt(12.5)
+    >>> [round(v, 4) for v in y.tolist()]
+    [0.8485, 1.1314]
   """
 
   @flax_spelling
@@ -234,6 +246,12 @@ class CRMSNorm(nnx.Module):
   """Compressed RMSNorm on ``d-1`` features; see `jaxnorm.norms.crms_norm`.
 
   ``num_features`` is the compressed width ``d-1``. No bias (as RMSNorm).
+
+  Examples:
+    >>> norm = CRMSNorm(2, rngs=nnx.Rngs(0))  # d - 1 = 2 stored features
+    >>> y = norm(jnp.array([1.0, 1.0]))  # zero-mean [1, 1, -2]: RMS sqrt(2)
+    >>> [round(v, 4) for v in y.tolist()]
+    [0.7071, 0.7071]
   """
 
   @paper_affine(no_bias=_RMS_NO_BIAS)

@@ -29,10 +29,20 @@ class PowerNorm(RunningAverage):
 
   Parameters ``scale`` (1) and ``bias`` (0); `nnx.BatchStat` ``count`` and
   ``running_phi``; `BackwardStat` ``grad_ema`` (updated through the
-  backward pass, see `BackwardStat`). ``use_running_average`` selects
+  backward pass, see `BackwardStat`); the floating statistics are float32
+  whatever ``param_dtype`` (as `BatchNorm`'s), and the forward update runs
+  under `jax.lax.stop_gradient`. ``use_running_average`` selects
   inference, as in `BatchNorm`. Call with ``pad_mask`` (``x.shape[:-1]``,
   True at pads) for padded batches. flax's ``use_scale``, ``use_bias``,
   ``scale_init`` and ``bias_init`` act on ``scale`` and ``bias``.
+
+  Examples:
+    >>> norm = PowerNorm(2, param_dtype=jnp.bfloat16, rngs=nnx.Rngs(0))
+    >>> y = norm(jnp.array([[1.0, -2.0], [3.0, 0.5]]))  # training mode
+    >>> sorted(nnx.state(norm, nnx.Not(nnx.Param)))
+    ['count', 'grad_ema', 'running_phi']
+    >>> int(norm.count[...]), norm.running_phi[...].dtype
+    (1, dtype('float32'))
   """
 
   @paper_affine()
@@ -80,7 +90,7 @@ class PowerNorm(RunningAverage):
     self.bias = optional(
       use_bias, bias_init, bias_key, num_features, param_dtype, axis_names
     )
-    state = norms.init_power_norm_state(num_features, param_dtype)
+    state = norms.init_power_norm_state(num_features, jnp.float32)
     self.count = counter(axis_names)
     self.running_phi = param(state.running_phi, axis_names, nnx.BatchStat)
     self.grad_ema = param(state.grad_ema, axis_names, BackwardStat)
@@ -118,6 +128,7 @@ class PowerNorm(RunningAverage):
       axis_name=self.axis_name,
     )
     if not eval_mode:
+      new = jax.lax.stop_gradient(new)
       self.count[...] = new.count
       self.running_phi[...] = new.running_phi
     return cast(y, self)

@@ -33,6 +33,12 @@ class RegionNormB(nnx.Module):
   ``scale_*`` and ``bias_*`` of both regions (zeros: gain 1, shift 0);
   the per-region affine is the method, so ``use_scale=False`` and
   ``use_bias=False`` are refused.
+
+  Examples:
+    >>> norm = RegionNormB(1, rngs=nnx.Rngs(0))  # no mask: one region
+    >>> y = norm(jnp.array([1.0, 2.0, 3.0, 4.0]).reshape(4, 1, 1, 1))
+    >>> [round(v, 4) for v in y.reshape(-1).tolist()]  # as training BatchNorm
+    [-1.3416, -0.4472, 0.4472, 1.3416]
   """
 
   @paper_affine(
@@ -112,6 +118,12 @@ class RegionNormL(nnx.Module):
   keys split from the first of the module's two draws. The learned maps
   are the method: flax's ``use_scale=False``, ``use_bias=False``,
   ``scale_init`` and ``bias_init`` are refused.
+
+  Examples:
+    >>> norm = RegionNormL(2, kernel_size=3, rngs=nnx.Rngs(0))
+    >>> y = norm(jax.random.normal(jax.random.key(0), (1, 4, 4, 2)))  # NHWC
+    >>> y.shape, norm.mask_kernel[...].shape, norm.scale_kernel[...].shape
+    ((1, 4, 4, 2), (3, 3, 2, 1), (3, 3, 1, 1))
   """
 
   @paper_affine(

@@ -47,6 +47,12 @@ class ScaleVectorNorm(nnx.Module):
   ``scale_init`` refused. The scale vectors are the module, so
   ``use_scale=False`` is refused (`RMSNorm` takes it), and there is no
   bias.
+
+  Examples:
+    >>> norm = ScaleVectorNorm(2, num_branches=2, rngs=nnx.Rngs(0))  # HG
+    >>> q, k = norm(jnp.array([3.0, 4.0]))  # one RMS, a unit scale per branch
+    >>> norm.scale[...].shape, [round(v, 4) for v in k.tolist()]
+    ((2, 2), [0.8485, 1.1314])
   """
 
   @paper_affine(
@@ -130,6 +136,13 @@ class DualScaledLinear(nnx.Module):
   extra RMS normalization (DNP). The defaults are a plain linear layer.
   ``role`` tags the scales for `weight_decay_mask`; which role the paper
   gives them is unverified (default ``"input"``).
+
+  Examples:
+    >>> layer = DualScaledLinear(2, 3, dual=True, rngs=nnx.Rngs(0))
+    >>> x = jnp.ones((4, 2))
+    >>> y = layer(x)  # unit scales at init: x @ kernel
+    >>> y.shape, bool(jnp.allclose(y, x @ layer.kernel[...]))
+    ((4, 3), True)
   """
 
   def __init__(

@@ -30,6 +30,11 @@ class ScaleNorm(nnx.Module):
   param_dtype)`` as flax's, or None (``sqrt(num_features)``, the paper's).
   The gain is the method: ``use_scale=False`` is refused, and there is no
   bias.
+
+  Examples:
+    >>> norm = ScaleNorm(4, rngs=nnx.Rngs(0))  # g = sqrt(4) = 2
+    >>> [round(v, 4) for v in norm(jnp.array([3.0, 4.0, 0.0, 0.0])).tolist()]
+    [1.2, 1.6, 0.0, 0.0]
   """
 
   @flax_spelling

@@ -30,6 +30,13 @@ class SeeDNorm(nnx.Module):
   ``scale``); build optimizer masks from those names. ``scale_init``
   initializes ``scale``; ``use_scale=False`` is refused (gamma is the base
   of the paper's dynamic scale) and there is no bias.
+
+  Examples:
+    >>> norm = SeeDNorm(2, rngs=nnx.Rngs(0))  # dyn_proj 0: starts as RMSNorm
+    >>> [round(v, 4) for v in norm(jnp.array([3.0, 4.0])).tolist()]
+    [0.8485, 1.1314]
+    >>> sorted(nnx.state(norm, nnx.Param))
+    ['dyn_proj', 'dyn_scale', 'scale']
   """
 
   @paper_affine(

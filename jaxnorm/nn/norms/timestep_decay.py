@@ -29,6 +29,13 @@ class TimestepDecayNorm(nnx.Module):
   ``return_state=True`` to carry it across segments. flax's ``use_scale``
   and ``use_bias`` drop a parameter (``use_scale=False``: a gain of 1);
   ``scale_init`` initializes the stored ``scale`` (so zeros is gain 1).
+
+  Examples:
+    >>> norm = TimestepDecayNorm(4, num_groups=2, rngs=nnx.Rngs(0))
+    >>> x = jax.random.normal(jax.random.key(0), (1, 3, 4))  # (B, L, D)
+    >>> y, state = norm(x, return_state=True)  # state: for the next segment
+    >>> y.shape, bool(jnp.allclose(norm(x[:, :2]), y[:, :2]))  # causal
+    ((1, 3, 4), True)
   """
 
   @paper_affine()

@@ -29,10 +29,20 @@ class UnifiedNorm(RunningAverage):
 
   Parameters ``scale`` (1) and ``bias`` (0); `nnx.BatchStat` ``count``,
   ``skip_count``, ``running_var`` and ``buf_x2``; `BackwardStat`
-  ``grad_ema`` and ``buf_gz``. ``window_size`` is an int or ``(W_f, W_b)``.
+  ``grad_ema`` and ``buf_gz``; the floating statistics are float32
+  whatever ``param_dtype`` (as `BatchNorm`'s), and the forward update runs
+  under `jax.lax.stop_gradient`. ``window_size`` is an int or ``(W_f, W_b)``.
   `fold` returns the kernel and bias of an adjacent linear layer with this
   (inference-mode) layer folded in. flax's ``use_scale``, ``use_bias``,
   ``scale_init`` and ``bias_init`` act on ``scale`` and ``bias``.
+
+  Examples:
+    >>> norm = UnifiedNorm(2, window_size=(4, 2), rngs=nnx.Rngs(0))
+    >>> y = norm(jnp.array([[1.0, -2.0], [3.0, 0.5]]))  # training mode
+    >>> sorted(nnx.state(norm, BackwardStat)), norm.buf_x2[...].shape
+    (['buf_gz', 'grad_ema'], (4, 2))
+    >>> int(norm.count[...]), norm.running_var[...].dtype
+    (1, dtype('float32'))
   """
 
   @paper_affine()
@@ -59,7 +69,7 @@ class UnifiedNorm(RunningAverage):
     _checks.check_positive_int("UnifiedNorm", "num_features", num_features)
     scale_key, bias_key = draw_keys(rngs)
     state = norms.init_unified_norm_state(
-      num_features, window_size, param_dtype
+      num_features, window_size, jnp.float32
     )
     self.num_features, self.warmup_iters = num_features, warmup_iters
     self.eps, self.momentum = eps, momentum
@@ -115,6 +125,7 @@ class UnifiedNorm(RunningAverage):
       axis_name=self.axis_name,
     )
     if not eval_mode:
+      new = jax.lax.stop_gradient(new)
       self.count[...] = new.count
       self.skip_count[...] = new.skip_count
       self.running_var[...] = new.running_var

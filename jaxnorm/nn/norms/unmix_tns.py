@@ -29,11 +29,19 @@ class UnMixTNS(nnx.Module):
   Parameters ``scale``/``bias`` (the replaced BatchNorm's); `nnx.BatchStat`
   components ``mean`` and ``var`` of shape ``(K, C)``, initialized from
   ``source_mean``/``source_var`` (default 0 and 1) with noise from the
-  first of the module's two keys. Every call updates the components unless
-  ``update_stats=False``. `from_batch_norm` replaces a trained `BatchNorm`.
-  flax's ``use_scale``, ``use_bias``, ``scale_init`` and ``bias_init`` act
-  on ``scale`` and ``bias`` (``scale_init`` draws from a key folded from the
-  first, which the components' noise uses).
+  first of the module's two keys, float32 whatever ``param_dtype`` (as
+  `BatchNorm`'s statistics). Every call updates the components (under
+  `jax.lax.stop_gradient`) unless ``update_stats=False``.
+  `from_batch_norm` replaces a trained `BatchNorm`. flax's ``use_scale``,
+  ``use_bias``, ``scale_init`` and ``bias_init`` act on ``scale`` and
+  ``bias`` (``scale_init`` draws from a key folded from the first, which
+  the components' noise uses).
+
+  Examples:
+    >>> norm = UnMixTNS(2, num_components=4, rngs=nnx.Rngs(0))
+    >>> y = norm(jax.random.normal(jax.random.key(0), (2, 3, 3, 2)))  # NHWC
+    >>> y.shape, norm.mean[...].shape, norm.var[...].dtype  # K = 4 components
+    ((2, 3, 3, 2), (4, 2), dtype('float32'))
   """
 
   @paper_affine()
@@ -73,7 +81,7 @@ class UnMixTNS(nnx.Module):
       noise_key,
       num_components=num_components,
       spread=spread,
-      dtype=param_dtype,
+      dtype=jnp.float32,
     )
     comp_names = None if axis_names is None else (None, *axis_names)
     self.scale = optional(
@@ -130,6 +138,7 @@ class UnMixTNS(nnx.Module):
       axis_name=self.axis_name,
     )
     if self.update_stats:
+      new = jax.lax.stop_gradient(new)
       self.mean[...] = new.mean
       self.var[...] = new.var
     return cast(y, self)
