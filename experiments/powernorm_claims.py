@@ -164,7 +164,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     timing = [folding(s, repeats, reps) for s in token_shapes]
     for t in timing:
       ms = {
-        name: {"mean": m, "std": s, "n": len(vs)}
+        name: {"mean": m, "std": s, "n": len(vs), "values": vs}
         for name, vs in t["ms"].items()
         for m, s in [_report.mean_spread(vs)]
       }
