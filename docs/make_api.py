@@ -8,6 +8,11 @@ its signature (arguments and defaults, as `inspect` reads them), the first
 line of its docstring, and the flax / optax / jax equivalent where one
 exists. `tests/test_api_docs.py` runs the check, so the reference never
 drifts from the code.
+
+First, the deliberate deviations from flax and optax (`render_deviations`):
+the norms' refused keywords are read from the registry and the constructor
+decorators (`jaxnorm.nn._param.affine_refusals`, `flax_spelling`), the
+optimizers' from `OPTIMIZER_DEVIATIONS` here.
 """
 
 from __future__ import annotations
@@ -79,6 +84,176 @@ equinox/torch in one place worth knowing: norm `eps` defaults to `1e-6`
 """
 
 
+DEVIATIONS_INTRO = """
+## Deviations from flax and optax
+
+Where jaxnorm differs on purpose from what a `flax.nnx` or `optax` user
+swapping in a jaxnorm part would expect. A refusal is always an error that
+names the keyword or argument and the reason, never Python's bare
+"unexpected keyword" `TypeError` or a silent change. The norm lists are
+read from the code (the registry `jaxnorm.nn.NORMS` and the constructor
+decorators `paper_affine` and `flax_spelling`); the optimizer notes are
+kept in `docs/make_api.py`.
+
+### Optimizers (`jaxnorm.optim`)
+"""
+
+# (topic, optimizers and arguments, what differs from optax): one bullet
+# each. Kept in step with the docstrings of jaxnorm/optim/*.py.
+OPTIMIZER_DEVIATIONS: tuple[tuple[str, str, str], ...] = (
+  (
+    "Moment dtypes",
+    "`adamp`, `sgdp`, `conda`, `rmnp` and their `scale_by_*`: `mu_dtype`",
+    "`mu_dtype=None` stores the first moment in float32 for half-precision "
+    "(bfloat16, float16) parameters and in the parameters' dtype otherwise, "
+    "where optax keeps the parameters' dtype. `mu_dtype` sets the first "
+    "moment only (`mu` of `scale_by_adamp` and `scale_by_conda`, `momentum` "
+    "of `scale_by_sgdp`, `scale_by_rmnp` and `rmnp`); the second moments "
+    "(`nu` of `scale_by_adamp`, `scale_by_conda` and `rmnp`'s Adam leaves) "
+    "and Conda's `basis` are always float32 for half-precision parameters, "
+    "where optax stores `nu` in the parameters' dtype. Updates come back in "
+    "each parameter's dtype. `complex_adam` and `scale_by_complex_adam` "
+    "follow optax.",
+  ),
+  (
+    "Decay coupled with the projection",
+    "`adamp`, `sgdp`, `scale_by_adamp`, `scale_by_sgdp`: `weight_decay`, "
+    "`params`",
+    "the decoupled decay is applied inside `scale_by_adamp` / "
+    "`scale_by_sgdp`, not by a separate `optax.add_decayed_weights`, because "
+    "its factor `wd_ratio` depends on whether the projection fired. "
+    "`update` always needs `params` (the projection reads the weights), "
+    "even with `weight_decay=0`; without them a `ValueError` says so. `sgdp` "
+    "divides the decay by `1 - momentum` and keeps the projected direction "
+    "as its momentum, as the official code does.",
+  ),
+  (
+    "One transform, not a chain",
+    "`conda`, `rmnp`: `learning_rate`, `weight_decay`, `adam_*`",
+    "each is a single transform rather than optax's `chain(scale_by_*, "
+    "add_decayed_weights, scale_by_learning_rate)`: the learning rate (or "
+    "schedule) and the decay are applied inside it from its one `count`. "
+    "`conda` decays after the step, `W <- (W - lr u)(1 - lr wd)` (the "
+    "official order; `add_decayed_weights_after_step` gives it in a chain). "
+    "Leaves without matrix axes take AdamW in `rmnp` (`adam_learning_rate`, "
+    "`adam_b1`, `adam_b2`, `adam_eps`, `adam_weight_decay`) and Conda's "
+    "unprojected Adam step in `conda` (`adam_learning_rate`, "
+    "`adam_weight_decay`). `update` needs `params` unless every decay is a "
+    "literal 0 (a `ValueError` otherwise).",
+  ),
+  (
+    "Matrix axes",
+    "`adamp`, `sgdp`, `conda`, `rmnp`, `nap_project`: `axes`",
+    "a matrix leaf's axes follow flax's `(in, out)` kernel layout (output "
+    "last) unless `axes=` (`MatrixAxes`, `logical_axes`) says otherwise; "
+    "torch's `(out, in)` is `MatrixAxes(output=0)`. `scale_by_rmnp` takes "
+    "matrix leaves only: a leaf without matrix axes is a `ValueError` "
+    "(route it to Adam with `rmnp` or `optax.partition`).",
+  ),
+  (
+    "Conda's epsilon and SVD",
+    "`conda`, `scale_by_conda`: `eps`",
+    "`eps` is added to the uncorrected `sqrt(v)` (the official code), where "
+    "optax's Adam adds it to the bias-corrected root. The basis SVD has no "
+    "sharding rule: the first moment is gathered for each refresh, and on "
+    "an explicit mesh each matrix leaf's step runs replicated.",
+  ),
+  (
+    "State at leaves without an entry",
+    "`conda`'s `basis`, `rmnp`'s `nu`, the `target` of `nap_project` and "
+    "`nap_project_joint`",
+    "the state keeps the parameters' tree, so `optax.tree.map_params` "
+    "reaches it, with `optax.MaskedNode` where a leaf has no entry; the "
+    "entries are bare arrays without the parameters' sharding metadata.",
+  ),
+  (
+    "No default mask",
+    "`nap_project`: `mask`",
+    "there is no default (the readout layer, which the paper leaves "
+    "unprojected, cannot be recognized from the tree); leaving it out is "
+    "Python's missing-argument `TypeError` naming `mask`.",
+  ),
+)
+
+NORM_DEVIATIONS_INTRO = """
+### Norm modules (`jaxnorm.nn`)
+
+**Keywords the paper fixes** (`paper_affine`). flax's `use_scale`,
+`use_bias`, `scale_init` and `bias_init` are taken by every norm except
+where its paper fixes the affine. There the value the paper needs is
+accepted and any other is a `ValueError` naming the keyword and the reason:
+"""
+
+NORM_CONDITIONAL = """
+Refused only with some settings (a `ValueError` naming both):
+`CLSNorm(kind="rms")` re-scales only, so it refuses `use_bias=True` (give
+`kind="layer"` for a bias); `ScaleVectorNorm(reparam=True)` starts its
+magnitude-direction scale as the paper's, so it refuses `scale_init` (give
+`reparam=False` for an initialized scale).
+"""
+
+_PROMOTE = "promote_dtype (not None)"
+
+
+def _cell(text: str) -> str:
+  return text.replace("|", "\\|")
+
+
+def _names(classes: list[str]) -> str:
+  return ", ".join(f"`{c}`" for c in classes)
+
+
+def render_deviations() -> str:
+  """The "Deviations from flax and optax" section as Markdown."""
+  import jaxnorm.nn as jnn
+  from jaxnorm.nn import _param
+  from jaxnorm.nn.norms import _common as norm_common
+
+  parts = [DEVIATIONS_INTRO]
+  for topic, where, text in OPTIMIZER_DEVIATIONS:
+    parts.append(f"- **{topic}** ({where}): {text}")
+  parts.append(NORM_DEVIATIONS_INTRO)
+  parts.append("| norm | module | refused | why |")
+  parts.append("|---|---|---|---|")
+  takers, refusers, spelling, backward = [], [], [], []
+  for name, spec in sorted(jnn.NORMS.items()):
+    cls = spec.module.__name__
+    refusals = _param.affine_refusals(spec.module)
+    for refused, why in refusals.items():
+      if refused != _PROMOTE:
+        parts.append(f"| `{name}` | `{cls}` | `{refused}` | {_cell(why)} |")
+    if _PROMOTE in refusals:
+      refusers.append(cls)
+    else:
+      takers.append(cls)
+    if getattr(spec.module.__init__, norm_common.FLAX_SPELLING_ATTR, None):
+      spelling.append(cls)
+    if spec.backward_state:
+      backward.append(cls)
+  parts.append(NORM_CONDITIONAL)
+  parts.append(
+    f"**`promote_dtype`** is taken by {_names(takers)}. The other norms "
+    "follow flax's default rule (the input promoted with the parameters' "
+    "dtypes) and accept only `promote_dtype=None`; any other value is a "
+    f"`ValueError`: {_names(refusers)}.\n"
+  )
+  parts.append(
+    f"**flax's spellings** (`flax_spelling`), on {_names(spelling)}: "
+    "`epsilon` is accepted as `eps`; refused:\n"
+  )
+  for refused, why in norm_common.FLAX_SPELLING_REFUSALS.items():
+    parts.append(f"- `{refused}`: {why}.")
+  parts.append(
+    f"\n**State the backward pass updates**: {_names(backward)} keep "
+    "`jaxnorm.nn.BackwardStat` variables that only their custom backward "
+    "pass changes. Differentiate with `nnx.DiffState(0, "
+    "jaxnorm.nn.BACKWARD_DIFF)`, keep them out of the optimizer and add "
+    "them with `jaxnorm.nn.apply_backward_updates`; a flax train step that "
+    "differentiates `nnx.Param` only leaves them at their initial value."
+  )
+  return "\n".join(parts) + "\n"
+
+
 def _public(module) -> list[tuple[str, object]]:
   names = getattr(module, "__all__", None)
   if names is None:
@@ -117,7 +292,7 @@ def _summary(obj) -> str:
 
 def render() -> str:
   """The whole reference as Markdown."""
-  parts = [HEADER]
+  parts = [HEADER, render_deviations()]
   for title, path in FAMILIES:
     module = importlib.import_module(path)
     parts.append(f"\n## {title} (`{path}`)\n")

@@ -17,6 +17,11 @@ left out of ``__all__`` and `jax.custom_vjp` cores are not decorated: the
 public function that calls them is, so their ops sit inside its scope and
 ``defvjp`` still applies to the undecorated core. `scoped` goes outermost,
 above any other decorator.
+
+The optax transforms of `jaxnorm.optim` are factories whose ops run later,
+in the returned ``init`` and ``update``: their factories are decorated with
+`jaxnorm.optim._common.scoped_transform`, which runs both under the
+factory's name and sets the same ``SCOPE_ATTR``.
 """
 
 from __future__ import annotations

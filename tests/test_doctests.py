@@ -17,7 +17,8 @@ does not change with the jax version.
 A second check keeps the public surface documented: every function named in
 a family's ``__all__`` has an ``Examples:`` section with a ``>>>`` line, and
 so does the docstring of the family itself, so a new public function fails
-here until it has one.
+here until it has one. A third keeps one name per concept: a name public in
+two families is one object.
 """
 
 import doctest
@@ -120,6 +121,31 @@ def test_every_public_function_has_examples():
       if inspect.isfunction(inspect.unwrap(obj)) and not _has_examples(obj):
         missing.append(f"jaxnorm.{family}.{name}")
   assert not missing, "no Examples: section in\n" + "\n".join(missing)
+
+
+# The linen wrappers mirror flax.linen: their names are those of the nnx
+# modules (and of the attention function they adapt) by design, as
+# `flax.linen.LayerNorm` and `flax.nnx.LayerNorm`.
+_MIRRORS = ("linen",)
+
+
+def test_one_name_per_concept():
+  """A name public in two families (a pure family and `jaxnorm.nn`, say)
+  is the same object in both, never two things that share a spelling."""
+  seen: dict[str, tuple[str, object]] = {}
+  clashes = []
+  for family in FAMILIES:
+    if family in _MIRRORS:
+      continue
+    module = importlib.import_module(f"jaxnorm.{family}")
+    for name in module.__all__:
+      obj = getattr(module, name)
+      first = seen.setdefault(name, (family, obj))
+      if first[1] is not obj:
+        clashes.append(f"jaxnorm.{first[0]}.{name} != jaxnorm.{family}.{name}")
+  assert not clashes, "one name, two objects:\n" + "\n".join(clashes)
+  # The pure families and the modules are both checked, nnx included.
+  assert {"norms", "nn", "optim"} <= set(FAMILIES) - set(_MIRRORS)
 
 
 def test_the_check_reads_sections():

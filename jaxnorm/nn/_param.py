@@ -41,6 +41,77 @@ def param(
   )
 
 
+AFFINE_REFUSALS_ATTR = "__jaxnorm_affine_refusals__"
+"""Attribute `paper_affine` sets on the decorated ``__init__``: its rules."""
+
+_PROMOTE_REASON = (
+  "promotes its input with its parameters' dtypes (flax's default rule); "
+  "LayerNorm, RMSNorm, BatchNorm, GroupNorm and InstanceNorm take "
+  "promote_dtype="
+)
+
+
+class AffineRule(NamedTuple):
+  """How `paper_affine` answers one of flax's keywords.
+
+  ``accepts(value)`` says whether the value agrees with the paper (it is
+  then dropped); any other value is refused as ``"<who>: <keyword> is not
+  available: <reason(who)>"``, the keyword spelled with its value where
+  ``show_value`` (``use_scale=False``).
+  """
+
+  refused: str  # The refused values as the docs spell them.
+  accepts: Callable[[Any], bool]
+  reason: Callable[[str], str]  # Of the module's class name.
+  show_value: bool = False
+
+
+def _affine_rules(
+  own: set[str],
+  no_bias: str | None,
+  needs_scale: str | None,
+  needs_bias: str | None,
+  own_init: str | None,
+) -> dict[str, AffineRule]:
+  """The rule of each flax keyword an ``__init__`` leaves undeclared."""
+  rules: dict[str, AffineRule] = {}
+  if needs_scale is not None:
+    rules["use_scale"] = AffineRule(
+      "use_scale=False",
+      bool,
+      lambda who: f"the paper needs its scale ({needs_scale})",
+      show_value=True,
+    )
+  if no_bias is not None:
+    rules["use_bias"] = AffineRule(
+      "use_bias=True",
+      lambda v: not v,
+      lambda who: f"{who} has no bias ({no_bias})",
+      show_value=True,
+    )
+    rules["bias_init"] = AffineRule(
+      "bias_init", lambda v: False, lambda who: f"{who} has no bias ({no_bias})"
+    )
+  elif needs_bias is not None:
+    rules["use_bias"] = AffineRule(
+      "use_bias=False",
+      bool,
+      lambda who: f"the paper needs its bias ({needs_bias})",
+      show_value=True,
+    )
+  if own_init is not None:
+    for name in ("scale_init", "bias_init"):
+      rules.setdefault(
+        name, AffineRule(name, lambda v: False, lambda who: own_init)
+      )
+  rules["promote_dtype"] = AffineRule(
+    "promote_dtype (not None)",
+    lambda v: v is None,
+    lambda who: f"{who} {_PROMOTE_REASON}",
+  )
+  return {k: r for k, r in rules.items() if k not in own}
+
+
 def paper_affine(
   *,
   no_bias: str | None = None,
@@ -58,7 +129,8 @@ def paper_affine(
   which every jaxnorm norm follows) is accepted and dropped; any other is a
   `ValueError` naming the keyword and the reason, never Python's bare
   "unexpected keyword" `TypeError`. Keywords outside this set pass through
-  untouched.
+  untouched. The rules are kept on the wrapper (`affine_refusals` reads
+  them; docs/make_api.py lists them as deviations from flax).
 
   Args:
     no_bias: why the norm has no bias (``use_bias=True`` and
@@ -76,53 +148,43 @@ def paper_affine(
 
   def decorate(init: Callable[..., None]) -> Callable[..., None]:
     own = set(inspect.signature(init).parameters)
+    rules = _affine_rules(own, no_bias, needs_scale, needs_bias, own_init)
 
     @functools.wraps(init)
     def wrapper(self: Any, *args: Any, **kwargs: Any) -> None:
       who = type(self).__name__
-      for name in sorted(set(kwargs) - own):
-        value = kwargs[name]
-        if name == "use_scale" and needs_scale is not None:
-          if not value:
-            raise ValueError(
-              f"{who}: use_scale={value!r} is not available: the paper "
-              f"needs its scale ({needs_scale})"
-            )
-          del kwargs[name]
-        elif name == "use_bias" and no_bias is not None:
-          if value:
-            raise ValueError(
-              f"{who}: use_bias={value!r} is not available: {who} has no "
-              f"bias ({no_bias})"
-            )
-          del kwargs[name]
-        elif name == "use_bias" and needs_bias is not None:
-          if not value:
-            raise ValueError(
-              f"{who}: use_bias={value!r} is not available: the paper "
-              f"needs its bias ({needs_bias})"
-            )
-          del kwargs[name]
-        elif name == "bias_init" and no_bias is not None:
+      for name in sorted(set(kwargs) & set(rules)):
+        rule, value = rules[name], kwargs.pop(name)
+        if not rule.accepts(value):
+          shown = f"{name}={value!r}" if rule.show_value else name
           raise ValueError(
-            f"{who}: bias_init is not available: {who} has no bias ({no_bias})"
-          )
-        elif name in ("scale_init", "bias_init") and own_init is not None:
-          raise ValueError(f"{who}: {name} is not available: {own_init}")
-        elif name == "promote_dtype" and value is None:
-          del kwargs[name]
-        elif name == "promote_dtype":
-          raise ValueError(
-            f"{who}: promote_dtype is not available: {who} promotes its "
-            "input with its parameters' dtypes (flax's default rule); "
-            "LayerNorm, RMSNorm, BatchNorm, GroupNorm and InstanceNorm "
-            "take promote_dtype="
+            f"{who}: {shown} is not available: {rule.reason(who)}"
           )
       init(self, *args, **kwargs)
 
+    setattr(wrapper, AFFINE_REFUSALS_ATTR, rules)
     return wrapper
 
   return decorate
+
+
+def affine_refusals(cls: type) -> dict[str, str]:
+  """The flax keywords ``cls`` refuses by `paper_affine`: spelling -> why.
+
+  Empty for a class whose ``__init__`` is not decorated (it takes every
+  flax keyword it declares). Conditional refusals an ``__init__`` makes
+  itself (``CLSNorm(kind="rms", use_bias=True)``) are not listed.
+
+  Examples:
+    >>> from jaxnorm import nn
+    >>> refusals = affine_refusals(nn.ScaleNorm)
+    >>> print(*refusals, sep=", ")
+    use_scale=False, use_bias=True, bias_init, promote_dtype (not None)
+    >>> print(refusals["use_bias=True"])
+    ScaleNorm has no bias (y = g x / ||x|| has one scalar gain and no shift)
+  """
+  rules = getattr(cls.__init__, AFFINE_REFUSALS_ATTR, {})
+  return {r.refused: r.reason(cls.__name__) for r in rules.values()}
 
 
 class OwnedParam(NamedTuple):

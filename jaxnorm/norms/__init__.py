@@ -84,7 +84,7 @@ from jaxnorm.norms.layer import (
   rms_norm,
 )
 from jaxnorm.norms.powernorm import (
-  BackwardStat,
+  BackwardStatSource,
   PowerNormState,
   init_power_norm_state,
   power_norm,
@@ -122,7 +122,7 @@ from jaxnorm.norms.unmix_tns import (
 )
 
 __all__ = [
-  "BackwardStat",
+  "BackwardStatSource",
   "BatchNormState",
   "EpsMode",
   "EvoNormB0State",

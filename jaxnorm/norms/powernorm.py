@@ -60,7 +60,14 @@ def init_power_norm_state(
   )
 
 
-BackwardStat = Literal["batch", "running"]
+BackwardStatSource = Literal["batch", "running"]
+r"""Which statistic the approximate backward of `power_norm` divides by.
+
+``"batch"``: the batch quadratic mean :math:`\psi^2_B` (the official code);
+``"running"``: the pre-update running :math:`\Phi` (the paper's recalled
+form). Not the `jaxnorm.nn.BackwardStat` variable, the module state that the
+backward pass updates.
+"""
 
 
 @_scope.scoped
@@ -78,7 +85,7 @@ def power_norm(
   warmup_iters: int = 10000,
   num_groups: int | None = 1,
   group_eps: float = 1e-5,
-  backward_stat: BackwardStat = "batch",
+  backward_stat: BackwardStatSource = "batch",
   axis_name: str | tuple[str, ...] | None = None,
 ) -> tuple[Float[Array, "... c"], PowerNormState]:
   r"""PowerNorm: batch normalization by a running quadratic mean.

@@ -4,7 +4,12 @@ Each method is a ``scale_by_<name>`` transform with a NamedTuple state plus a
 user-facing optimizer (``adamp``, ``sgdp``, ...) that takes ``mask=`` as
 ``optax.adamw`` does (``None`` keeps the official decay of every leaf).
 Matrix axes are named with `MatrixAxes` (Flax ``(in, out)`` layout by
-default), or derived from logical axis names with `logical_axes`.
+default), or derived from logical axis names with `logical_axes`. Every
+transform runs its ``init`` and ``update`` under
+``jax.named_scope(<its factory's name>)``, so profiles show ``adamp`` or
+``rmnp``, not anonymous ops. Where they differ from optax on purpose
+(float32 moments by default, ``mu_dtype`` for the first moment only) is
+listed in docs/API.md, "Deviations from flax and optax".
 
 Examples:
   The matrix ``w`` takes the RMNP step, the bias AdamW's (only it has

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any
+import functools
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import jax
 import jax.numpy as jnp
@@ -12,7 +14,9 @@ from flax import nnx
 from flax.core import meta
 from jax.typing import DTypeLike
 
-from jaxnorm import _checks, _numerics
+from jaxnorm import _checks, _numerics, _scope
+
+_Factory = TypeVar("_Factory", bound=Callable[..., Any])
 
 
 def f32(x: jax.Array) -> jax.Array:
@@ -235,3 +239,46 @@ def in_compute_dtype(tx: Any) -> Any:
     return out, state
 
   return optax.GradientTransformationExtraArgs(init_fn, update_fn)
+
+
+def scoped_transform(factory: _Factory) -> _Factory:
+  """The transforms ``factory`` builds run under its `jax.named_scope`.
+
+  Decorates a public transform factory (``scale_by_adamp``, ``adamp``,
+  ``nap_project``, ...): the returned transform's ``init`` and ``update``
+  run under ``jax.named_scope(factory.__name__)``, so a profile or an HLO
+  dump names the optimizer's ops after it (``adamp/scale_by_adamp/...``
+  for a chain of scoped transforms), as `jaxnorm._scope.scoped` does for
+  the pure functions. The transform keeps its class
+  (`optax.GradientTransformationExtraArgs` stays one, with its extra
+  keyword arguments); the factory keeps its name, docstring and signature
+  (so ``optax.inject_hyperparams`` binds its arguments) and carries the
+  scope name as `jaxnorm._scope.SCOPE_ATTR`. tests/test_named_scope.py
+  checks every transform factory in ``jaxnorm.optim.__all__``.
+  """
+  name = factory.__name__
+
+  @functools.wraps(factory)
+  def wrapper(*args: Any, **kwargs: Any) -> Any:
+    tx = factory(*args, **kwargs)
+
+    def init_fn(params):
+      with jax.named_scope(name):
+        return tx.init(params)
+
+    if isinstance(tx, optax.GradientTransformationExtraArgs):
+
+      def update_extra(updates, state, params=None, **extra_args):
+        with jax.named_scope(name):
+          return tx.update(updates, state, params, **extra_args)
+
+      return optax.GradientTransformationExtraArgs(init_fn, update_extra)
+
+    def update_fn(updates, state, params=None):
+      with jax.named_scope(name):
+        return tx.update(updates, state, params)
+
+    return optax.GradientTransformation(init_fn, update_fn)
+
+  setattr(wrapper, _scope.SCOPE_ATTR, name)
+  return wrapper  # type: ignore[return-value]

@@ -113,6 +113,7 @@ def _check_common(
   _common.check_hyper(who, "wd_ratio", wd_ratio)
 
 
+@_common.scoped_transform
 def scale_by_adamp(
   b1: ArrayLike = 0.9,
   b2: ArrayLike = 0.999,
@@ -262,6 +263,7 @@ def scale_by_adamp(
   return optax.GradientTransformation(init_fn, update_fn)
 
 
+@_common.scoped_transform
 def adamp(
   learning_rate: optax.ScalarOrSchedule = 1e-3,
   b1: ArrayLike = 0.9,
@@ -340,6 +342,7 @@ def adamp(
   )
 
 
+@_common.scoped_transform
 def scale_by_sgdp(
   momentum: ArrayLike = 0.0,
   *,
@@ -472,6 +475,7 @@ def scale_by_sgdp(
   return optax.GradientTransformation(init_fn, update_fn)
 
 
+@_common.scoped_transform
 def sgdp(
   learning_rate: optax.ScalarOrSchedule,
   momentum: ArrayLike = 0.0,

@@ -25,6 +25,7 @@ SecondMoment = Literal["per_component", "modulus"]
 SECOND_MOMENTS: tuple[str, ...] = ("per_component", "modulus")
 
 
+@_common.scoped_transform
 def conjugate_complex() -> optax.GradientTransformation:
   """Conjugates every complex leaf of the updates; real leaves pass.
 
@@ -130,6 +131,7 @@ def _per_component_adam(b1, b2, eps, mu_dtype) -> optax.GradientTransformation:
   return optax.GradientTransformation(init_fn, update_fn)
 
 
+@_common.scoped_transform
 def scale_by_complex_adam(
   b1: ArrayLike = 0.9,
   b2: ArrayLike = 0.999,
@@ -195,6 +197,7 @@ def scale_by_complex_adam(
   return _common.standard_promotion(inner)
 
 
+@_common.scoped_transform
 def complex_adam(
   learning_rate: optax.ScalarOrSchedule,
   b1: ArrayLike = 0.9,

@@ -192,6 +192,7 @@ def _check_gap(who: str, gap: Any, offset: Any) -> None:
     )
 
 
+@_common.scoped_transform
 def scale_by_conda(
   b1: ArrayLike = 0.9,
   b2: ArrayLike = 0.999,
@@ -381,6 +382,7 @@ def _decay_after_step(
   return (uc - rate * (p.astype(uc.dtype) + uc)).astype(u.dtype)
 
 
+@_common.scoped_transform
 def add_decayed_weights_after_step(
   learning_rate: optax.ScalarOrSchedule,
   weight_decay: ArrayLike = 0.0,
@@ -439,6 +441,7 @@ def add_decayed_weights_after_step(
   return optax.GradientTransformation(init_fn, update_fn)
 
 
+@_common.scoped_transform
 def conda(
   learning_rate: optax.ScalarOrSchedule = 1e-3,
   b1: ArrayLike = 0.9,

@@ -63,6 +63,7 @@ def _norm(x: jax.Array, axes: tuple[int, ...]) -> jax.Array:
   return jnp.sqrt(jnp.sum(x * x, axis=axes, keepdims=True))
 
 
+@_common.scoped_transform
 def nap_project(
   mask: Any | Callable[[Any], Any],
   *,

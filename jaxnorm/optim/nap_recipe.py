@@ -40,7 +40,7 @@ import jax.numpy as jnp
 import optax
 from jax.typing import ArrayLike
 
-from jaxnorm import _checks, _numerics
+from jaxnorm import _checks, _numerics, _scope
 from jaxnorm.optim import _common
 
 ElrOptimizer = Literal["sgd", "adam"]
@@ -52,6 +52,7 @@ def _f32(x: jax.Array) -> jax.Array:
   return x.astype(_numerics.compute_dtype(x))
 
 
+@_scope.scoped
 def effective_learning_rate(
   learning_rate: ArrayLike,
   params: Any,
@@ -200,6 +201,7 @@ class NapProjectJointState(NamedTuple):
   target: optax.Updates
 
 
+@_common.scoped_transform
 def nap_project_joint(
   groups: Any | Callable[[Any], Any],
   *,

@@ -100,6 +100,7 @@ def _direction(
   return step
 
 
+@_common.scoped_transform
 def scale_by_rmnp(
   beta: ArrayLike = 0.95,
   *,
@@ -203,6 +204,7 @@ def scale_by_rmnp(
   return optax.GradientTransformation(init_fn, update_fn)
 
 
+@_common.scoped_transform
 def rmnp(
   learning_rate: optax.ScalarOrSchedule = 0.02,
   *,

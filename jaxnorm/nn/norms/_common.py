@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import functools
 import inspect
-from collections.abc import Callable, Sequence
+import types
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -96,6 +97,29 @@ def cast(y: jax.Array, module: Any) -> jax.Array:
 
 _LAST_AXIS = (-1, (-1,))
 
+FLAX_SPELLING_ATTR = "__jaxnorm_flax_spelling__"
+"""Attribute `flax_spelling` sets on the decorated ``__init__``."""
+
+FLAX_SPELLING_REFUSALS: Mapping[str, str] = types.MappingProxyType(
+  {
+    "reduction_axes / feature_axes / axis other than -1": (
+      "jaxnorm modules normalize the last, feature axis "
+      "(`ValueError`); for other axes call the pure function in "
+      "`jaxnorm.norms` with `axis=`"
+    ),
+    "use_fast_variance=True": (
+      "jaxnorm always computes the two-pass variance (`ValueError`; "
+      "`use_fast_variance=False` is accepted)"
+    ),
+    "scale_metadata / bias_metadata": (
+      "`TypeError`: jaxnorm takes `axis_names=` (a logical name for the "
+      "feature axis of every parameter)"
+    ),
+  }
+)
+"""The flax keywords `flax_spelling` refuses, and why: docs/make_api.py
+lists them as deviations from flax (``epsilon`` is accepted as ``eps``)."""
+
 
 def flax_spelling(init: Callable[..., None]) -> Callable[..., None]:
   """Accepts flax's constructor keywords where they mean the same.
@@ -138,6 +162,7 @@ def flax_spelling(init: Callable[..., None]) -> Callable[..., None]:
         )
     init(self, *args, **kwargs)
 
+  setattr(wrapper, FLAX_SPELLING_ATTR, FLAX_SPELLING_REFUSALS)
   return wrapper
 
 

@@ -56,7 +56,7 @@ class PowerNorm(RunningAverage):
     warmup_iters: int = 10000,
     num_groups: int | None = 1,
     group_eps: float = 1e-5,
-    backward_stat: norms.BackwardStat = "batch",
+    backward_stat: norms.BackwardStatSource = "batch",
     use_running_average: bool = False,
     axis_name: str | None = None,
     use_scale: bool = True,
