@@ -248,18 +248,17 @@ def residual(
 
   `make_residual` starts from the scheme's spec defaults; the norm goes to
   the schemes whose spec places norms (``uses_norm``). A ``remat`` other
-  than ``"none"`` wraps every sublayer in `jaxnorm.nn.layers.Remat` (its
-  parameters then sit under ``blocks/<k>/inner``).
+  than ``"none"`` runs every sublayer under that `jax.checkpoint` policy;
+  the parameters are the same for every ``remat``.
   """
   spec = nn_residual.RESIDUALS.get(name)
-  if remat != "none":
-    blocks = [layers.Remat(b, remat=remat) for b in blocks]
   return nn_residual.make_residual(
     name,
     blocks,
     num_features=width,
     rngs=rngs,
     sublayers_per_layer=per_layer,
+    remat=remat,
     **_residual_kwargs(spec, norm, norm_kwargs),
   )
 

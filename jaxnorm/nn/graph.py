@@ -104,6 +104,8 @@ class GraphTransformerConfig:
     norm_kwargs: extra keyword arguments of every norm, ``(name, value)``
       pairs; they override torch's defaults (``eps=1e-5``, BatchNorm
       ``momentum=0.9`` in jaxnorm's convention).
+    remat: `jaxnorm.nn.layers.REMAT_CHOICES`: runs each
+      `GraphTransformerLayer` under that `jax.checkpoint` policy.
 
   Examples:
     >>> cfg = GraphTransformerConfig(num_classes=3, vocab_size=5)
@@ -128,6 +130,7 @@ class GraphTransformerConfig:
   readout_layers: int = 2
   dropout: float = 0.0
   norm_kwargs: tuple[tuple[str, Any], ...] = ()
+  remat: str = "none"
 
   def __post_init__(self):
     """Checks names and sizes; messages list the valid choices."""
@@ -319,6 +322,7 @@ class GraphTransformer(nnx.Module):
     rngs: nnx.Rngs,
   ):
     c = self.config = config
+    layers.check_remat("GraphTransformer", c.remat)
     d = c.width
     self.embed = _param.param(
       nnx.initializers.normal(1.0)(rngs.params(), (c.vocab_size, d)),
@@ -393,8 +397,14 @@ class GraphTransformer(nnx.Module):
     if self.edge_embed is not None:
       ones = adjacency[..., None].astype(self.dtype)
       e = self.edge_embed(ones)
+    step = layers.rematerialize(
+      lambda layer, h, e, adjacency, node_mask: layer(
+        h, e, adjacency, node_mask
+      ),
+      c.remat,
+    )
     for layer in self.layers:
-      h, e = layer(h, e, adjacency, node_mask)
+      h, e = step(layer, h, e, adjacency, node_mask)
     for i, dense in enumerate(self.readout):
       h = dense(h) if i == 0 else dense(jax.nn.relu(h))
     return h

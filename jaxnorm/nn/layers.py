@@ -1,10 +1,11 @@
-"""Layers several models and modules share: `Dense`, `Conv`, `MLP`, `Remat`.
+"""Layers several models and modules share: `Dense`, `Conv`, `MLP`.
 
 Plain parameter-holding layers with logical axis names (``embed``, ``mlp``,
 ``channels``, resolved by `jaxnorm.sharding`): the building blocks of
 `jaxnorm.nn.models`, `jaxnorm.nn.graph` and `jaxnorm.nn.nap`, and the layer
-`jaxnorm.nn.quant.Int8Dense` is a drop-in for. `Remat` runs a sublayer under
-`nnx.remat` with a named `jax.checkpoint` policy (`REMAT_POLICIES`).
+`jaxnorm.nn.quant.Int8Dense` is a drop-in for. `rematerialize` runs a
+layer's call under `nnx.remat` with a named `jax.checkpoint` policy
+(`REMAT_POLICIES`), leaving its parameters where they are.
 """
 
 from __future__ import annotations
@@ -52,6 +53,12 @@ def rematerialize(fn: Callable[..., Any], remat: RematName) -> Callable:
   ``nnx.remat(fn, policy=REMAT_POLICIES[remat])``, so its arguments may be
   nnx modules (their state goes through `jax.checkpoint`).
 
+  Deviation: an operation with a complex operand is never saved, whatever
+  the policy (it is recomputed): `jax.checkpoint` rounds every saved
+  residual with `jax.lax.reduce_precision`, which refuses complex dtypes
+  (jax 0.10-0.12), so ``dots`` would fail to trace on a complex product.
+  On an all-complex stack ``dots`` then saves about as little as ``full``.
+
   Args:
     fn: the function (of arrays and nnx modules).
     remat: one of `REMAT_CHOICES`.
@@ -62,11 +69,32 @@ def rematerialize(fn: Callable[..., Any], remat: RematName) -> Callable:
   Raises:
     ValueError: for a ``remat`` outside `REMAT_CHOICES` (the message lists
       them).
+
+  References:
+    Chen et al., *Training Deep Nets with Sublinear Memory Cost*,
+    arXiv:1604.06174 (2016).
+
+  Examples:
+    >>> dense = Dense(4, 4, names=(None, None), rngs=nnx.Rngs(0))
+    >>> call = rematerialize(lambda layer, x: layer(x), "full")
+    >>> x = jnp.ones((2, 4), jnp.float32)
+    >>> bool((call(dense, x) == dense(x)).all())  # the module's parameters
+    True
   """
   check_remat("rematerialize", remat)
   if remat == "none":
     return fn
-  return nnx.remat(fn, policy=REMAT_POLICIES[remat])
+  policy = REMAT_POLICIES[remat]
+
+  def saveable(prim: Any, *avals: Any, **params: Any) -> bool:
+    if any(
+      jnp.issubdtype(getattr(a, "dtype", jnp.float32), jnp.complexfloating)
+      for a in avals
+    ):
+      return False
+    return policy(prim, *avals, **params)
+
+  return nnx.remat(fn, policy=saveable)
 
 
 class Dense(nnx.Module):
@@ -178,37 +206,3 @@ class MLP(nnx.Module):
     else:
       h = self.act(h)
     return self.down(h)
-
-
-def _call(module: Callable[[jax.Array], jax.Array], x: jax.Array) -> jax.Array:
-  return module(x)
-
-
-class Remat(nnx.Module):
-  """Runs ``inner`` under `nnx.remat` with the policy ``remat`` names.
-
-  The backward pass recomputes what the policy does not save
-  (`REMAT_POLICIES`), trading compute for activation memory; the outputs
-  and gradients are those of ``inner``. The parameters of ``inner`` sit
-  under ``inner`` in the state.
-
-  References:
-    Chen et al., *Training Deep Nets with Sublinear Memory Cost*,
-    arXiv:1604.06174 (2016).
-
-  Examples:
-    >>> dense = Dense(4, 4, names=(None, None), rngs=nnx.Rngs(0))
-    >>> x = jnp.ones((2, 4), jnp.float32)
-    >>> bool((Remat(dense, remat="full")(x) == dense(x)).all())
-    True
-  """
-
-  def __init__(
-    self, inner: Callable[[jax.Array], jax.Array], *, remat: RematName
-  ):
-    check_remat("Remat", remat)
-    self.inner, self.remat = inner, remat
-
-  def __call__(self, x: jax.Array) -> jax.Array:
-    """``inner(x)``, rematerialized in the backward pass."""
-    return rematerialize(_call, self.remat)(self.inner, x)

@@ -109,8 +109,8 @@ class LMConfig:
     remat: the `jax.checkpoint` policy of every layer
       (`jaxnorm.nn.layers.REMAT_CHOICES`): ``"none"``, ``"full"`` (save
       nothing), ``"dots"``, ``"dots_no_batch"``. Scanned, the scan body
-      runs under it; unrolled, every sublayer is a `jaxnorm.nn.layers.Remat`
-      (its parameters under ``net/blocks/<k>/inner``).
+      runs under it; unrolled, every sublayer. The parameters are the same
+      for every ``remat``.
   """
 
   vocab_size: int = 256
@@ -476,8 +476,9 @@ class CNNConfig:
   ``--attention`` (a token attention, default ``softmax``) into every model
   config field of that name.
 
-  ``remat`` (`jaxnorm.nn.layers.REMAT_CHOICES`) wraps every `ConvBlock` in
-  `jaxnorm.nn.layers.Remat` (parameters under ``net/blocks/<k>/inner``).
+  ``remat`` (`jaxnorm.nn.layers.REMAT_CHOICES`) runs every `ConvBlock`
+  under that `jax.checkpoint` policy (the parameters are the same for
+  every ``remat``).
   """
 
   num_classes: int = 10
@@ -696,7 +697,7 @@ def _scanned_template(who: str, config: LMConfig | ViTConfig) -> dict:
   return {tuple(p): v for p, v in nnx.to_flat_state(nnx.state(model))}
 
 
-def _to_scanned(path: _Path, inner: bool) -> tuple[_Path, int | None]:
+def _to_scanned(path: _Path) -> tuple[_Path, int | None]:
   """An unrolled path's scanned path and layer (None: not in a layer)."""
   if len(path) < 3 or path[0] != "net" or path[1] not in ("blocks", "steps"):
     return path, None
@@ -704,21 +705,16 @@ def _to_scanned(path: _Path, inner: bool) -> tuple[_Path, int | None]:
   layer, j = divmod(k, _PER_LAYER)
   if path[1] == "steps":
     return (*_SCANNED, "res", "steps", j, *rest), layer
-  if inner:
-    if not rest or rest[0] != "inner":
-      return path, None  # Not a layout of this remat: reported unknown.
-    rest = rest[1:]
   return (*_SCANNED, "blocks", j, *rest), layer
 
 
-def _to_unrolled(path: _Path, layer: int, inner: bool) -> _Path:
+def _to_unrolled(path: _Path, layer: int) -> _Path:
   """The unrolled path of layer ``layer`` of a scanned path."""
   if path[2] == "res":  # net/layers/res/steps/j/...
     j, rest = path[4], path[5:]
     return ("net", "steps", layer * _PER_LAYER + j, *rest)
   j, rest = path[3], path[4:]  # net/layers/blocks/j/...
-  prefix = ("inner",) if inner else ()
-  return ("net", "blocks", layer * _PER_LAYER + j, *prefix, *rest)
+  return ("net", "blocks", layer * _PER_LAYER + j, *rest)
 
 
 def _copied(leaf: Any) -> Any:
@@ -789,7 +785,7 @@ def _check_shape(who: str, path: _Path, shape: tuple, want: tuple) -> None:
 def _unknown(who: str, path: _Path, layout: str) -> ValueError:
   return ValueError(
     f"{who}: {'/'.join(map(str, path))} is not a variable of the {layout} "
-    "layout of this config (its depth, residual, remat and parts); pass "
+    "layout of this config (its depth, residual and parts); pass "
     "the config the state was built with"
   )
 
@@ -802,8 +798,7 @@ def stack_layers(
 ) -> nnx.State:
   """The state of the scanned model (``scan_layers=True``) from an unrolled.
 
-  Layer ``l``'s sublayer ``j`` (``net/blocks/<2 l + j>``, below ``inner``
-  when ``config.remat`` is not ``"none"``) and residual step
+  Layer ``l``'s sublayer ``j`` (``net/blocks/<2 l + j>``) and residual step
   (``net/steps/<2 l + j>``) become slice ``l`` of ``net/layers/blocks/<j>``
   and ``net/layers/res/steps/<j>``; every other variable is kept. Works on
   any part of a model's state (``nnx.state(model, nnx.Param)``, an
@@ -814,8 +809,8 @@ def stack_layers(
 
   Args:
     unrolled_state: an `nnx.State` of the unrolled model of ``config``.
-    config: the model's config: its depth, parts and ``remat`` (of the
-      unrolled state) decide the layout; ``scan_layers`` is ignored.
+    config: the model's config: its depth and parts decide the layout;
+      ``scan_layers`` and ``remat`` are ignored.
     constants: also add the scanned model's constant layer indices
       (`jaxnorm.nn.LayerIndex`: LNS's layer ``l``), which no unrolled state
       holds. Set it for the part that holds the model's non-parameter
@@ -834,11 +829,10 @@ def stack_layers(
   """
   who = "stack_layers"
   template = _scanned_template(who, config)
-  inner = config.remat != "none"
   out: dict[_Path, Any] = {}
   layered: dict[_Path, list[Any]] = {}
   for path, leaf in nnx.to_flat_state(unrolled_state):
-    target, layer = _to_scanned(tuple(path), inner)
+    target, layer = _to_scanned(tuple(path))
     want = template.get(target)
     scanned = layer is None and target[: len(_SCANNED)] == _SCANNED
     if want is None or scanned or (layer is not None and layer >= config.depth):
@@ -852,7 +846,7 @@ def stack_layers(
   for target, leaves in layered.items():
     missing = [i for i, leaf in enumerate(leaves) if leaf is None]
     if missing:
-      path = _to_unrolled(target, missing[0], inner)
+      path = _to_unrolled(target, missing[0])
       raise ValueError(
         f"{who}: {'/'.join(map(str, path))} is missing (layer "
         f"{missing[0]} of {'/'.join(map(str, target))})"
@@ -872,8 +866,7 @@ def unstack_layers(
   """The state of the unrolled model (``scan_layers=False``) from a scanned.
 
   The inverse of `stack_layers`: slice ``l`` of ``net/layers/blocks/<j>``
-  and ``net/layers/res/steps/<j>`` becomes ``net/blocks/<2 l + j>`` (below
-  ``inner`` when ``config.remat`` is not ``"none"``) and
+  and ``net/layers/res/steps/<j>`` becomes ``net/blocks/<2 l + j>`` and
   ``net/steps/<2 l + j>``; the constant layer indices
   (`jaxnorm.nn.LayerIndex`) are dropped (the unrolled steps hold theirs as
   Python integers). Array leaves are sliced, `jax.ShapeDtypeStruct` leaves
@@ -882,8 +875,8 @@ def unstack_layers(
   Args:
     scanned_state: an `nnx.State` (or a part of one) of the scanned model of
       ``config``.
-    config: the model's config: its depth, parts and ``remat`` (of the
-      unrolled result) decide the layout; ``scan_layers`` is ignored.
+    config: the model's config: its depth and parts decide the layout;
+      ``scan_layers`` and ``remat`` are ignored.
 
   Returns:
     The `nnx.State` of the unrolled layout.
@@ -895,7 +888,6 @@ def unstack_layers(
   """
   who = "unstack_layers"
   template = _scanned_template(who, config)
-  inner = config.remat != "none"
   out: dict[_Path, Any] = {}
   for path, leaf in nnx.to_flat_state(scanned_state):
     path = tuple(path)
@@ -908,7 +900,7 @@ def unstack_layers(
       out[path] = _copied(leaf)
     elif not isinstance(leaf, nn_residual.LayerIndex):
       for layer in range(config.depth):
-        out[_to_unrolled(path, layer, inner)] = _with_value(
+        out[_to_unrolled(path, layer)] = _with_value(
           leaf, _layer_value(value, layer), False
         )
   return nnx.from_flat_state(sorted(out.items(), key=lambda kv: _order(kv[0])))

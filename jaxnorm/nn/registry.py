@@ -181,8 +181,10 @@ class ResidualSpec:
 
   Attributes:
     build: ``build(blocks, step, *, num_features, rngs, sublayers_per_layer,
-      **options) -> module``: the network around the sublayers ``blocks``
-      (``step`` is this spec's ``step``).
+      remat, **options) -> module``: the network around the sublayers
+      ``blocks`` (``step`` is this spec's ``step``; every sublayer runs
+      under the `jax.checkpoint` policy ``remat`` names, with the same
+      parameters for every ``remat``).
     paper: short reference (authors, arXiv id).
     step: ``step(num_features, place, *, rngs, **options) -> module``: the
       step module around the sublayer at ``place`` (a

@@ -27,7 +27,8 @@ from typing import Any
 import jax
 
 from jaxnorm import aot
-from jaxnorm.nn import model_registry
+from jaxnorm.nn import layers, model_registry
+from jaxnorm.nn import residual as nn_residual
 from jaxnorm.training import corpora, graph_data
 from jaxnorm.training import data as data_lib
 
@@ -57,6 +58,12 @@ POSITIONAL: tuple[str, ...] = (
   *dict.fromkeys(p for ps in MODEL_POSITIONAL.values() for p in ps),
 )
 GRAPHS: tuple[str, ...] = ("sparse", "full")
+# Models whose layers can be scanned (their config has ``scan_layers``).
+SCANNED_MODELS: tuple[str, ...] = tuple(
+  n
+  for n, s in model_registry.MODELS.items()
+  if "scan_layers" in {f.name for f in dataclasses.fields(s.config)}
+)
 # Models with attention heads (width and the tensor mesh axis must suit
 # them).
 _HEADED = tuple(n for n, s in model_registry.MODELS.items() if s.heads)
@@ -117,6 +124,15 @@ class TrainConfig:
       (exclusive maximum); empty for the benchmark's 5,35.
     dtype: compute dtype (``float32`` or ``bfloat16``).
     param_dtype: storage dtype of the parameters (cast to ``dtype`` at use).
+    remat: the `jax.checkpoint` policy every layer runs under
+      (`jaxnorm.nn.layers.REMAT_CHOICES`): ``none`` keeps every
+      activation for the backward pass, ``full`` recomputes each layer,
+      ``dots`` / ``dots_no_batch`` keep the matrix products (those without
+      batch dimensions). Same parameters and results (to float32
+      rounding) for every value; a resume may change it.
+    scan_layers: stack the layers on a leading ``layers`` axis and run them
+      with ``nnx.scan`` (``lm`` and ``vit``): compile time flat in depth.
+      A resume may change it (the checkpoint's layout is converted).
     seq_len: tokens per training window (LM).
     vocab_size: vocabulary of token-shard or ArrayRecord data (the model's
       vocabulary follows it); 0 for text, read as bytes (256).
@@ -188,6 +204,8 @@ class TrainConfig:
   graph_blocks: tuple[int, ...] = ()
   dtype: str = "float32"
   param_dtype: str = "float32"
+  remat: str = "none"
+  scan_layers: bool = False
   seq_len: int = 128
   vocab_size: int = 0
   token_dtype: str = "auto"
@@ -245,6 +263,8 @@ GROUPS: types.MappingProxyType = types.MappingProxyType(
       "logit_clip",
       "dtype",
       "param_dtype",
+      "remat",
+      "scan_layers",
     ),
     "data": (
       "data",
@@ -290,15 +310,16 @@ GROUPS: types.MappingProxyType = types.MappingProxyType(
 )
 
 # Fields that change where and how a run is executed or watched, not what
-# it computes: a resume may change them freely (another mesh reshards).
+# it computes: a resume may change them freely (another mesh reshards, a
+# scanned run converts the checkpoint's layer layout).
 RUN_CONTROL: frozenset[str] = (
   frozenset(GROUPS["run"]) - {"steps", "eval_batches", "log_every"}
-) | {"data_workers"}
+) | {"data_workers", "remat", "scan_layers"}
 
 # Fields that shape the saved state (model, data sizes, optimizer state): a
 # resume cannot change them.
 STRUCTURAL: frozenset[str] = (
-  frozenset(GROUPS["model"]) - {"dtype", "allow_batch_stats"}
+  frozenset(GROUPS["model"]) - {"dtype", "allow_batch_stats"} - RUN_CONTROL
 ) | {
   "data",
   "seq_len",
@@ -498,6 +519,9 @@ def validate(
     _validate_graph(cfg)
   _choice("dtype", cfg.dtype, DTYPES)
   _choice("param_dtype", cfg.param_dtype, DTYPES)
+  _choice("remat", cfg.remat, layers.REMAT_CHOICES)
+  if cfg.scan_layers:
+    _validate_scan(cfg)
   _choice("schedule", cfg.schedule, SCHEDULES)
   _choice("nonfinite", cfg.nonfinite, NONFINITE)
   for field in _POSITIVE_INTS:
@@ -566,6 +590,22 @@ def validate(
       f"{', '.join(str(h) for h in _divisors(cfg.width))}"
     )
   _validate_mesh(cfg, topology)
+
+
+def _validate_scan(cfg: TrainConfig) -> None:
+  """``--scan-layers``: a model with a scanned stack, a scannable scheme."""
+  if cfg.model not in SCANNED_MODELS:
+    raise ValueError(
+      f"TrainConfig: --scan-layers is supported by --model "
+      f"{', '.join(SCANNED_MODELS)}, not {cfg.model!r}; drop --scan-layers"
+    )
+  spec = nn_residual.RESIDUALS.get(cfg.residual)
+  if spec is not None and not spec.scannable:
+    raise ValueError(
+      f"TrainConfig: --residual {cfg.residual} cannot be scanned "
+      f"({spec.scan_refusal}); drop --scan-layers or choose one of "
+      f"{', '.join(nn_residual.SCAN_RESIDUALS)}"
+    )
 
 
 def _validate_mesh(cfg: TrainConfig, topology: str | None) -> None:

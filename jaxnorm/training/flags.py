@@ -18,6 +18,7 @@ import typing
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from jaxnorm.nn import layers
 from jaxnorm.training import config, corpora
 from jaxnorm.training.config import FIELDS, GROUPS, TrainConfig
 
@@ -193,6 +194,7 @@ def add_arguments(
     "schedule": config.SCHEDULES,
     "nonfinite": config.NONFINITE,
     "token_dtype": corpora.TOKEN_DTYPES,
+    "remat": layers.REMAT_CHOICES,
     **(choices or {}),
   }
   for group, fields in GROUPS.items():

@@ -88,6 +88,7 @@ class Plan:
     bytes_accessed: XLA's memory traffic of one step on one device.
     compile_seconds: building, lowering and compiling on this machine.
     oom: the compiler ran out of HBM (``RESOURCE_EXHAUSTED``).
+    remat: the run's ``--remat`` (what the temporaries keep).
   """
 
   topology: str
@@ -109,6 +110,7 @@ class Plan:
   bytes_accessed: float | None
   compile_seconds: float
   oom: bool = False
+  remat: str = "none"
 
   @property
   def devices(self) -> int:
@@ -249,6 +251,7 @@ def compile_plan(cfg: config_lib.TrainConfig, topology: str) -> Plan:
     "model": cfg.model,
     "num_params": sum(math.prod(p.shape) for p in jax.tree.leaves(params)),
     "param_dtype": cfg.param_dtype,
+    "remat": cfg.remat,
     "batch_size": cfg.batch_size,
     "tokens": cfg.batch_size * cfg.seq_len,
     "params_bytes": params_bytes,
@@ -298,12 +301,15 @@ def _time(seconds: float) -> str:
 def _remedies(plan: Plan) -> str:
   """What would shrink the per-device footprint, for the refusal line.
 
-  Smaller activations help only when the state alone fits.
+  Smaller activations help only when the state alone fits; rematerializing
+  every layer (``--remat full``) keeps the least of them.
   """
   fixes = []
+  state = plan.params_bytes + plan.opt_bytes + plan.other_bytes
+  if state < plan.chip.hbm_bytes and plan.remat != "full":
+    fixes.append("--remat full")
   if plan.mesh[1] < plan.devices:
     fixes.append("a larger fsdp axis of --mesh")
-  state = plan.params_bytes + plan.opt_bytes + plan.other_bytes
   if state < plan.chip.hbm_bytes:
     if plan.batch_size > plan.mesh[0] * plan.mesh[1]:
       fixes.append("a smaller --batch-size")
@@ -358,7 +364,7 @@ def format_plan(plan: Plan) -> str:
   memory("optimizer state", plan.opt_bytes)
   memory("other arguments (batch, counters, tiling)", plan.other_bytes)
   memory(
-    "temporaries (activations, grads)",
+    f"temporaries (activations, grads; --remat {plan.remat})",
     plan.temp_bytes,
     "(the compiler's count when it stopped)" if plan.oom else "",
   )

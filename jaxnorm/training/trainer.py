@@ -75,6 +75,7 @@ from jaxnorm.training import config as config_lib
 from jaxnorm.training import data as data_lib
 from jaxnorm.training import faults as faults_lib
 from jaxnorm.training import metrics as metrics_lib
+from jaxnorm.training import relayout
 
 # Record fields that report the window's last step instead of its mean.
 _LAST_VALUE = ("lr", "skipped")
@@ -182,6 +183,47 @@ def _check_drift(
       f"values, accept the change with --allow-change {fields}, or start "
       f"over with --no-resume (the old run is moved aside)"
     )
+
+
+def _restore(
+  cfg: config_lib.TrainConfig,
+  ckpts: checkpoints_lib.Checkpoints,
+  state: dict[str, Any],
+  task: tasks.Task,
+  layout: Any,
+  built: bool,
+) -> tuple[int, Any, dict, int] | None:
+  """`Checkpoints.restore` into ``state``'s layout, converting the layers.
+
+  A checkpoint saved with another ``scan_layers`` (of a model ``cfg``
+  built, ``built``) is restored into the saved layout's target and moved
+  to the current one (`relayout`), placed as ``layout`` says.
+  """
+  target = _abstract(state)
+  newest = ckpts.newest_info()
+  saved = None if newest is None else newest[1].get("config", {})
+  scanned = bool((saved or {}).get("scan_layers", False))
+  if saved is None or not built or scanned == cfg.scan_layers:
+    return ckpts.restore(target)
+  model_config = build.model_config(cfg, task.model_kwargs)
+  step = newest[0]
+  try:
+    saved_target = relayout.convert(target, model_config, scanned=scanned)
+  except ValueError as e:
+    raise checkpoints_lib.CheckpointIncompatibleError(
+      f"checkpoint {pathlib.Path(ckpts.manager.directory) / str(step)} cannot "
+      f"be resumed "
+      f"by this run: it was saved with scan_layers={scanned} and {e}; "
+      f"nothing on disk was changed"
+    ) from e
+  restored = ckpts.restore(saved_target)
+  if restored is None:
+    return None
+  step, restored_state, run, elements = restored
+  moved = relayout.convert(
+    restored_state, model_config, scanned=cfg.scan_layers
+  )
+  return step, jax.jit(lambda s: s, out_shardings=layout)(moved), run, elements
 
 
 def _check_data(
@@ -514,7 +556,7 @@ def _run(
 
   start, window, elements = 0, [], 0
   if cfg.resume:
-    restored = ckpts.restore(_abstract(state))
+    restored = _restore(cfg, ckpts, state, task, layout, given is None)
     if restored is not None:
       start, state, run, elements = restored
       window = list(run.get("window", []))

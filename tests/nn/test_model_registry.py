@@ -12,8 +12,9 @@ import typing
 
 import jax
 import pytest
+from flax import nnx
 
-from jaxnorm.nn import model_registry, registry
+from jaxnorm.nn import layers, model_registry, registry
 from jaxnorm.nn import norms as nn_norms
 
 SHARED = {"width": 8, "depth": 2, "num_heads": 2, "positional": "none"}
@@ -48,10 +49,32 @@ def test_spec_agrees_with_config_and_module(name):
       assert getattr(spec, attr) == getattr(spec.module, attr), attr
   derived = spec.derive(SHARED, DATA[spec.data])
   assert set(derived) <= fields, sorted(set(derived) - fields)
+  assert "remat" in fields  # The runner's --remat reaches every model.
   for field, aliases in spec.counterparts.items():
     assert field in spec.parts, field
     valid = model_registry.registries(name)[field]
     assert set(aliases.values()) <= set(valid), (field, aliases)
+
+
+@pytest.mark.parametrize("name", model_registry.MODEL_NAMES)
+def test_remat_keeps_the_state_layout(name):
+  # A checkpoint restores across --remat: the same paths, shapes, dtypes.
+  spec = model_registry.MODELS[name]
+  fields = _fields(spec)
+  shared = {k: v for k, v in SHARED.items() if k in fields}
+
+  def layout(remat):
+    config = spec.config(
+      **shared, **spec.derive(SHARED, DATA[spec.data]), remat=remat
+    )
+    model = nnx.eval_shape(lambda: spec.module(config, rngs=nnx.Rngs(0)))
+    return jax.tree.map(lambda x: (x.shape, x.dtype), nnx.state(model))
+
+  want = layout("none")
+  for remat in layers.REMAT_CHOICES[1:]:
+    got = layout(remat)
+    assert jax.tree.structure(got) == jax.tree.structure(want), remat
+    assert jax.tree.leaves(got) == jax.tree.leaves(want), remat
 
 
 @pytest.mark.parametrize("name", model_registry.MODEL_NAMES)

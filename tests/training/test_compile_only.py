@@ -111,7 +111,7 @@ def test_table_reports_memory_flops_speed_and_rows_per_host():
     "memory per device",
     "parameters",
     "optimizer state",
-    "temporaries",
+    "temporaries (activations, grads; --remat none)",
     "generated code",
     "GiB",
     "MiB",
@@ -151,7 +151,14 @@ def test_refusal_is_one_line_naming_the_memory():
   assert line.startswith(
     "does not fit: needs 41.56 GiB of HBM per device, v5e has 16.00 GiB; try"
   )
-  assert "a smaller --batch-size, a smaller --seq-len, a smaller model" in line
+  assert line.endswith(
+    "try --remat full, a smaller --batch-size, a smaller --seq-len, a "
+    "smaller model or a topology with more chips"
+  )
+  # Already rematerialized: only the other fixes are named.
+  assert "--remat" not in plan.verdict(
+    _plan(temp_bytes=41 * 1024 * _MIB, batch_size=32, remat="full")
+  )
   assert "of 16.00 GiB: does not fit" in plan.format_plan(p)
   # Weights alone over HBM: only fewer or smaller weights per chip help.
   big = plan.verdict(_plan(params_bytes=20 << 30, mesh=(2, 8, 1)))
@@ -314,3 +321,32 @@ def test_every_registered_part_compiles_for_v5e(residual, norm, attention):
   )
   p = plan.compile_plan(cfg, "v5e:2x2")
   assert p.fits and p.temp_bytes > 0 and p.flops > 0
+
+
+@pytest.mark.aot
+def test_remat_and_scan_show_in_the_plans_memory():
+  # A 4-layer LM of width 512 over 1024 tokens on v5e:2x2: activations
+  # dominate the temporaries, so rematerializing every layer shrinks them;
+  # the scanned stack computes the same step.
+  cfg = config.TrainConfig(
+    width=512,
+    depth=4,
+    num_heads=8,
+    seq_len=1024,
+    batch_size=8,
+    mesh=(1, 4, 1),
+    dtype="bfloat16",
+  )
+  plans = {
+    (remat, scan): plan.compile_plan(
+      dataclasses.replace(cfg, remat=remat, scan_layers=scan), "v5e:2x2"
+    )
+    for remat in ("none", "full")
+    for scan in (False, True)
+  }
+  for scan in (False, True):
+    none, full = plans["none", scan], plans["full", scan]
+    assert full.temp_bytes < 0.5 * none.temp_bytes, (scan, none, full)
+    assert none.params_bytes == full.params_bytes
+    assert "--remat full" in plan.format_plan(full)
+  assert plans["none", True].num_params == plans["none", False].num_params

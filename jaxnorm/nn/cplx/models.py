@@ -16,6 +16,7 @@ from flax import nnx
 
 from jaxnorm import _checks, cplx
 from jaxnorm.nn import _common, _param
+from jaxnorm.nn import layers as nn_layers
 from jaxnorm.nn import norms as nn_norms
 from jaxnorm.nn import residual as nn_residual
 from jaxnorm.nn.cplx.layers import (
@@ -71,6 +72,9 @@ class ComplexLMConfig:
     cnet_gelu: CNet's block, which applies ``split_gelu`` to the stream
       after each residual add (and the norm input after the first); off
       gives a plain pre-norm block.
+    remat: `jaxnorm.nn.layers.REMAT_CHOICES`: runs each `ComplexBlock`
+      under that `jax.checkpoint` policy (complex products are recomputed,
+      never saved: see `jaxnorm.nn.layers.rematerialize`).
 
   Examples:
     >>> config = ComplexLMConfig(vocab_size=16, width=8, depth=1)
@@ -92,6 +96,7 @@ class ComplexLMConfig:
   readout: str = "born"
   embed_init: str = "gauss"
   cnet_gelu: bool = True
+  remat: str = "none"
 
 
 def _embed_init(kind: str, key, shape) -> jax.Array:
@@ -217,6 +222,7 @@ class ComplexLM(nnx.Module):
       dtype_kind=self.dtype_kind,
       extra_attentions=(FOURIER,),
     )
+    nn_layers.check_remat(who, c.remat)
     if c.norm == nn_residual.NORM_FREE:
       valid = _common.valid_norms(
         self.layout, self.causal, False, dtype_kind=self.dtype_kind
@@ -257,8 +263,9 @@ class ComplexLM(nnx.Module):
         f"max_len={self.config.max_len}, got tokens.shape={tokens.shape}"
       )
     x = jnp.take(self.embed[...], tokens, axis=0)
+    step = nn_layers.rematerialize(lambda block, x: block(x), self.config.remat)
     for block in self.blocks:
-      x = block(x)
+      x = step(block, x)
     return self.final_norm(x)
 
   def amplitudes(self, tokens: jax.Array) -> jax.Array:
@@ -292,6 +299,9 @@ class CVCNNConfig:
     input: ``real`` (a real image becomes ``x + 0i``), ``pairs`` (channel
       split halves ``[Re | Im]``, so ``C`` is even), or ``complex``.
     activation: ``crelu`` (the study's) or ``cardioid``/``zrelu``.
+    remat: `jaxnorm.nn.layers.REMAT_CHOICES`: runs each stage (conv,
+      norm, activation) under that `jax.checkpoint` policy (complex values
+      are recomputed, never saved: see `jaxnorm.nn.layers.rematerialize`).
 
   Examples:
     >>> config = CVCNNConfig(image_shape=(8, 8, 2), input="pairs")  # [Re | Im]
@@ -304,6 +314,7 @@ class CVCNNConfig:
   widths: tuple[int, ...] = (16, 32, 64)
   input: str = "real"
   activation: str = "crelu"
+  remat: str = "none"
 
 
 class CVCNN(nnx.Module):
@@ -336,6 +347,7 @@ class CVCNN(nnx.Module):
     _checks.check_choice(
       who, "activation", c.activation, tuple(cplx.ACTIVATIONS)
     )
+    nn_layers.check_remat(who, c.remat)
     ch = c.image_shape[-1]
     if c.input == "pairs":
       if ch % 2:
@@ -371,8 +383,14 @@ class CVCNN(nnx.Module):
     else:
       z = x
     act = cplx.ACTIVATIONS[c.activation]
+    stage = nn_layers.rematerialize(
+      lambda conv, norm, z: act(
+        norm(conv(z), use_running_average=use_running_average)
+      ),
+      c.remat,
+    )
     for conv, norm in zip(self.convs, self.norms):
-      z = act(norm(conv(z), use_running_average=use_running_average))
+      z = stage(conv, norm, z)
     pooled = jnp.mean(z, axis=tuple(range(1, z.ndim - 1)))
     return self.head(cplx.modulus(pooled)).astype(self.dtype)
 

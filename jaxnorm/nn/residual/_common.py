@@ -21,6 +21,7 @@ import numpy as np
 from flax import nnx
 
 from jaxnorm import _checks, residual
+from jaxnorm.nn import layers
 from jaxnorm.nn import norms as nn_norms
 
 Sublayer = Callable[[jax.Array], jax.Array]
@@ -115,21 +116,33 @@ def then(norm: nnx.Module | None, sublayer: Sublayer) -> Sublayer:
   return lambda x: sublayer(norm(x))
 
 
+def _apply(fn: Sublayer, x: jax.Array) -> jax.Array:
+  return fn(x)
+
+
 class Branch:
   """A sublayer handed to a step module as a plain callable.
 
   ``nnx.tabulate`` records the arguments of every module call and cannot
   render a Module passed as one, so the stacks hand each step this wrapper
   (shown as the sublayer's class name) instead of the sublayer module.
+
+  ``remat`` (`jaxnorm.nn.layers.REMAT_CHOICES`) runs the sublayer under
+  that `jax.checkpoint` policy at call time: the sublayer's parameters keep
+  their paths, so a stack's state is the same whatever its ``remat``.
   """
 
-  __slots__ = ("fn",)
+  __slots__ = ("fn", "remat")
 
-  def __init__(self, fn: Sublayer):
-    self.fn = fn
+  def __init__(self, fn: Sublayer, remat: layers.RematName = "none"):
+    self.fn, self.remat = fn, remat
 
   def __call__(self, x: jax.Array) -> jax.Array:
-    return self.fn(x)
+    if self.remat == "none":
+      return self.fn(x)
+    if isinstance(self.fn, nnx.Module):  # Its state goes through checkpoint.
+      return layers.rematerialize(_apply, self.remat)(self.fn, x)
+    return layers.rematerialize(self.fn, self.remat)(x)
 
   def __repr__(self) -> str:
     return type(self.fn).__name__

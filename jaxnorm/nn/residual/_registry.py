@@ -19,7 +19,7 @@ import jax
 from flax import nnx
 
 from jaxnorm import _checks, residual
-from jaxnorm.nn import registry
+from jaxnorm.nn import layers, registry
 from jaxnorm.nn.residual import attnres, depth, hyper, manifold, wiring
 from jaxnorm.nn.residual._common import (
   Placement,
@@ -62,9 +62,15 @@ def _deepnorm(num_sublayers: int, sublayers_per_layer: int) -> dict:
 
 
 def _base_depth(num_sublayers: int, sublayers_per_layer: int) -> dict:
-  """depth-muP, CompleteP: base depth 1, multiplier ``L^{-e}``."""
+  """depth-muP, CompleteP: DepthBench's base depth 24, ``(L / 24)^{-e}``.
+
+  `jaxnorm.residual.BASE_DEPTH` (``--base-depth`` of DepthBench's
+  ``examples/pretrain_preln_mup.py``); the runner's optimizer rescales the
+  hidden parameters' Adam learning rate and eps from the same base depth
+  (`jaxnorm.training.optimizers.depth_adam_rule`).
+  """
   del num_sublayers, sublayers_per_layer
-  return {"base_depth": 1}
+  return {"base_depth": residual.BASE_DEPTH}
 
 
 def _blocks(num_sublayers: int, sublayers_per_layer: int) -> dict:
@@ -311,6 +317,7 @@ def make_residual(
   num_features: int,
   rngs: nnx.Rngs,
   sublayers_per_layer: int = 2,
+  remat: layers.RematName = "none",
   **kwargs: Any,
 ) -> nnx.Module:
   r"""Wraps a list of sublayers into a network with the named residual scheme.
@@ -334,11 +341,15 @@ def make_residual(
       Transformer's attention and MLP; 1 for a ResNet-style stack): LNS
       scales layer ``l`` by :math:`1/\sqrt{l}` and ReZero shares one gate
       per layer.
+    remat: `jaxnorm.nn.layers.REMAT_CHOICES`: run every sublayer under that
+      `jax.checkpoint` policy (``"none"``: keep its activations for the
+      backward pass); the network's parameters are the same for every value.
     **kwargs: options of the scheme's step module (e.g. ``norm``,
       ``norm_kwargs``; ``init_gain`` for ``deepnorm``: scale the sublayers'
       weight matrices, in place, by beta (`scale_branch_init`, default
       True); ``base_depth`` for ``depth_mup`` and ``completep`` (default
-      1); ``scale`` for ``scaled``; ``init_value`` for the
+      24, DepthBench's `jaxnorm.residual.BASE_DEPTH`); ``scale`` for
+      ``scaled``; ``init_value`` for the
       gated schemes, ``shared`` for ``skipinit``/``rezero``;
       ``num_streams``, ``dynamic``, ``tanh`` for ``hc``; ``num_iters``,
       ``temperature``, ``res_diag``, ``gate_init`` for
@@ -370,10 +381,16 @@ def make_residual(
   """
   _checks.check_positive_int("make_residual", "num_features", num_features)
   blocks = check_blocks("make_residual", blocks)
+  layers.check_remat("make_residual", remat)
   options = _options(name, len(blocks), sublayers_per_layer, kwargs)
   spec = RESIDUALS[name]
   return spec.build(
-    blocks, spec.step, num_features=num_features, rngs=rngs, **options
+    blocks,
+    spec.step,
+    num_features=num_features,
+    rngs=rngs,
+    remat=remat,
+    **options,
   )
 
 

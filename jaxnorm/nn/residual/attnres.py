@@ -19,10 +19,11 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxnorm import _checks, residual
-from jaxnorm.nn import _param
+from jaxnorm.nn import _param, layers
 from jaxnorm.nn.residual._common import (
   NormSpec,
   StepBuilder,
+  Branch,
   Sublayer,
   build_norm,
   check_blocks,
@@ -86,7 +87,9 @@ class AttnResStack(nnx.Module):
   a new block starting every ``block_size`` sublayers (checked before the
   block's first sublayer runs, after its input is formed, as in the official
   pseudo-code). ``readout="attnres"`` aggregates all final sources with one
-  more query; ``"sum"`` adds them (the plain residual stream).
+  more query; ``"sum"`` adds them (the plain residual stream). ``remat``
+  (`jaxnorm.nn.layers.REMAT_CHOICES`) runs every sublayer under that
+  `jax.checkpoint` policy, the parameters unchanged.
 
   Unverified: the paper states the ``attnres`` readout for Block AttnRes
   only; Full AttnRes uses the same by default.
@@ -112,15 +115,17 @@ class AttnResStack(nnx.Module):
     norm_kwargs: Mapping | None = None,
     eps: float = 1e-6,
     param_dtype: Any = jnp.float32,
+    remat: layers.RematName = "none",
     rngs: nnx.Rngs,
   ):
     who = "AttnResStack"
+    layers.check_remat(who, remat)
     blocks = check_blocks(who, blocks)
     _checks.check_positive_int(who, "num_features", num_features)
     _checks.check_positive_int(who, "block_size", block_size)
     _checks.check_choice(who, "readout", readout, ("attnres", "sum"))
     self.num_features, self.block_size = num_features, block_size
-    self.readout = readout
+    self.readout, self.remat = readout, remat
     self.blocks = nnx.List(blocks)
     self.queries = nnx.List(
       [
@@ -164,7 +169,7 @@ class AttnResStack(nnx.Module):
     ):
       h = query(slots, slot <= -(-k // size))
       hidden.append(h)
-      y = then(norm, block)(h)
+      y = then(norm, Branch(block, self.remat))(h)
       slots = slots.at[k // size + 1].add(y.astype(x.dtype))
     if self.readout_query is not None:
       out = self.readout_query(slots)

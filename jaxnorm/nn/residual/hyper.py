@@ -19,7 +19,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxnorm import _checks, residual
-from jaxnorm.nn import _param
+from jaxnorm.nn import _param, layers
 from jaxnorm.nn.residual._common import (
   Branch,
   NormSpec,
@@ -138,6 +138,9 @@ class StreamStack(nnx.Module):
   or ``"mean"``). See `jaxnorm.residual.expand_streams` and
   `jaxnorm.residual.reduce_streams`.
 
+  ``remat`` (`jaxnorm.nn.layers.REMAT_CHOICES`) runs every sublayer under
+  that `jax.checkpoint` policy, the parameters unchanged.
+
   Examples:
     >>> steps = [HyperConnection(4, layer_index=k, num_streams=2,
     ...                          rngs=nnx.Rngs(k)) for k in range(2)]
@@ -154,8 +157,10 @@ class StreamStack(nnx.Module):
     num_features: int,
     num_streams: int,
     readout: residual.Readout = "sum",
+    remat: layers.RematName = "none",
   ):
     who = "StreamStack"
+    layers.check_remat(who, remat)
     blocks = check_blocks(who, blocks)
     if len(steps) != len(blocks):
       raise ValueError(
@@ -164,7 +169,7 @@ class StreamStack(nnx.Module):
       )
     _checks.check_choice(who, "readout", readout, residual.READOUTS)
     self.num_features, self.num_streams = num_features, num_streams
-    self.readout = readout
+    self.readout, self.remat = readout, remat
     self.blocks, self.steps = nnx.List(blocks), nnx.List(steps)
 
   def __call__(
@@ -178,7 +183,7 @@ class StreamStack(nnx.Module):
     h = residual.expand_streams(x, self.num_streams)
     hidden = []
     for block, step in zip(self.blocks, self.steps):
-      h = step(h, Branch(block))
+      h = step(h, Branch(block, self.remat))
       if return_hidden:
         hidden.append(residual.reduce_streams(h, readout=self.readout))
     out = residual.reduce_streams(h, readout=self.readout)
@@ -193,6 +198,7 @@ def make_stream_stack(
   rngs: nnx.Rngs,
   sublayers_per_layer: int,
   readout: residual.Readout,
+  remat: layers.RematName = "none",
   **options: Any,
 ) -> StreamStack:
   """A `StreamStack` of the steps ``step`` makes (HC, mHC, oHC, iHC)."""
@@ -210,4 +216,5 @@ def make_stream_stack(
     num_features=num_features,
     num_streams=options["num_streams"],
     readout=readout,
+    remat=remat,
   )

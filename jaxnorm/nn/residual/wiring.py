@@ -21,7 +21,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxnorm import _checks, residual
-from jaxnorm.nn import _param
+from jaxnorm.nn import _param, layers
 from jaxnorm.nn.residual._common import (
   Branch,
   NormSpec,
@@ -318,6 +318,9 @@ class ResidualStack(nnx.Module):
   sublayer (one module may serve several sublayers, e.g. ReZero's gate
   shared by a layer's attention and MLP).
 
+  ``remat`` (`jaxnorm.nn.layers.REMAT_CHOICES`) runs every sublayer under
+  that `jax.checkpoint` policy (`Branch`); the parameters are unchanged.
+
   ``fused=True`` (pre-norm steps without LayerNorm Scaling whose norms have
   an ``add_and_norm`` method, e.g. `RMSNorm`, `LayerNorm`) runs each
   residual add together with the next step's norm, ``(h, y) =
@@ -340,8 +343,10 @@ class ResidualStack(nnx.Module):
     *,
     num_features: int,
     fused: bool = False,
+    remat: layers.RematName = "none",
   ):
     who = "ResidualStack"
+    layers.check_remat(who, remat)
     blocks = check_blocks(who, blocks)
     if len(steps) != len(blocks):
       raise ValueError(
@@ -360,7 +365,7 @@ class ResidualStack(nnx.Module):
           f"steps[{k}] is {type(step).__name__} with norm "
           f"{type(getattr(step, 'norm', None)).__name__}"
         )
-    self.num_features, self.fused = num_features, fused
+    self.num_features, self.fused, self.remat = num_features, fused, remat
     self.blocks, self.steps = nnx.List(blocks), nnx.List(steps)
 
   def __call__(
@@ -375,14 +380,14 @@ class ResidualStack(nnx.Module):
     if self.fused:
       return residual.fused_pre_norm(
         x,
-        [Branch(block) for block in self.blocks],
+        [Branch(block, self.remat) for block in self.blocks],
         self.steps[0].norm,
         [step.norm.add_and_norm for step in self.steps[1:]],
         return_hidden=return_hidden,
       )
     hidden = []
     for block, step in zip(self.blocks, self.steps):
-      x = step(x, Branch(block))
+      x = step(x, Branch(block, self.remat))
       hidden.append(x)
     return (x, jnp.stack(hidden)) if return_hidden else x
 
@@ -395,6 +400,7 @@ def make_residual_stack(
   rngs: nnx.Rngs,
   sublayers_per_layer: int,
   fused_implementation: str | None = None,
+  remat: layers.RematName = "none",
   **options: Any,
 ) -> ResidualStack:
   """A `ResidualStack` of the steps ``step`` makes, one per sublayer.
@@ -424,5 +430,9 @@ def make_residual_stack(
     **options,
   )
   return ResidualStack(
-    blocks, steps, num_features=num_features, fused=fused is not None
+    blocks,
+    steps,
+    num_features=num_features,
+    fused=fused is not None,
+    remat=remat,
   )
