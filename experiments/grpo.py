@@ -57,7 +57,9 @@ def advantages(arm: str, r: jax.Array) -> jax.Array:
     return rl.grpo_advantages(jnp.sum(r, -1), scale_by_std=False)
   if arm == "corrgrpo":
     return rl.corrgrpo_advantages(r)
-  return rl.gdpo_advantages(r)
+  # The paper's equation, as NVlabs' TRL implementation computes it: one
+  # observation per response in the batch normalization.
+  return rl.gdpo_advantages(r, batch_normalization="trl")
 
 
 def expected_match(theta, target):

@@ -17,6 +17,7 @@ from typing import Literal
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jaxtyping import Array, ArrayLike, Bool, Float, Int
 
 from jaxnorm import _checks, _scope
@@ -25,13 +26,17 @@ from jaxnorm.rl import _common
 Singleton = Literal["zero", "verl"]
 Aggregation = Literal[
   "token_mean",
+  "token_sum",
   "seq_mean_token_mean",
   "seq_mean_token_sum",
   "seq_mean_token_sum_norm",
 ]
 _SINGLETONS = ("zero", "verl")
+# verl's seq-mean-token-mean divides each response's sum by (n_i + 1e-8).
+_SEQ_MEAN_EPS = 1e-8
 AGGREGATIONS = (
   "token_mean",
+  "token_sum",
   "seq_mean_token_mean",
   "seq_mean_token_sum",
   "seq_mean_token_sum_norm",
@@ -213,6 +218,8 @@ def grpo_policy_loss(
   kl_coef: float = 0.04,
   agg: Aggregation = "seq_mean_token_mean",
   norm_length: int | None = None,
+  batch_num_tokens: ArrayLike | None = None,
+  global_batch_size: ArrayLike | None = None,
 ) -> Float[Array, ""]:
   r"""The GRPO clipped surrogate with a k3 KL penalty, as a loss to minimize.
 
@@ -222,18 +229,48 @@ def grpo_policy_loss(
       + \beta\,k_3(\pi_\theta, \pi_{ref})_{i,t},\quad
     \rho = e^{\log\pi_\theta - \log\pi_{old}}
 
-  aggregated over the valid tokens as verl's ``agg_loss``:
+  aggregated over the valid tokens (``mask``) exactly as verl's
+  ``agg_loss`` (``verl/trainer/ppo/core_algos.py``, ``verl-project/verl``
+  commit 1dda039b9c63, 2026-08-22, identical in release v0.9.0), with
+  :math:`m_{i,t}` the mask, :math:`n_i = \sum_t m_{i,t}` the valid tokens of
+  response :math:`i` and :math:`s_i = \sum_t m_{i,t}\ell_{i,t}`:
 
   * ``"seq_mean_token_mean"`` (the paper's :math:`\frac1G\sum_i
-    \frac1{|o_i|}\sum_t`);
-  * ``"token_mean"``: one mean over every valid token (DAPO);
-  * ``"seq_mean_token_sum"``: per-sequence sums, averaged;
-  * ``"seq_mean_token_sum_norm"``: per-sequence sums over a constant
-    ``norm_length`` (default ``T``), averaged (Dr.GRPO).
+    \frac1{|o_i|}\sum_t`): :math:`\frac1{N_{seq}}\sum_{i: n_i>0}
+    \frac{s_i}{n_i + 10^{-8}}`;
+  * ``"token_mean"`` (DAPO; verl's default): :math:`\sum_i s_i / N_{tok}`;
+  * ``"token_sum"``: :math:`\sum_i s_i`;
+  * ``"seq_mean_token_sum"``: :math:`\frac1{N_{seq}}\sum_{i: n_i>0} s_i`;
+  * ``"seq_mean_token_sum_norm"`` (Dr.GRPO): :math:`\frac1{N_{seq}\,L}
+    \sum_{i: n_i>0} s_i` with the constant :math:`L` = ``norm_length``
+    (verl's ``loss_scale_factor``, default ``T``).
+
+  :math:`N_{tok}` = ``batch_num_tokens``, by default :math:`\sum_i n_i`.
+  :math:`N_{seq}` = ``global_batch_size``, by default the number of
+  responses with at least one valid token: verl's ``agg_loss`` leaves fully
+  masked responses out of the sequence means. verl's PPO trainer instead
+  passes ``global_batch_size = ppo_mini_batch_size * rollout.n`` (every
+  response of the mini-batch, empty ones included;
+  ``verl/trainer/ppo/ray_trainer.py``) and the mini-batch's token count as
+  ``batch_num_tokens``; pass the same numbers to reproduce a trainer step,
+  e.g. ``global_batch_size=B`` to count empty responses. When a batch is
+  split into micro-batches, pass the whole batch's counts to every
+  micro-batch and sum the micro-batch losses (verl's gradient
+  accumulation).
 
   Gradients flow through ``logp`` only (``old_logp``, ``ref_logp`` and the
-  advantages are stopped). A sequence without valid tokens contributes 0 to
-  ``seq_mean_token_mean``.
+  advantages are stopped).
+
+  Deviation: where the denominator is 0 (no valid token in the batch, in
+  the default counts) verl returns 0/0 = NaN; this returns 0 (zero
+  gradient). verl's ``dp_size`` argument is absent: it multiplies each
+  data-parallel rank's loss so that DDP's gradient average gives the global
+  sum over the global counts, while a jitted JAX program computes the loss
+  of the global batch (``dp_size = 1``). The per-token loss follows the
+  GRPO paper: verl's ``compute_policy_loss_vanilla`` also clamps the log
+  ratio to :math:`[-20, 20]` and applies the dual clip (``clip_ratio_c =
+  3``) to negative advantages, and its ``low_var_kl`` clamps k3 to
+  :math:`[-10, 10]`; none of these is applied here.
 
   Args:
     logp: ``(B, T)`` log-probabilities of the sampled tokens, current policy.
@@ -244,7 +281,11 @@ def grpo_policy_loss(
     clip_eps: :math:`\varepsilon`.
     kl_coef: :math:`\beta` (ignored without ``ref_logp``).
     agg: aggregation mode (above).
-    norm_length: the constant of ``"seq_mean_token_sum_norm"``.
+    norm_length: :math:`L` of ``"seq_mean_token_sum_norm"``.
+    batch_num_tokens: scalar :math:`N_{tok}` of ``"token_mean"``, or
+      ``None`` (the valid tokens of ``mask``).
+    global_batch_size: scalar :math:`N_{seq}` of the ``"seq_mean_*"``
+      modes, or ``None`` (the responses of ``mask`` with a valid token).
 
   Returns:
     Scalar loss in the compute dtype.
@@ -252,7 +293,9 @@ def grpo_policy_loss(
   Raises:
     TypeError: for non-floating log-probabilities or advantages.
     ValueError: for ranks/shapes that do not match, a bad ``agg``, negative
-      ``clip_eps`` or ``kl_coef``, or a non-positive ``norm_length``.
+      ``clip_eps`` or ``kl_coef``, a non-positive ``norm_length``, or a
+      ``batch_num_tokens``/``global_batch_size`` that is not a scalar or is
+      a non-positive number.
 
   Examples:
     >>> logp = jnp.log(jnp.array([[0.5, 0.5]]))  # one response of two tokens
@@ -260,10 +303,19 @@ def grpo_policy_loss(
     ...                            jnp.ones((1, 2), bool))
     >>> print(np.asarray(loss))  # ratio 1: minus the advantage
     -2.0
+    >>> mask = jnp.array([[True, True], [False, False]])  # 2nd one is empty
+    >>> logp2 = jnp.concatenate([logp, logp])
+    >>> adv = jnp.array([2.0, 5.0])
+    >>> print(np.asarray(rl.grpo_policy_loss(logp2, logp2, None, adv, mask)))
+    -2.0
+    >>> print(np.asarray(rl.grpo_policy_loss(  # count it, as verl's trainer
+    ...     logp2, logp2, None, adv, mask, global_batch_size=2)))
+    -1.0
 
   References:
     Shao et al., arXiv:2402.03300 (2024), eq. 3; Liu et al.,
-    arXiv:2503.20783 (2025); verl ``agg_loss`` (CorrGRPO repository).
+    arXiv:2503.20783 (2025); verl ``agg_loss`` (``verl-project/verl``
+    1dda039b9c63, ``verl/trainer/ppo/core_algos.py``).
   """
   who = "grpo_policy_loss"
   _checks.check_choice(who, "agg", agg, AGGREGATIONS)
@@ -281,6 +333,12 @@ def grpo_policy_loss(
     )
   if norm_length is not None:
     _checks.check_positive_int(who, "norm_length", norm_length)
+  for name, count in (
+    ("batch_num_tokens", batch_num_tokens),
+    ("global_batch_size", global_batch_size),
+  ):
+    if count is not None:
+      _check_count(who, name, count)
   lp = _common.as_float(who, "logp", logp)
   dt = lp.dtype
   old = jax.lax.stop_gradient(
@@ -301,11 +359,38 @@ def grpo_policy_loss(
   m = jnp.asarray(mask, bool)
   w = m.astype(dt)
   loss = jnp.where(m, loss, 0.0)
+  if agg == "token_sum":
+    return jnp.sum(loss)
   if agg == "token_mean":
-    return jnp.sum(loss) / jnp.maximum(jnp.sum(w), 1.0)
+    den = jnp.sum(w) if batch_num_tokens is None else batch_num_tokens
+    return jnp.sum(loss) / _denominator(den, dt)
+  tokens = jnp.sum(w, axis=-1)
   seq = jnp.sum(loss, axis=-1)
   if agg == "seq_mean_token_mean":
-    seq = seq / jnp.maximum(jnp.sum(w, axis=-1), 1.0)
-  elif agg == "seq_mean_token_sum_norm":
-    seq = seq / (shape[1] if norm_length is None else norm_length)
-  return jnp.mean(seq)
+    seq = seq / (tokens + _SEQ_MEAN_EPS)
+  kept = tokens > 0  # fully masked responses are left out (verl)
+  den = global_batch_size
+  if den is None:
+    den = jnp.sum(kept.astype(dt))
+  out = jnp.sum(jnp.where(kept, seq, 0.0)) / _denominator(den, dt)
+  if agg == "seq_mean_token_sum_norm":
+    out = out / (shape[1] if norm_length is None else norm_length)
+  return out
+
+
+def _check_count(who: str, name: str, count: ArrayLike) -> None:
+  """A global count: a scalar; a positive one when it is a static number."""
+  if jnp.ndim(count) != 0:
+    raise ValueError(
+      f"{who}: {name} must be a scalar, got {name}.shape={jnp.shape(count)}"
+    )
+  if isinstance(count, bool) or (
+    isinstance(count, (int, float, np.integer, np.floating)) and count <= 0
+  ):
+    raise ValueError(f"{who}: {name} must be a positive number, got {count!r}")
+
+
+def _denominator(count: ArrayLike, dtype) -> jax.Array:
+  """``count`` in ``dtype``, with 0 replaced by 1 (a 0/0 loss becomes 0)."""
+  c = jnp.asarray(count).astype(dtype)
+  return jnp.where(c > 0, c, jnp.ones_like(c))

@@ -3,12 +3,16 @@
 Loop-per-group re-implementations of ``compute_grpo_outcome_advantage``,
 ``grpo_covariance_coefficient``, GDPO with ``masked_whiten`` and the process
 supervision of DeepSeekMath, written from the equations in the project spec
-(``graph_rl_misc.md`` section 2), independent of ``jaxnorm.rl``.
+(``graph_rl_misc.md`` section 2), independent of ``jaxnorm.rl``. The policy
+loss's aggregation is `verl_agg`'s transcription of verl's ``agg_loss``; the
+official GDPO code is transcribed in `gdpo_official`.
 """
 
 from __future__ import annotations
 
 import numpy as np
+
+from tests.oracles import verl_agg
 
 
 def grpo(scores, *, eps=1e-6, scale=True, singleton="verl"):
@@ -87,8 +91,12 @@ def process(step_rewards, step_mask, step_index, num_tokens, *, eps=1e-6):
   return out
 
 
-def policy_loss(logp, old, ref, adv, mask, *, clip_eps, kl_coef, agg):
-  """GRPO clipped surrogate + k3 KL, aggregated like verl's ``agg_loss``."""
+def policy_loss(logp, old, ref, adv, mask, *, clip_eps, kl_coef, agg, **counts):
+  """GRPO clipped surrogate + k3 KL, aggregated by verl's ``agg_loss``.
+
+  ``agg`` is jaxnorm's mode name; ``counts`` (``batch_num_tokens``,
+  ``global_batch_size``, ``loss_scale_factor``) go to `verl_agg.agg_loss`.
+  """
   logp, old = np.asarray(logp, np.float64), np.asarray(old, np.float64)
   adv = np.asarray(adv, np.float64)
   if adv.ndim == 1:
@@ -103,12 +111,5 @@ def policy_loss(logp, old, ref, adv, mask, *, clip_eps, kl_coef, agg):
       if ref is not None:
         d = ref[i, j] - logp[i, j]
         v += kl_coef * (np.exp(d) - d - 1)
-      loss[i, j] = v if mask[i, j] else 0.0
-  if agg == "token_mean":
-    return loss.sum() / max(mask.sum(), 1)
-  seq = loss.sum(-1)
-  if agg == "seq_mean_token_mean":
-    seq = seq / np.maximum(mask.sum(-1), 1)
-  elif agg == "seq_mean_token_sum_norm":
-    seq = seq / t
-  return seq.mean()
+      loss[i, j] = v
+  return verl_agg.agg_loss(loss, mask, agg.replace("_", "-"), **counts)
