@@ -14,10 +14,12 @@ Conventions shared by every function here:
 * Pallas has no complex support, so there are no kernels.
 
 Modules, one per paper or family: `basics` (layout and safe kinks),
-`norms` (Deep Complex Networks whitening, CNet TokenNorm, block L2 norm),
+`norms` (Deep Complex Networks whitening, CNet TokenNorm, the PCT's RMS
+norm, block L2 norm),
 `activations`, `layers` (dense, conv, complex RoPE, widely-linear
 conversion), `born` (CNet's Born rule: probabilities, cross-entropy,
-attention), `cnet` (CNet's causal Fourier mixing), `complexformer`
+attention), `cnet` (CNet's causal Fourier mixing, FFT-Hadamard
+convolution, Pad and MeanPool), `complexformer`
 (ComplexFormer attention), `pct` (Phase-Coherent Transformer attention and
 gates), `softmax` (complex softmax attention) and `fairy2i` (PhaseQuant).
 ``__all__`` holds the functions, the state of `complex_batch_norm` and two
@@ -57,7 +59,13 @@ from jaxnorm.cplx.born import (
   born_cross_entropy,
   born_probs,
 )
-from jaxnorm.cplx.cnet import causal_fourier_mix
+from jaxnorm.cplx.cnet import (
+  causal_fourier_mix,
+  fourier_hadamard_conv,
+  local_kernel_index,
+  mean_pool,
+  pad_kernel,
+)
 from jaxnorm.cplx.complexformer import (
   complexformer_attention,
   complexformer_logits,
@@ -85,6 +93,7 @@ from jaxnorm.cplx.norms import (
   complex_rms_norm,
   init_complex_batch_norm_state,
   init_whitening_scale,
+  pct_rms_norm,
 )
 from jaxnorm.cplx.pct import PCT_GATES, pct_attention
 from jaxnorm.cplx.softmax import complex_softmax_attention
@@ -113,12 +122,17 @@ __all__ = [
   "complexformer_logits",
   "crelu",
   "fairy2i_quantize_kernel",
+  "fourier_hadamard_conv",
   "init_complex_batch_norm_state",
   "init_whitening_scale",
+  "local_kernel_index",
+  "mean_pool",
   "modrelu",
   "modulus",
   "modulus_squared",
+  "pad_kernel",
   "pct_attention",
+  "pct_rms_norm",
   "phase",
   "phase_codes",
   "phase_quantize",

@@ -381,6 +381,74 @@ def complex_rms_norm(
 
 
 @_scope.scoped
+def pct_rms_norm(
+  x: Complex[ArrayLike, "... d"],
+  scale: Complex[ArrayLike, " d"] | None = None,
+  *,
+  eps: float = 1e-12,
+  axis: int = -1,
+) -> Complex[Array, "... d"]:
+  r"""The Phase-Coherent Transformer's ``ComplexRMSNorm`` (output RMS 1/d).
+
+  .. math:: y = \mathrm{scale} \odot \frac{x}{\sqrt{d}\,
+     \sqrt{\max(\sum_j |x_j|^2,\ \epsilon)}}
+
+  The PCT's official norm (``baselines/lucidrains_cvt``, ``ComplexRMSNorm``
+  as the PCT repository modified it: ``self.scale = dim ** -0.5`` where
+  lucidrains has ``dim ** 0.5``): the L2-normalized token times a complex
+  gain (init 1) and :math:`d^{-1/2}`, so with unit gain the token's L2 norm
+  is :math:`d^{-1/2}` and its per-element RMS modulus :math:`1/d`, not 1 as
+  in CNet's TokenNorm (`complex_rms_norm`). ``eps`` clamps the sum of
+  squares from below (``clamp_min(1e-12)``), it is not added: away from 0
+  this is exactly ``complex_rms_norm(x, scale / d, eps=0)``. An all-zero
+  token returns zeros with a finite gradient.
+
+  Phase-equivariant (:math:`f(e^{i\alpha}x) = e^{i\alpha}f(x)`) and
+  invariant to a positive rescaling of ``x`` (where the clamp is inactive).
+
+  Args:
+    x: complex input.
+    scale: complex ``(d,)`` gain (the code's ``gamma``, init 1) or ``None``.
+    eps: the lower clamp of :math:`\sum_j |x_j|^2`.
+    axis: the feature axis.
+
+  Returns:
+    ``x``'s shape and dtype.
+
+  Raises:
+    TypeError: for a non-complex ``x`` or ``scale``.
+    ValueError: for a bad ``axis`` or ``scale`` shape.
+
+  Examples:
+    >>> y = cplx.pct_rms_norm(jnp.array([3 + 0j, 4j, 0j, 0j]))  # d = 4
+    >>> print(np.asarray(y).round(4))  # x / (||x|| sqrt(d)), ||x|| = 5
+    [0.3+0.j  0. +0.4j 0. +0.j  0. +0.j ]
+
+  References:
+    Hioki, *Complex-Valued Phase-Coherent Transformer*, arXiv:2605.10123
+    (2026); code ``leohio/phase-coherent-transformer-r-d`` at commit
+    ``aa228b76c47f10697f964a9b2782e367a32774e5``,
+    ``code/complex_nn_experiment/baselines/lucidrains_cvt/``
+    ``complex_valued_transformer.py``.
+  """
+  who = "pct_rms_norm"
+  _common.check_complex(who, "x", x)
+  x = jnp.asarray(x)
+  (feat,) = _checks.normalize_axes(who, axis, x.ndim)
+  if scale is not None:
+    _common.check_complex(who, "scale", scale)
+    _checks.check_shape(who, "scale", scale, (x.shape[feat],), "x.shape[axis]")
+  xf = x.astype(_common.complex_dtype(x))
+  d = x.shape[feat]
+  sq = jnp.sum(_common.abs2(xf), axis=feat, keepdims=True)
+  inv = jax.lax.rsqrt(jnp.maximum(sq, eps) * d)
+  y = xf * inv.astype(xf.dtype)
+  if scale is not None:
+    y = y * _numerics.expand(scale, x.ndim, (feat,), xf.dtype)
+  return y.astype(x.dtype)
+
+
+@_scope.scoped
 def complex_l2_normalize(
   z: Complex[ArrayLike, "..."],
   *,

@@ -1,8 +1,10 @@
-"""Oracle tests of `jaxnorm.cplx.pct`: Phase-Coherent Transformer attention.
+"""Oracle tests of the Phase-Coherent Transformer's attention and norm.
 
 Oracles: a NumPy port (tests/oracles/complex_numpy.py) of the official PCT
-forward; phase invariances; causality, chunking and finite gradients of
-every gate.
+attention forward; phase invariances; causality, chunking and finite
+gradients of every gate. `jaxnorm.cplx.pct_rms_norm` against a transcription
+of the repository's ``ComplexRMSNorm`` (tests/oracles/cnet_pct_numpy.py),
+its output RMS ``1/d`` and its relation to CNet's TokenNorm.
 """
 
 import jax
@@ -12,6 +14,7 @@ import pytest
 
 from jaxnorm import cplx
 from tests.cplx import _common as c
+from tests.oracles import cnet_pct_numpy as official
 from tests.oracles import complex_numpy as ref
 
 RNG = np.random.default_rng(1)
@@ -91,3 +94,51 @@ def test_pct_errors():
     cplx.pct_attention(q, k, v, b, chunk_size=2)
   with pytest.raises(TypeError, match=r"pct_attention: bias must have a real"):
     cplx.pct_attention(q, k, v, b, jnp.ones((1, 1, T, T), jnp.complex64))
+
+
+# ---------------------------------------------------------------------------
+# The PCT's ComplexRMSNorm.
+
+
+def test_pct_rms_norm_matches_official_and_has_rms_one_over_d():
+  x = c.np_cnormal(RNG, (3, 5, 8))
+  gamma = c.np_cnormal(RNG, (8,))
+  want = official.pct_rms_norm(x, gamma)
+  got = cplx.pct_rms_norm(
+    jnp.asarray(x, jnp.complex64), jnp.asarray(gamma, jnp.complex64)
+  )
+  c.close(got, want, atol=2e-6)
+  with jax.enable_x64(True):
+    got64 = cplx.pct_rms_norm(jnp.asarray(x), jnp.asarray(gamma))
+    np.testing.assert_allclose(got64, want, atol=1e-14)
+    # Unit gain: per-element RMS modulus 1/d (CNet's TokenNorm: 1).
+    y = np.asarray(cplx.pct_rms_norm(jnp.asarray(x)))
+    rms = np.sqrt((np.abs(y) ** 2).mean(-1))
+    np.testing.assert_allclose(rms, 1 / 8, rtol=1e-12)
+    cnet = np.asarray(cplx.complex_rms_norm(jnp.asarray(x), eps=0.0))
+    np.testing.assert_allclose(np.sqrt((np.abs(cnet) ** 2).mean(-1)), 1.0)
+    # complex_rms_norm(x, gamma / d, eps=0) away from zero.
+    alt = cplx.complex_rms_norm(jnp.asarray(x), jnp.asarray(gamma) / 8, eps=0.0)
+    np.testing.assert_allclose(got64, alt, atol=1e-14)
+    # Axis 0, phase equivariance and scale invariance.
+    got0 = cplx.pct_rms_norm(jnp.asarray(np.moveaxis(x, -1, 0)), axis=0)
+    np.testing.assert_allclose(np.moveaxis(np.asarray(got0), 0, -1), y)
+    rot = np.exp(0.7j)
+    np.testing.assert_allclose(
+      cplx.pct_rms_norm(jnp.asarray(rot * 3.0 * x)), rot * y, atol=1e-14
+    )
+
+
+def test_pct_rms_norm_zero_token_and_errors():
+  zero = jnp.zeros((2, 4), jnp.complex64)
+  assert float(jnp.abs(cplx.pct_rms_norm(zero)).sum()) == 0.0
+  g = jax.grad(lambda t: jnp.sum(jnp.real(cplx.pct_rms_norm(t))))(zero)
+  assert c.finite(g)
+  with pytest.raises(TypeError, match=r"pct_rms_norm: x must have a complex"):
+    cplx.pct_rms_norm(jnp.ones(4))
+  with pytest.raises(TypeError, match=r"pct_rms_norm: scale must have"):
+    cplx.pct_rms_norm(zero, jnp.ones(4))
+  with pytest.raises(ValueError, match=r"pct_rms_norm: scale must have shape"):
+    cplx.pct_rms_norm(zero, jnp.ones(3, jnp.complex64))
+  with pytest.raises(ValueError, match=r"pct_rms_norm: axis must be"):
+    cplx.pct_rms_norm(zero, axis=2)

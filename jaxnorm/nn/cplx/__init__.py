@@ -5,10 +5,13 @@ complex64 unless stated) and calls one pure function of `jaxnorm.cplx`; the
 maths and references live there. One module per family:
 
 * `jaxnorm.nn.cplx.layers`: `ComplexDense`, `ComplexConv`, `ModReLU` and
-  the complex inits `complex_glorot`, `complex_he`.
+  the complex inits `complex_glorot`, `complex_he`, `cnet_input_init`
+  (CNet's ``CInput``) and `torch_linear_init` (PyTorch's ``nn.Linear``).
 * `jaxnorm.nn.cplx.norms`: `ComplexBatchNorm`, `ComplexLayerNorm`,
-  `ComplexRMSNorm` (complex-native, or real pairs with
+  `ComplexRMSNorm`, `PCTRMSNorm` (complex-native, or real pairs with
   ``real_pairs=True``) and their registry entries `NORM_SPECS`.
+* `jaxnorm.nn.cplx.cnet`: `FourierHadamardConv` (CNet's padded
+  FFT-Hadamard convolution).
 * `jaxnorm.nn.cplx.born`, `jaxnorm.nn.cplx.complexformer`,
   `jaxnorm.nn.cplx.pct`, `jaxnorm.nn.cplx.softmax`: the cores
   `BornAttention`, `ComplexFormerAttention`, `PCTAttention`,
@@ -18,8 +21,9 @@ maths and references live there. One module per family:
   projections and RoPE around a complex core of the attention registry).
 * `jaxnorm.nn.cplx.models`: `ComplexLM` (CNet / PCT style language model,
   built from the complex norms and cores of the registries by name, or
-  CNet's causal Fourier mixing, `FOURIER`) and `CVCNN` (the CV-CNN of the
-  CNN vs CV-CNN study).
+  CNet's causal Fourier mixing, `FOURIER`; `ComplexLMConfig.cnet_official`
+  and `ComplexLMConfig.pct_official` are the official stacks) and `CVCNN`
+  (the CV-CNN of the CNN vs CV-CNN study).
 
 Complex parameters need conjugated gradients: train them with
 `jaxnorm.optim.complex.complex_adam` (plain optax climbs the loss in every
@@ -34,14 +38,17 @@ Examples:
 
 from jaxnorm.nn.cplx._registry import ATTENTION_SPECS
 from jaxnorm.nn.cplx.born import BornAttention
+from jaxnorm.nn.cplx.cnet import FourierHadamardConv
 from jaxnorm.nn.cplx.complexformer import ComplexFormerAttention
 from jaxnorm.nn.cplx.layers import (
   ComplexConv,
   ComplexDense,
   ModReLU,
   Names,
+  cnet_input_init,
   complex_glorot,
   complex_he,
+  torch_linear_init,
 )
 from jaxnorm.nn.cplx.models import (
   CVCNN,
@@ -58,6 +65,7 @@ from jaxnorm.nn.cplx.norms import (
   ComplexBatchNorm,
   ComplexLayerNorm,
   ComplexRMSNorm,
+  PCTRMSNorm,
 )
 from jaxnorm.nn.cplx.pct import PCTAttention
 from jaxnorm.nn.cplx.softmax import ComplexSoftmaxAttention
@@ -80,10 +88,14 @@ __all__ = [
   "ComplexMultiHeadAttention",
   "ComplexRMSNorm",
   "ComplexSoftmaxAttention",
+  "FourierHadamardConv",
   "ModReLU",
   "Names",
   "PCTAttention",
+  "PCTRMSNorm",
+  "cnet_input_init",
   "complex_glorot",
   "complex_he",
   "count_real_parameters",
+  "torch_linear_init",
 ]

@@ -7,6 +7,8 @@ maths and references live.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -54,6 +56,67 @@ def complex_he(
   return init(key, shape, dtype)
 
 
+def cnet_input_init(key: jax.Array, shape, dtype=jnp.complex64) -> jax.Array:
+  """CNet's ``CInput`` init: ``Re ~ U(-1/2, 1/2)``, ``Im = sqrt(1 - Re^2)``.
+
+  Both parts are divided by the parameter's element count ``n`` (CNet's
+  ``CFunc::init_inputs``: ``re / length``, ``sqrt(1 - re^2) / length``), so
+  every entry has a positive imaginary part and modulus exactly ``1/n``. CNet
+  draws every weight of a net this way (its Q, K, V, output, FFN and head
+  matrices and the learned positional table); only the token embedding has
+  its own init (``CEmbedding``, divided by ``sqrt(E)``; ``emb_gauss``).
+
+  Examples:
+    >>> w = cnet_input_init(jax.random.key(0), (4, 8))  # n = 32
+    >>> bool(jnp.all(w.imag > 0)), bool(jnp.all(jnp.abs(w) * 32 <= 1.0 + 1e-6))
+    (True, True)
+
+  References:
+    Crasmaru, *CNet* (code ``crasmarum/CNet`` at commit
+    ``4730a732738e2675215fa5f010387b9a1c37412b``, ``impl/cfunc.h``).
+  """
+  n = math.prod(shape)
+  real = jnp.finfo(jnp.dtype(dtype)).dtype
+  re = jax.random.uniform(key, shape, real, minval=-0.5, maxval=0.5)
+  im = jnp.sqrt(1.0 - re * re)
+  return (jax.lax.complex(re, im) / n).astype(dtype)
+
+
+def torch_linear_init(fan_in: int) -> Callable[..., jax.Array]:
+  """PyTorch's ``nn.Linear`` default init: ``U(-1/sqrt(fan_in), ...)``.
+
+  ``kaiming_uniform_(a=sqrt(5))`` on the weight and ``uniform_(-b, b)`` on
+  the bias both draw from ``U(-b, b)``, ``b = 1/sqrt(fan_in)``; on a complex
+  tensor PyTorch's ``uniform_`` draws the real and imaginary parts
+  independently (``at::view_as_real``). The PCT's complex FFN
+  (``nn.Linear(dtype=cfloat)``) and real readout keep this init.
+
+  Args:
+    fan_in: the layer's input features.
+
+  Returns:
+    An initializer ``(key, shape, dtype) -> array`` (complex or real).
+
+  Examples:
+    >>> init = torch_linear_init(4)  # bound 1/2
+    >>> w = init(jax.random.key(0), (4, 3), jnp.complex64)
+    >>> bool(jnp.all(jnp.abs(w.real) <= 0.5)), bool(jnp.all(w.imag != 0))
+    (True, True)
+  """
+  _checks.check_positive_int("torch_linear_init", "fan_in", fan_in)
+  bound = 1.0 / math.sqrt(fan_in)
+
+  def init(key: jax.Array, shape, dtype=jnp.float32) -> jax.Array:
+    dtype = jnp.dtype(dtype)
+    if not jnp.issubdtype(dtype, jnp.complexfloating):
+      return jax.random.uniform(key, shape, dtype, -bound, bound)
+    real = jnp.finfo(dtype).dtype
+    u = jax.random.uniform(key, (2, *shape), real, -bound, bound)
+    return jax.lax.complex(u[0], u[1]).astype(dtype)
+
+  return init
+
+
 def _zeros(shape, dtype, names: Names) -> nnx.Param:
   return _param.param(jnp.zeros(shape, dtype), names)
 
@@ -65,7 +128,9 @@ def _zeros(shape, dtype, names: Names) -> nnx.Param:
 class ComplexDense(nnx.Module):
   """Complex dense layer; maths in `jaxnorm.cplx.complex_dense`.
 
-  Parameters: ``kernel (in, out)`` complex Glorot, ``bias (out,)`` zeros.
+  Parameters: ``kernel (in, out)`` complex Glorot, ``bias (out,)`` zeros
+  (``kernel_init``, ``bias_init``: flax initializers called with the shape
+  and ``param_dtype``, e.g. `cnet_input_init` or `torch_linear_init`).
 
   Examples:
     >>> dense = ComplexDense(2, 3, rngs=nnx.Rngs(0))
@@ -80,6 +145,8 @@ class ComplexDense(nnx.Module):
     out_features: int,
     *,
     use_bias: bool = True,
+    kernel_init: Callable[..., jax.Array] | None = None,
+    bias_init: Callable[..., jax.Array] | None = None,
     param_dtype: Any = jnp.complex64,
     axis_names: Names = ("embed", "mlp"),
     rngs: nnx.Rngs,
@@ -87,15 +154,20 @@ class ComplexDense(nnx.Module):
     who = "ComplexDense"
     _checks.check_positive_int(who, "in_features", in_features)
     _checks.check_positive_int(who, "out_features", out_features)
+    init = complex_glorot if kernel_init is None else kernel_init
     self.kernel = _param.param(
-      complex_glorot(rngs.params(), (in_features, out_features), param_dtype),
+      init(rngs.params(), (in_features, out_features), param_dtype),
       axis_names,
     )
-    self.bias = (
-      _zeros((out_features,), param_dtype, axis_names and axis_names[-1:])
-      if use_bias
-      else None
-    )
+    bias_names = axis_names and axis_names[-1:]
+    if not use_bias:
+      self.bias = None
+    elif bias_init is None:
+      self.bias = _zeros((out_features,), param_dtype, bias_names)
+    else:
+      self.bias = _param.param(
+        bias_init(rngs.params(), (out_features,), param_dtype), bias_names
+      )
 
   def __call__(self, x: jax.Array) -> jax.Array:
     """``x @ kernel + bias`` for complex ``x (..., in)``."""
@@ -160,7 +232,9 @@ class ComplexConv(nnx.Module):
 class ModReLU(nnx.Module):
   """modReLU with a learned real bias; maths in `jaxnorm.cplx.modrelu`.
 
-  Parameter: ``bias (d,)`` real, init 0 (PCT; ``power=2`` in its FFN).
+  Parameter: ``bias (d,)`` real, init 0; ``per_feature=False`` keeps one
+  scalar ``bias ()`` for all features, as the PCT's official FFN does
+  (``ModReLU.bias = nn.Parameter(torch.tensor(0.))``, ``power=2``).
 
   Examples:
     >>> act = ModReLU(2, rngs=nnx.Rngs(0))
@@ -174,6 +248,7 @@ class ModReLU(nnx.Module):
     num_features: int,
     *,
     power: int = 1,
+    per_feature: bool = True,
     param_dtype: Any = jnp.float32,
     rngs: nnx.Rngs,
   ):
@@ -181,7 +256,11 @@ class ModReLU(nnx.Module):
     _checks.check_positive_int("ModReLU", "num_features", num_features)
     _checks.check_positive_int("ModReLU", "power", power)
     self.power = power
-    self.bias = _zeros((num_features,), param_dtype, ("mlp",))
+    self.bias = (
+      _zeros((num_features,), param_dtype, ("mlp",))
+      if per_feature
+      else _zeros((), param_dtype, ())
+    )
 
   def __call__(self, z: jax.Array) -> jax.Array:
     """``modrelu(z, bias, power=power)``."""

@@ -23,7 +23,9 @@ from jaxnorm.nn.cplx.layers import (
   ComplexConv,
   ComplexDense,
   ModReLU,
+  cnet_input_init,
   complex_glorot,
+  torch_linear_init,
 )
 from jaxnorm.nn.cplx.multihead import ComplexMultiHeadAttention
 from jaxnorm.nn.cplx.norms import ComplexBatchNorm
@@ -31,6 +33,25 @@ from jaxnorm.nn.cplx.norms import ComplexBatchNorm
 FOURIER = "fourier"
 """`ComplexLMConfig.attention`'s one name outside the attention registry:
 CNet's causal Fourier mixing, which has no projections and is no core."""
+
+CNET_SOURCE = (
+  "crasmarum/CNet at 07748ae17fc9d09ce35208a251946cb4c1ab2435: "
+  "examples/dp_shakespeare.cpp and examples/gollm.cpp (buildLM), "
+  "examples/README_gollm.md (working recipe)"
+)
+"""The official code `ComplexLMConfig.cnet_official` follows."""
+
+PCT_SOURCE = (
+  "leohio/phase-coherent-transformer-r-d at "
+  "aa228b76c47f10697f964a9b2782e367a32774e5: "
+  "code/complex_nn_experiment/transformer.py (TransformerCell, "
+  "cell='complex_sigmoid'), baselines/lucidrains_cvt/"
+  "complex_valued_transformer.py, screening.py, "
+  "code/phase8_experiment/src/train_with_checkpoint.py"
+)
+"""The official code `ComplexLMConfig.pct_official` follows."""
+
+_PARAM_INITS = ("glorot", "cnet", "pct")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,7 +76,8 @@ class ComplexLMConfig:
       (`jaxnorm.cplx.PCT_GATES`).
     norm: a name of `jaxnorm.nn.norms.NORMS` whose module is complex-valued,
       per-token and causal, without batch statistics: ``complexrmsnorm``
-      (`ComplexRMSNorm`, CNet's TokenNorm with a complex gain) or
+      (`ComplexRMSNorm`, CNet's TokenNorm with a complex gain: output RMS
+      1), ``pctrmsnorm`` (`PCTRMSNorm`, the PCT's: output RMS ``1/d``) or
       ``complexlayernorm`` (`ComplexLayerNorm`).
     norm_kwargs: ``(name, value)`` pairs for `make_norm`, e.g.
       ``(("use_scale", False),)`` (CNet's parameter-free TokenNorm).
@@ -66,15 +88,41 @@ class ComplexLMConfig:
       of them is the Born rule) or ``real`` (a real dense layer on ``[Re |
       Im]``, the PCT's readout).
     embed_init: ``gauss`` (CNet's recipe ``emb_gauss``: Re, Im ~
-      U(-1, 1)/sqrt(D)), ``glorot`` or ``cnet`` (``CInput``'s biased init,
+      U(-1, 1)/sqrt(D)), ``glorot``, ``cnet`` (``CEmbedding``'s biased
+      init, Re ~ U(-1/2, 1/2)/sqrt(D), Im = sqrt(1 - Re^2)/sqrt(D),
       positive imaginary parts, which the authors report sits at a unigram
-      saddle with the Born loss).
+      saddle with the Born loss) or ``normal`` (the PCT's
+      ``torch.randn(V, D, dtype=complex64) / sqrt(D)``: a circular complex
+      normal with ``E|e|^2 = 1/D``).
     cnet_gelu: CNet's block, which applies ``split_gelu`` to the stream
       after each residual add (and the norm input after the first); off
       gives a plain pre-norm block.
     remat: `jaxnorm.nn.layers.REMAT_CHOICES`: runs each `ComplexBlock`
       under that `jax.checkpoint` policy (complex products are recomputed,
       never saved: see `jaxnorm.nn.layers.rematerialize`).
+    head_dim: complex width of each attention head; None is ``width //
+      num_heads``. CNet's Born attention is one head of ``width // 2``
+      (``dh = E / 2`` in its ``buildLM``).
+    pos_embed: add a learned complex ``(max_len, width)`` positional table
+      to the token embedding (CNet's ``pos = CInput(OutSize(N * E))``, an
+      ``N x E`` table added by a ``Residual``), init by ``param_init``
+      (``cnet``: `cnet_input_init`; else zeros). RoPE on q and k is on in
+      every attention.
+    ffn_bias: biases on the two FFN denses (CNet's ``TokenwiseLinear`` has
+      none; the PCT's complex ``nn.Linear`` has them).
+    modrelu_bias: ``feature`` (one modReLU bias per hidden feature) or
+      ``scalar`` (one per FFN: the PCT's official ``ModReLU``, whose bias
+      is ``torch.tensor(0.)``); used with ``activation="modrelu"``.
+    param_init: ``glorot`` (complex Glorot projections and FFN, zero
+      biases, flax's default real readout), ``cnet`` (CNet: every weight
+      and the positional table by `cnet_input_init`, each divided by its
+      element count) or ``pct`` (the PCT: q, k, v drawn as one fused Glorot
+      matrix of fan-out ``3 N H``, output projection Glorot, FFN weights
+      and biases and the real readout by PyTorch's ``nn.Linear`` default,
+      `torch_linear_init`).
+
+  The defaults build the stacks the experiments have used so far; the
+  official stacks are `cnet_official` and `pct_official`.
 
   Examples:
     >>> config = ComplexLMConfig(vocab_size=16, width=8, depth=1)
@@ -97,6 +145,185 @@ class ComplexLMConfig:
   embed_init: str = "gauss"
   cnet_gelu: bool = True
   remat: str = "none"
+  head_dim: int | None = None
+  pos_embed: bool = False
+  ffn_bias: bool = True
+  modrelu_bias: str = "feature"
+  param_init: str = "glorot"
+
+  @classmethod
+  def cnet_official(
+    cls,
+    vocab_size: int = 256,
+    *,
+    width: int = 64,
+    depth: int = 4,
+    max_len: int = 64,
+    **overrides: Any,
+  ) -> ComplexLMConfig:
+    """CNet's language model as its official code builds it (Born stack).
+
+    ``buildLM`` of ``examples/gollm.cpp`` and ``examples/dp_shakespeare.cpp``
+    (`CNET_SOURCE`) with the flags of ``README_gollm.md``'s working recipe
+    (``-born true -rope true -token_norm true -emb_gauss true``):
+
+    * token embedding ``emb_gauss`` (Re, Im ~ U(-1, 1)/sqrt(E)) plus a
+      learned ``N x E`` positional table (``pos_embed``);
+    * per block: ``pre = CGelu(TokenNorm(x))``; one Born-attention head of
+      width ``E/2`` (``head_dim``: Q, K, V ``TokenwiseLinear`` E -> E/2,
+      RoPE on Q and K, ``BornAttention(N, E/2, causal=True, attn_eps=0)``,
+      output E/2 -> E); ``x = CGelu(x + attn)``; ``x = CGelu(x +
+      W2 CGelu(W1 TokenNorm(x)))`` with ``W1`` E -> 4E and ``W2`` 4E -> E
+      and no biases (``ffn_bias``);
+    * final ``TokenNorm`` (parameter-free, eps 1e-5), ``TokenwiseLinear``
+      E -> vocab without bias, Born readout;
+    * every weight by CNet's ``CInput`` init (``param_init="cnet"``).
+
+    Sizes default to ``dp_shakespeare``'s flags (``-emb 64 -tokens 64
+    -blocks 4``); ``gollm``'s recipe uses 256 / 128 / 6. ``overrides``
+    replace any field (e.g. ``remat``).
+
+    Training (not part of the config): the Born cross-entropy with
+    ``ce_eps = 1e-3`` (`jaxnorm.cplx.born_cross_entropy` with
+    ``target_floor=1e-3`` on `ComplexLM.amplitudes`); CNet's "true Adam"
+    (Adam on Re and Im separately: `jaxnorm.optim.complex_adam`, b1 0.9,
+    b2 0.999, eps 1e-8) at lr 1e-3 with linear warmup (100 steps in
+    ``README_gollm.md``, 200 in ``dp_shakespeare``) and cosine decay to
+    1e-4. ``-grad_clip 1.0`` is, by the flag's comment, a clip *by value*
+    of each gradient component (the real and imaginary parts of CNet's
+    ``dz_star = conj(g)/2``, i.e. ``|Re g|, |Im g| <= 2`` for JAX's
+    gradient ``g`` of the same loss) inside the Adam update; the runner's
+    ``--clip-norm 1.0`` is a global-norm clip, a different operation
+    (CNet's separate ``-grad_norm_clip`` flag is off in the recipe).
+
+    Args:
+      vocab_size: vocabulary.
+      width: complex width ``E``.
+      depth: blocks ``L``.
+      max_len: context ``N`` (the positional table's length).
+      **overrides: other fields.
+
+    Returns:
+      The config.
+
+    Examples:
+      >>> c = ComplexLMConfig.cnet_official(65)
+      >>> c.width, c.head_dim, c.pos_embed, c.ffn_bias, c.param_init
+      (64, 32, True, False, 'cnet')
+    """
+    fields = dict(
+      vocab_size=vocab_size,
+      width=width,
+      depth=depth,
+      num_heads=1,
+      head_dim=width // 2,
+      max_len=max_len,
+      attention="born",
+      attention_kwargs=(),
+      norm="complexrmsnorm",
+      norm_kwargs=(("use_scale", False),),
+      activation="split_gelu",
+      ffn_ratio=4,
+      readout="born",
+      embed_init="gauss",
+      cnet_gelu=True,
+      pos_embed=True,
+      ffn_bias=False,
+      param_init="cnet",
+    )
+    return cls(**{**fields, **overrides})
+
+  @classmethod
+  def pct_official(
+    cls,
+    vocab_size: int = 256,
+    *,
+    width: int = 128,
+    depth: int = 4,
+    num_heads: int = 4,
+    head_dim: int = 32,
+    max_len: int = 64,
+    gate: str = "sigmoid",
+    **overrides: Any,
+  ) -> ComplexLMConfig:
+    """The Phase-Coherent Transformer as its official code builds it.
+
+    ``TransformerCell(cell="complex_sigmoid")`` (`PCT_SOURCE`):
+
+    * embedding ``torch.randn(V, D, dtype=complex64) / sqrt(D)``
+      (``embed_init="normal"``), complex RoPE on q and k, no positional
+      table;
+    * per block, pre-norm: ``x + attn(norm x)``, ``x + FFN(norm x)``; the
+      norm is the repository's ``ComplexRMSNorm`` (``pctrmsnorm``: output
+      RMS ``1/d``, complex gain 1); attention
+      ``ComplexMultiHeadSigmoidAttention``: fused bias-free ``to_qkv`` and
+      ``to_out`` with complex Glorot (``param_init="pct"``), the sigmoid
+      gate with one scalar bias per layer at ``-log(seq_len)`` (the trainer
+      passes ``sigmoid_seq_len=seq_len``: ``gate_bias_len=max_len``);
+      FFN ``nn.Linear(D, 4D)`` (complex, with bias), modReLU squared with
+      ONE scalar bias init 0 (``modrelu_bias="scalar"``), ``nn.Linear(4D,
+      D)``, both with PyTorch's default init;
+    * final norm, real readout ``nn.Linear(2D, V)`` on ``[Re | Im]``.
+
+    Sizes default to the README's quickstart (``--dim 128 --depth 4
+    --heads 4 --dim-head 32``; ``TransformerCell``'s own defaults are 64 /
+    2 / 4 / 16); set ``max_len`` to the training sequence length, which
+    also sets the gate-bias init. ``overrides`` replace any field.
+
+    Training (not part of the config): softmax cross-entropy on the real
+    logits; ``torch.optim.AdamW`` (lr 3e-4, weight decay 1e-2 on every
+    parameter) with linear warmup (1000 steps) and cosine decay to 0.1 lr;
+    ``clip_grad_norm_(1.0)``, a global-norm clip like the runner's
+    ``--clip-norm 1.0``. PyTorch's Adam keeps moments per real component of
+    a complex parameter. Deviation: at ``z = 0`` the official modReLU gives
+    ``relu(b)^2`` (``angle(0) = 0``), `jaxnorm.cplx.modrelu` gives 0.
+
+    Args:
+      vocab_size: vocabulary.
+      width: complex width ``D`` (``--dim``).
+      depth: blocks (``--depth``).
+      num_heads: heads (``--heads``).
+      head_dim: complex head width (``--dim-head``).
+      max_len: sequence length (and the gate-bias init ``-log max_len``).
+      gate: a `jaxnorm.cplx.PCT_GATES` name (``sigmoid`` is the PCT; the
+        others are the repository's ablation cells).
+      **overrides: other fields (with another ``attention`` the PCT core's
+        options are dropped).
+
+    Returns:
+      The config.
+
+    Examples:
+      >>> c = ComplexLMConfig.pct_official(16, max_len=32)
+      >>> c.norm, c.modrelu_bias, c.embed_init, c.param_init
+      ('pctrmsnorm', 'scalar', 'normal', 'pct')
+      >>> c.attention_kwargs  # the gate bias starts at -log(max_len)
+      (('gate', 'sigmoid'), ('gate_bias_len', 32))
+    """
+    fields = dict(
+      vocab_size=vocab_size,
+      width=width,
+      depth=depth,
+      num_heads=num_heads,
+      head_dim=head_dim,
+      max_len=max_len,
+      attention="pct",
+      attention_kwargs=(("gate", gate), ("gate_bias_len", max_len)),
+      norm="pctrmsnorm",
+      norm_kwargs=(),
+      activation="modrelu",
+      ffn_ratio=4,
+      readout="real",
+      embed_init="normal",
+      cnet_gelu=False,
+      pos_embed=False,
+      ffn_bias=True,
+      modrelu_bias="scalar",
+      param_init="pct",
+    )
+    if overrides.get("attention", "pct") != "pct":
+      fields["attention_kwargs"] = ()
+    return cls(**{**fields, **overrides})
 
 
 def _embed_init(kind: str, key, shape) -> jax.Array:
@@ -109,7 +336,33 @@ def _embed_init(kind: str, key, shape) -> jax.Array:
     re = jax.random.uniform(kr, (v, d), minval=-0.5, maxval=0.5)
     im = jnp.sqrt(1.0 - re**2)
     return jax.lax.complex(re, im) / math.sqrt(d)
+  if kind == "normal":
+    u = jax.random.normal(kr, (2, v, d)) * math.sqrt(0.5 / d)
+    return jax.lax.complex(u[0], u[1])
   return complex_glorot(key, shape, in_axis=1, out_axis=0)
+
+
+def _pos_init(c: ComplexLMConfig, rngs: nnx.Rngs) -> jax.Array:
+  """The learned positional table: CNet's ``CInput`` init, or zeros."""
+  shape = (c.max_len, c.width)
+  if c.param_init == "cnet":
+    return cnet_input_init(rngs.params(), shape)
+  return jnp.zeros(shape, jnp.complex64)
+
+
+def _dense_inits(c: ComplexLMConfig, fan_in: int) -> dict[str, Any]:
+  """``kernel_init``/``bias_init`` of a `ComplexDense` under ``param_init``."""
+  if c.param_init == "cnet":
+    return {"kernel_init": cnet_input_init}
+  if c.param_init == "pct":
+    init = torch_linear_init(fan_in)
+    return {"kernel_init": init, "bias_init": init}
+  return {}
+
+
+def _attention_init(c: ComplexLMConfig) -> str:
+  """`ComplexMultiHeadAttention`'s ``init`` under ``param_init``."""
+  return {"cnet": "cnet", "pct": "fused_glorot"}.get(c.param_init, "glorot")
 
 
 def _norm(c: ComplexLMConfig, rngs: nnx.Rngs) -> nnx.Module:
@@ -148,16 +401,34 @@ class ComplexBlock(nnx.Module):
       else ComplexMultiHeadAttention(
         d,
         c.num_heads,
+        head_dim=c.head_dim,
         attention=c.attention,
         attention_kwargs=dict(c.attention_kwargs),
+        init=_attention_init(c),
         rngs=rngs,
       )
     )
     hidden = c.ffn_ratio * d
-    self.up = ComplexDense(d, hidden, rngs=rngs)
-    self.down = ComplexDense(hidden, d, rngs=rngs, axis_names=("mlp", "embed"))
+    self.up = ComplexDense(
+      d, hidden, use_bias=c.ffn_bias, rngs=rngs, **_dense_inits(c, d)
+    )
+    self.down = ComplexDense(
+      hidden,
+      d,
+      use_bias=c.ffn_bias,
+      rngs=rngs,
+      axis_names=("mlp", "embed"),
+      **_dense_inits(c, hidden),
+    )
     self.act = (
-      ModReLU(hidden, power=2, rngs=rngs) if c.activation == "modrelu" else None
+      ModReLU(
+        hidden,
+        power=2,
+        per_feature=c.modrelu_bias == "feature",
+        rngs=rngs,
+      )
+      if c.activation == "modrelu"
+      else None
     )
 
   def __call__(self, x: jax.Array) -> jax.Array:
@@ -236,11 +507,20 @@ class ComplexLM(nnx.Module):
     )
     _checks.check_choice(who, "readout", c.readout, ("born", "real"))
     _checks.check_choice(
-      who, "embed_init", c.embed_init, ("gauss", "glorot", "cnet")
+      who, "embed_init", c.embed_init, ("gauss", "glorot", "cnet", "normal")
     )
+    _checks.check_choice(
+      who, "modrelu_bias", c.modrelu_bias, ("feature", "scalar")
+    )
+    _checks.check_choice(who, "param_init", c.param_init, _PARAM_INITS)
+    if c.head_dim is not None:
+      _checks.check_positive_int(who, "head_dim", c.head_dim)
     self.embed = _param.param(
       _embed_init(c.embed_init, rngs.params(), (c.vocab_size, c.width)),
       ("vocab", "embed"),
+    )
+    self.pos_embed = (
+      _param.param(_pos_init(c, rngs), (None, "embed")) if c.pos_embed else None
     )
     self.blocks = nnx.List([ComplexBlock(c, rngs=rngs) for _ in range(c.depth)])
     self.final_norm = _norm(c, rngs)
@@ -251,6 +531,16 @@ class ComplexLM(nnx.Module):
         use_bias=False,
         rngs=rngs,
         axis_names=("embed", "vocab"),
+        **_dense_inits(c, c.width),
+      )
+    elif c.param_init == "pct":
+      init = torch_linear_init(2 * c.width)
+      self.head = nnx.Linear(
+        2 * c.width,
+        c.vocab_size,
+        kernel_init=init,
+        bias_init=init,
+        rngs=rngs,
       )
     else:
       self.head = nnx.Linear(2 * c.width, c.vocab_size, rngs=rngs)
@@ -263,6 +553,8 @@ class ComplexLM(nnx.Module):
         f"max_len={self.config.max_len}, got tokens.shape={tokens.shape}"
       )
     x = jnp.take(self.embed[...], tokens, axis=0)
+    if self.pos_embed is not None:
+      x = x + self.pos_embed[None, : tokens.shape[1]].astype(x.dtype)
     step = nn_layers.rematerialize(lambda block, x: block(x), self.config.remat)
     for block in self.blocks:
       x = step(block, x)

@@ -19,7 +19,7 @@ from jaxnorm import _checks, cplx
 from jaxnorm.nn import _common, _param
 from jaxnorm.nn import attention as nn_attention
 from jaxnorm.nn.attention import _base
-from jaxnorm.nn.cplx.layers import complex_glorot
+from jaxnorm.nn.cplx.layers import cnet_input_init, complex_glorot
 
 
 class ComplexMultiHeadAttention(nnx.Module):
@@ -31,8 +31,12 @@ class ComplexMultiHeadAttention(nnx.Module):
   spec's defaults and ``attention_kwargs``, e.g. ``{"gate": "tanh1"}`` for
   ``"pct"``) -> output projection to ``(B, T, D)``. Parameters:
   ``q_kernel``, ``k_kernel``, ``v_kernel (D, N, H)`` and ``out_kernel (N,
-  H, D)``, complex Glorot, no bias; the core's own under ``core`` (PCT's
-  ``core.gate_bias ()``, init ``-log 64``).
+  H, D)``, complex Glorot, no bias (``init``: ``"glorot"``, each kernel its
+  own Glorot fans; ``"fused_glorot"``, q, k and v drawn as one ``(D, 3 N
+  H)`` Glorot matrix, the PCT's fused ``to_qkv``, whose fan-out is ``3 N
+  H``; ``"cnet"``, `jaxnorm.nn.cplx.layers.cnet_input_init`, CNet's
+  ``CInput`` init over each ``D x N H`` matrix); the core's own under
+  ``core`` (PCT's ``core.gate_bias ()``, init ``-log 64``).
 
   Examples:
     >>> mha = ComplexMultiHeadAttention(4, 2, rngs=nnx.Rngs(0))  # Born core
@@ -51,6 +55,7 @@ class ComplexMultiHeadAttention(nnx.Module):
     attention: str = "born",
     attention_kwargs: Mapping[str, Any] | None = None,
     use_rope: bool = True,
+    init: str = "glorot",
     param_dtype: Any = jnp.complex64,
     rngs: nnx.Rngs,
   ):
@@ -64,6 +69,7 @@ class ComplexMultiHeadAttention(nnx.Module):
         (``dtype_kind="complex"``) with a causal form.
       attention_kwargs: the core's options, over its spec's defaults.
       use_rope: rotate q and k with complex RoPE.
+      init: ``"glorot"``, ``"fused_glorot"`` (the PCT) or ``"cnet"``.
       param_dtype: the complex dtype of the projections.
       rngs: parameter RNG streams.
 
@@ -81,6 +87,7 @@ class ComplexMultiHeadAttention(nnx.Module):
       dtype_kind="complex",
     )
     _checks.check_positive_int(who, "num_heads", num_heads)
+    _checks.check_choice(who, "init", init, ("glorot", "fused_glorot", "cnet"))
     if head_dim is None:
       _checks.check_divisible(
         who, "num_features", num_features, "num_heads", num_heads
@@ -89,18 +96,25 @@ class ComplexMultiHeadAttention(nnx.Module):
     self.attention, self.use_rope = attention, use_rope
     d, n, h = num_features, num_heads, head_dim
 
-    def kernel(shape, in_axis, out_axis, names):
-      w = complex_glorot(
+    def draw(shape, in_axis, out_axis):
+      if init == "cnet":
+        return cnet_input_init(rngs.params(), shape, param_dtype)
+      return complex_glorot(
         rngs.params(), shape, param_dtype, in_axis=in_axis, out_axis=out_axis
       )
-      return _param.param(w, names)
 
     qkv = ("embed", "heads", "head_dim")
-    self.q_kernel = kernel((d, n, h), 0, (1, 2), qkv)
-    self.k_kernel = kernel((d, n, h), 0, (1, 2), qkv)
-    self.v_kernel = kernel((d, n, h), 0, (1, 2), qkv)
-    self.out_kernel = kernel(
-      (n, h, d), (0, 1), 2, ("heads", "head_dim", "embed")
+    if init == "fused_glorot":
+      # One (D, 3, N, H) Glorot draw: fan-in D, fan-out 3 N H.
+      w = draw((d, 3, n, h), 0, (1, 2, 3))
+      q, k, v = w[:, 0], w[:, 1], w[:, 2]
+    else:
+      q, k, v = (draw((d, n, h), 0, (1, 2)) for _ in range(3))
+    self.q_kernel = _param.param(q, qkv)
+    self.k_kernel = _param.param(k, qkv)
+    self.v_kernel = _param.param(v, qkv)
+    self.out_kernel = _param.param(
+      draw((n, h, d), (0, 1), 2), ("heads", "head_dim", "embed")
     )
     spec = nn_attention.ATTENTIONS[attention]
     self.core = spec.core(

@@ -1,4 +1,4 @@
-"""Complex norms: whitening batch norm, layer norm and CNet's TokenNorm.
+"""Complex norms: whitening batch norm, layer norm, CNet's TokenNorm, PCT's.
 
 Complex-native by default (complex ``(..., C)`` in and out); with
 ``real_pairs=True`` a norm reads a real ``(..., 2C)`` input as split halves
@@ -336,6 +336,58 @@ class ComplexRMSNorm(nnx.Module):
     )
 
 
+class PCTRMSNorm(nnx.Module):
+  """The PCT's ``ComplexRMSNorm``; maths in `jaxnorm.cplx.pct_rms_norm`.
+
+  ``scale * x / (sqrt(d) * ||x||)``: per-element output RMS ``1/d`` with the
+  unit gain, where CNet's TokenNorm (`ComplexRMSNorm`) gives 1. Parameter:
+  ``scale (d,)`` complex, init 1 (``scale_init``; the code's ``gamma``).
+  ``eps`` (1e-12) clamps the sum of squares. No bias. ``dtype`` as in
+  `ComplexBatchNorm`.
+
+  Examples:
+    >>> norm = PCTRMSNorm(4, rngs=nnx.Rngs(0))
+    >>> y = norm(jnp.array([3 + 0j, 4j, 0j, 0j]))  # ||y|| = 1 / sqrt(4)
+    >>> [round(abs(v), 4) for v in y.tolist()]
+    [0.3, 0.4, 0.0, 0.0]
+
+  References:
+    Hioki, arXiv:2605.10123 (2026); code
+    ``leohio/phase-coherent-transformer-r-d``.
+  """
+
+  dtype_kind: ClassVar[str] = "complex"
+
+  @_param.paper_affine(
+    no_bias="the PCT's ComplexRMSNorm L2-normalizes each token; no shift"
+  )
+  def __init__(
+    self,
+    num_features: int,
+    *,
+    eps: float = 1e-12,
+    use_scale: bool = True,
+    scale_init: Initializer = nnx.initializers.ones,
+    real_pairs: bool = False,
+    dtype: Any = None,
+    param_dtype: Any = jnp.complex64,
+    axis_names: Names = ("norm",),
+    rngs: nnx.Rngs,
+  ):
+    c, scale_key, _ = _init("PCTRMSNorm", num_features, real_pairs, dtype, rngs)
+    self.real_pairs, self.eps, self.dtype = real_pairs, eps, dtype
+    self.scale = (
+      _param.param(scale_init(scale_key, (c,), param_dtype), axis_names)
+      if use_scale
+      else None
+    )
+
+  def __call__(self, x: jax.Array) -> jax.Array:
+    """Normalizes each token of ``x``."""
+    scale = None if self.scale is None else self.scale[...]
+    return _apply(self, lambda z: cplx.pct_rms_norm(z, scale, eps=self.eps), x)
+
+
 _PER_TOKEN = frozenset({"tokens", "images", "graphs"})
 _NO_DECAY_WHITENING = types.MappingProxyType({"scale": False, "bias": False})
 
@@ -357,6 +409,11 @@ NORM_SPECS: Mapping[str, registry.NormSpec] = types.MappingProxyType(
     "complexrmsnorm": registry.NormSpec(
       ComplexRMSNorm,
       "Crasmaru, CNet (crasmarum/CNet)",
+      layouts=_PER_TOKEN,
+    ),
+    "pctrmsnorm": registry.NormSpec(
+      PCTRMSNorm,
+      "Hioki, arXiv:2605.10123 (PCT's ComplexRMSNorm)",
       layouts=_PER_TOKEN,
     ),
   }

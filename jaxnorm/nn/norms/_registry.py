@@ -52,6 +52,7 @@ NormName = Literal[
   "complexbatchnorm",
   "complexlayernorm",
   "complexrmsnorm",
+  "pctrmsnorm",
 ]
 
 
