@@ -14,10 +14,10 @@ depth-muP, CompleteP).
 
 ``__all__`` is what a user imports: the residual steps, the maps and
 initial values they take, the depth rules, and the ``Literal`` types of
-their signatures. Tables of choices (``READOUTS``, ``DEPTH_EXPONENTS``),
-the checks and type aliases shared with `jaxnorm.nn` and the quaternion
-matrices behind `quaternion_rotation` still import from the package but
-are not part of it.
+their signatures. Tables of choices (``READOUTS``, ``DEPTH_EXPONENTS``,
+``BASE_DEPTH``), the checks and type aliases shared with `jaxnorm.nn` and
+the quaternion matrices behind `quaternion_rotation` still import from the
+package but are not part of it.
 
 Examples:
   Every example in this package assumes ``import jax``,
@@ -37,9 +37,11 @@ from jaxnorm.residual._common import (
 )
 from jaxnorm.residual.attnres import attn_res, attn_res_weights
 from jaxnorm.residual.depth import (
+  BASE_DEPTH,  # noqa: F401 (not public; jaxnorm.nn, jaxnorm.training, tests)
   DEPTH_EXPONENTS,  # noqa: F401 (not public; jaxnorm.nn, tests)
   deepnorm_alpha,
   deepnorm_beta,
+  depth_adam_scales,
   depth_scale,
   keel_alpha,
   num_layers_of,  # noqa: F401 (not public; jaxnorm.nn, tests)
@@ -82,6 +84,7 @@ __all__ = [
   "attn_res_weights",
   "deepnorm_alpha",
   "deepnorm_beta",
+  "depth_adam_scales",
   "depth_scale",
   "expand_streams",
   "fused_pre_norm",

@@ -11,18 +11,32 @@ each an attention and an MLP sublayer):
   and plain post-norm);
 * depth-scaled pre-norm, :math:`x + (L/L_0)^{-e} f(\mathrm{norm}(x))`
   (`depth_scale` with `jaxnorm.residual.scaled_residual`): depth-muP
-  (:math:`e = 1/2`) and CompleteP (:math:`e = 1`).
+  (:math:`e = 1/2`) and CompleteP (:math:`e = 1`), with DepthBench's base
+  depth :math:`L_0 = 24` (`BASE_DEPTH`) and its Adam rule by depth
+  (`depth_adam_scales`: the learning rate and eps of the hidden parameters).
 
 Provenance: the block equations, DeepNorm's :math:`\alpha` and its
 :math:`\beta` init (value and output projections and every FFN matrix),
 KEEL's :math:`\alpha = 2L` and its first layer were read in DepthBench's
 official code (``keyu-wang-2002/DepthBench``, OLMo-core
 ``nn/transformer/block.py`` ``DeepNormTransformerBlock``,
-``KeelTransformerBlock``; ``nn/transformer/init.py`` ``InitMethod.deepnorm``).
+``KeelTransformerBlock`` at commit 183c4d1f;
+``nn/transformer/init.py`` ``InitMethod.deepnorm``).
 DeepNorm's constants agree with the decoder-only row of DeepNet's table
-(Wang et al. 2022). The depth-muP and CompleteP branch multipliers are
-DepthBench's; their papers' learning-rate and initialization rules by depth
-are not applied here (Unverified: read in no paper body).
+(Wang et al. 2022). The depth-muP and CompleteP rules (branch multiplier,
+base depth, Adam learning rate and eps by depth) were read in DepthBench's
+``examples/pretrain_preln_mup.py`` (commit aba1f652: ``--base-depth``
+default 24, ``apply_depth_only_scaling``) and
+``nn/transformer/block.py`` ``DepthScaledTransformerBlock`` (built by
+``nn/transformer/config.py`` at commit 2a9d668a: exponent 0.5 for
+``depth_mup``, 1.0 for ``completep``, both residual streams of a layer
+scaled), and agree with CompleteP's official minimal code
+(``EleutherAI/nanoGPT-mup``, branch ``completep``, ``model.py`` at commit
+39044043: ``depth_multiplier ** -depth_alpha_exp`` on every branch, hidden
+groups' ``lr_scale`` ``depth_multiplier ** (depth_alpha_exp - 1)`` and
+``eps * depth_multiplier ** -depth_alpha_exp``, embeddings and final norm
+unchanged). The papers' width rules (muP) are not applied: the width is
+held fixed, as in DepthBench's ``depth_only`` axis.
 """
 
 from __future__ import annotations
@@ -35,6 +49,12 @@ from jaxnorm.residual._common import ArrayFn, branch
 
 DEPTH_EXPONENTS = {"depth_mup": 0.5, "completep": 1.0}
 """Exponent ``e`` of the branch multiplier :math:`(L/L_0)^{-e}`."""
+
+BASE_DEPTH = 24
+"""DepthBench's base depth :math:`L_0` of depth-muP and CompleteP: the depth
+(Transformer layers) whose multipliers are all 1 (``--base-depth``, default
+24, of ``examples/pretrain_preln_mup.py``; its 400M grid spans 16 to 32
+layers around it)."""
 
 
 @_scope.scoped
@@ -122,11 +142,14 @@ def depth_scale(num_layers: int, base_depth: int, exponent: float) -> float:
 
   depth-muP uses :math:`e = 1/2` and CompleteP :math:`e = 1`
   (`DEPTH_EXPONENTS`); :math:`L_0` is the base depth at which the
-  hyperparameters were tuned (multiplier 1 there).
+  hyperparameters were tuned (multiplier 1 there). DepthBench multiplies
+  both sublayers of every layer (attention and MLP) by it, with ``L`` the
+  number of Transformer layers and :math:`L_0 = 24` (`BASE_DEPTH`); their
+  Adam learning rate and eps follow `depth_adam_scales`.
 
   Args:
     num_layers: layers ``L`` of the network.
-    base_depth: the base depth :math:`L_0`.
+    base_depth: the base depth :math:`L_0` (`BASE_DEPTH` in DepthBench).
     exponent: :math:`e > 0`.
 
   Returns:
@@ -155,6 +178,83 @@ def depth_scale(num_layers: int, base_depth: int, exponent: float) -> float:
       f"{who}: exponent must be a positive float, got {exponent=}"
     )
   return (num_layers / base_depth) ** -float(exponent)
+
+
+@_scope.scoped
+def depth_adam_scales(
+  num_layers: int, base_depth: int, exponent: float
+) -> tuple[float, float]:
+  r"""Adam's learning-rate and eps factors of the hidden parameters by depth.
+
+  With the depth multiplier :math:`m = L / L_0` and the branch exponent
+  :math:`e` (`DEPTH_EXPONENTS`: 1/2 for depth-muP, 1 for CompleteP), the
+  hidden parameters (everything inside the residual blocks: attention and
+  MLP matrices, the blocks' norm scales, biases) train with
+
+  .. math::
+    \eta_{\mathrm{hidden}} = \eta\, m^{e - 1}, \qquad
+    \epsilon_{\mathrm{hidden}} = \epsilon\, m^{-e},
+
+  while the embeddings, the final norm and the head keep :math:`\eta` and
+  :math:`\epsilon`. Both factors are 1 at the base depth (plain Adam).
+  Decoupled weight decay is not rescaled: under AdamW it acts as
+  :math:`\eta_{\mathrm{hidden}} \lambda`, as in PyTorch's ``AdamW`` whose
+  parameter group carries the rescaled learning rate.
+
+  Provenance: DepthBench's ``apply_depth_only_scaling``
+  (``keyu-wang-2002/DepthBench`` ``examples/pretrain_preln_mup.py``, commit
+  aba1f652: ``lr * m ** (alpha - 1)`` and ``eps * m ** -alpha`` on the
+  parameter group ``blocks.*``); CompleteP's official code
+  (``EleutherAI/nanoGPT-mup`` ``model.py``, commit 39044043) applies the
+  same factors to its hidden norm, weight and bias groups (times its width
+  factors, 1 at fixed width). The Adam learning rate :math:`\eta L^{-1/2}`
+  of depth-muP is Yang et al.'s rule restated by Dey et al. as the
+  :math:`e = 1/2` member of this family; the eps factor is CompleteP's
+  (their Eq. 40, per the nanoGPT-mup code comment).
+
+  Args:
+    num_layers: layers ``L`` of the network (Transformer layers, each an
+      attention and an MLP sublayer).
+    base_depth: the base depth :math:`L_0` (`BASE_DEPTH` = 24 in
+      DepthBench).
+    exponent: :math:`e > 0`.
+
+  Returns:
+    ``(lr_scale, eps_scale)``: the Python floats :math:`m^{e-1}` and
+    :math:`m^{-e}`.
+
+  Raises:
+    ValueError: for non-positive depths or exponent.
+
+  Examples:
+    >>> residual.depth_adam_scales(96, 24, 0.5)  # depth-muP at 4x the base
+    (0.5, 0.5)
+    >>> residual.depth_adam_scales(96, 24, 1.0)  # CompleteP: lr unchanged
+    (1.0, 0.25)
+    >>> residual.depth_adam_scales(24, 24, 0.5)  # base depth: plain Adam
+    (1.0, 1.0)
+
+  References:
+    Yang et al., *Tensor Programs VI: Feature Learning in Infinite-Depth
+    Neural Networks*, arXiv:2310.02244 (2023); Dey et al., *Don't be lazy:
+    CompleteP enables compute-efficient deep transformers*,
+    arXiv:2505.01618 (2025); Wang et al., *DepthBench: Measuring How
+    Residual Connections Enable More Computational Depth*, arXiv:2609.32534
+    (2026).
+  """
+  who = "depth_adam_scales"
+  _checks.check_positive_int(who, "num_layers", num_layers)
+  _checks.check_positive_int(who, "base_depth", base_depth)
+  if not (
+    isinstance(exponent, (int, float))
+    and not isinstance(exponent, bool)
+    and exponent > 0
+  ):
+    raise ValueError(
+      f"{who}: exponent must be a positive float, got {exponent=}"
+    )
+  m, e = num_layers / base_depth, float(exponent)
+  return m ** (e - 1.0), m**-e
 
 
 @_scope.scoped

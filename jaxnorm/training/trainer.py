@@ -69,13 +69,12 @@ from jaxnorm import nn as jaxnorm_nn
 from jaxnorm import sharding
 from jaxnorm.nn import decay as nn_decay
 from jaxnorm.optim import complex as complex_opt
-from jaxnorm.training import build, optimizers, tasks
+from jaxnorm.training import build, optimizers, relayout, tasks
 from jaxnorm.training import checkpoints as checkpoints_lib
 from jaxnorm.training import config as config_lib
 from jaxnorm.training import data as data_lib
 from jaxnorm.training import faults as faults_lib
 from jaxnorm.training import metrics as metrics_lib
-from jaxnorm.training import relayout
 
 # Record fields that report the window's last step instead of its mean.
 _LAST_VALUE = ("lr", "skipped")
@@ -270,7 +269,7 @@ def make_optimizer(
 
   Complex parameters descend along ``conj(grad)``, which optax never does.
   """
-  tx = optimizers.from_config(cfg, mask=nn_decay.decay_mask(model))
+  tx = optimizers.from_config(cfg, mask=nn_decay.decay_mask(model), model=model)
   if any(jnp.iscomplexobj(p) for p in jax.tree.leaves(params)):
     tx = optax.chain(complex_opt.conjugate_complex(), tx)
   return tx

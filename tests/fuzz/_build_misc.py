@@ -179,6 +179,9 @@ RESIDUAL = {
   "residual.depth_scale": _cases.Spec(
     _cases.scalars(24, 12, 0.5), **_cases.STATIC
   ),
+  "residual.depth_adam_scales": _cases.Spec(
+    _cases.scalars(48, 24, 0.5, pick=_cases.first), **_cases.STATIC
+  ),
   "residual.keel_alpha": _cases.Spec(_cases.scalars(12), **_cases.STATIC),
   "residual.residual_scale": _cases.Spec(
     _cases.scalars(4, "1/sqrt(n)"), **_cases.STATIC

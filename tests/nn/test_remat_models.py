@@ -7,8 +7,8 @@
 (BatchNorm statistics, dropout counters) every policy must reproduce; its
 state paths, shapes and dtypes, which no policy may change (checkpoints
 restore across ``remat``, checked for every registered model in
-``tests/nn/test_model_registry.py``); and the residuals the backward pass keeps, which
-``"full"`` must shrink.
+``tests/nn/test_model_registry.py``); and the residuals the backward pass
+keeps, which ``"full"`` must shrink.
 """
 
 import dataclasses

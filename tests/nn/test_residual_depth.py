@@ -102,7 +102,10 @@ def test_depth_scaled_stacks(name, base_depth):
   extra = {} if base_depth is None else {"base_depth": base_depth}
   _, got = _run(name, weights, **extra)
   exponent = {"depth_mup": 0.5, "completep": 1.0}[name]
-  scale = (LAYERS / (base_depth or 1)) ** -exponent
+  # The spec's default base depth is DepthBench's 24 (it was 1 before the
+  # recipe was fixed to the official code, issue 27), so a 2-layer stack
+  # weights its branches (2 / 24)^(-e) > 1.
+  scale = (LAYERS / (base_depth or 24)) ** -exponent
   x = np.asarray(_x(), np.float64)
   for w in weights:
     x = x + scale * _f64(w)(_rms64(x))

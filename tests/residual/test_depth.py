@@ -30,6 +30,16 @@ def test_constants_match_the_papers_tables(num_layers):
   np.testing.assert_allclose(R.depth_scale(n, 2, 1.0), 2 / n, rtol=1e-15)
   assert R.depth_scale(n, n, 0.5) == 1.0  # Multiplier 1 at the base depth.
   assert R.DEPTH_EXPONENTS == {"depth_mup": 0.5, "completep": 1.0}
+  # Adam's hidden-parameter factors (L / L0)^(e - 1) and (L / L0)^(-e).
+  for e in (0.5, 1.0):
+    lr, eps = R.depth_adam_scales(n, 24, e)
+    np.testing.assert_allclose(lr, (n / 24) ** (e - 1), rtol=1e-15)
+    np.testing.assert_allclose(eps, (n / 24) ** -e, rtol=1e-15)
+    # eps scales as the branch multiplier; lr times multiplier is 1/m.
+    np.testing.assert_allclose(eps, R.depth_scale(n, 24, e), rtol=1e-15)
+    np.testing.assert_allclose(lr * eps, 24 / n, rtol=1e-14)
+  assert R.depth_adam_scales(n, n, 0.5) == (1.0, 1.0)
+  assert R.BASE_DEPTH == 24  # DepthBench's --base-depth.
 
 
 def test_deepnet_1000_layer_values():
@@ -95,3 +105,11 @@ def test_errors_name_the_function_and_argument():
     ValueError, match=r"depth_scale: exponent must be a positive"
   ):
     R.depth_scale(4, 1, 0.0)
+  with pytest.raises(ValueError, match=r"depth_adam_scales: num_layers must"):
+    R.depth_adam_scales(0, 24, 0.5)
+  with pytest.raises(ValueError, match=r"depth_adam_scales: base_depth must"):
+    R.depth_adam_scales(4, 2.5, 0.5)
+  with pytest.raises(
+    ValueError, match=r"depth_adam_scales: exponent must be a positive"
+  ):
+    R.depth_adam_scales(4, 24, -1.0)

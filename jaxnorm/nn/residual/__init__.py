@@ -57,8 +57,8 @@ name                    wiring of sublayer ``f_k`` (norms from `make_norm`)
                         weights (not q, k) scaled by ``(8L)^(-1/4)``
 ``keel``                ``norm_out(2L x + f(norm_in(x)))``; layer 0:
                         ``x + f(norm(x))``, then ``norm_out(x + f(norm_in(x)))``
-``depth_mup``           ``x + (L/L0)^(-1/2) f(norm(x))``, ``L0 = 1``
-``completep``           ``x + (L/L0)^(-1) f(norm(x))``, ``L0 = 1``
+``depth_mup``           ``x + (L/L0)^(-1/2) f(norm(x))``, ``L0 = 24``
+``completep``           ``x + (L/L0)^(-1) f(norm(x))``, ``L0 = 24``
 ======================  ====================================================
 
 Depth growth at initialization, measured by
@@ -88,8 +88,8 @@ mhc, ohc, ihc      3.67    same: identical streams, rows of H_res sum to 1
 attnres            0.15    inputs are means over a growing set of sources
 block_attnres      0.81    8 blocks: means over at most 9 sources
 deepnorm, keel     1.00    every step ends in a norm (as postnorm)
-depth_mup          1.24    branches weighted 24^(-1/2) (base depth 1)
-completep          1.00    branches weighted 1/24 (base depth 1)
+depth_mup          3.67    24 layers = base depth 24: prenorm
+completep          3.67    same (multiplier (24/24)^(-1) = 1)
 =================  ======  ================================================
 
 The slow test recomputes every entry and checks it within 10%.

@@ -21,9 +21,9 @@ from flax import nnx
 from jaxnorm import _checks, residual
 from jaxnorm.nn import _param, layers
 from jaxnorm.nn.residual._common import (
+  Branch,
   NormSpec,
   StepBuilder,
-  Branch,
   Sublayer,
   build_norm,
   check_blocks,

@@ -95,7 +95,7 @@ def keel_step(
   sublayer: int,
   sublayers_per_layer: int,
   num_layers: int,
-  norm: NormSpec = "layernorm",
+  norm: NormSpec = "rmsnorm",
   norm_kwargs: Mapping | None = None,
   rngs: nnx.Rngs,
 ) -> nnx.Module:
@@ -106,12 +106,35 @@ def keel_step(
   ``norm_out(x + f(norm_in(x)))`` (alpha 1); every later sublayer is
   ``norm_out(2L x + f(norm_in(x)))``.
 
+  Every norm of the step (input, output, layer 0's pre-norm) is ``norm``:
+  DepthBench builds all of KEEL's norms from its base model's norm config
+  (``layer_norm.build``), which for its Llama-style models is RMSNorm
+  (OLMo-core ``TransformerConfig.llama_like``: ``LayerNormType.rms``, no
+  bias, eps = the config's ``rms_norm_eps``, 1e-6), the norm the model's
+  other layers and its final norm use. The default is therefore
+  ``"rmsnorm"`` (jaxnorm's: eps 1e-6, unit gain, no bias); the models of
+  `jaxnorm.nn.models` pass their own ``norm``, as DepthBench does.
+
+  Args:
+    num_features: hidden size ``d``.
+    sublayer: 0-based index of the sublayer over the whole stack.
+    sublayers_per_layer: sublayers of each layer (2: attention, MLP).
+    num_layers: layers ``L`` of the stack.
+    norm: every norm of the step (default ``"rmsnorm"``, DepthBench's).
+    norm_kwargs: options of every norm.
+    rngs: parameter RNG streams (one ``params`` key).
+
+  Returns:
+    A `PreNormResidual` (layer 0's attention) or a `ScaledPostNormResidual`.
+
   Examples:
     >>> kw = dict(sublayers_per_layer=2, num_layers=3, rngs=nnx.Rngs(0))
     >>> [type(keel_step(4, sublayer=k, **kw)).__name__ for k in (0, 1)]
     ['PreNormResidual', 'ScaledPostNormResidual']
     >>> [keel_step(4, sublayer=k, **kw).alpha for k in (1, 2)]  # 1, then 2 L
     [1.0, 6.0]
+    >>> type(keel_step(4, sublayer=1, **kw).norm).__name__  # DepthBench's
+    'RMSNorm'
   """
   if sublayer == 0:
     return PreNormResidual(
@@ -184,7 +207,10 @@ def make_deepnorm_step(
 def make_keel_step(
   num_features: int, place: Placement, *, rngs: nnx.Rngs, **options: Any
 ) -> nnx.Module:
-  """`keel_step` at ``place`` (its first layer is wired differently)."""
+  """`keel_step` at ``place`` (its first layer is wired differently).
+
+  Without a ``norm`` option the norms are RMSNorm, DepthBench's.
+  """
   return keel_step(
     num_features,
     sublayer=place.sublayer,
@@ -204,7 +230,11 @@ def make_depth_scaled_step(
   rngs: nnx.Rngs,
   **options: Any,
 ) -> ScaledResidual:
-  """Depth-muP's or CompleteP's step: ``(L / base_depth)^(-exponent)``."""
+  """Depth-muP's or CompleteP's step: ``(L / base_depth)^(-exponent)``.
+
+  ``L`` is ``place.num_layers`` (Transformer layers); the spec's default
+  ``base_depth`` is DepthBench's 24 (`jaxnorm.residual.BASE_DEPTH`).
+  """
   scale = residual.depth_scale(place.num_layers, base_depth, exponent)
   return ScaledResidual(
     num_features,
