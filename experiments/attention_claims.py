@@ -54,8 +54,10 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from experiments import _grid, _report
 from experiments import optimizers_claims as opt_claims
+from experiments._harness import grid as _grid
+from experiments._harness import report as _report
+from experiments._harness import tiers
 from jaxnorm import attention as attn
 from jaxnorm.nn import attention as nn_attention
 from jaxnorm.training import build
@@ -82,7 +84,7 @@ OUTLIER_SCALE = 20.0
 
 def base_config(args: argparse.Namespace) -> config_lib.TrainConfig:
   """The shared run: width 64, depth 4, 64-byte windows (quick: toy)."""
-  return _grid.byte_lm_config(
+  return tiers.byte_lm_config(
     args,
     dict(
       width=64,
@@ -222,10 +224,10 @@ def _error_lines(
 
 def main(argv: Sequence[str] | None = None) -> dict:
   """Runs the grid (skipping finished runs), probes and writes the report."""
-  p = _grid.parser(__doc__, NAME)
+  p = tiers.parser(__doc__, NAME)
   args = p.parse_args(argv)
   base = base_config(args)
-  seeds = _grid.seeds(args)
+  seeds = tiers.seeds(args)
   table = pathlib.Path(args.runs) / "attention.jsonl"
   random_shape = (32, 2, 32) if args.quick else (256, 4, 64)
 

@@ -49,7 +49,10 @@ import jax
 import numpy as np
 from flax import nnx
 
-from experiments import _grid, _report, vision_claims
+from experiments import vision_claims
+from experiments._harness import grid as _grid
+from experiments._harness import report as _report
+from experiments._harness import tiers
 from jaxnorm.nn import attention as nn_attention
 from jaxnorm.nn import models, quant
 from jaxnorm.training import build
@@ -207,10 +210,10 @@ def per_parameter(lines: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def main(argv: Sequence[str] | None = None) -> dict:
   """Trains the grid (skipping finished runs) and writes the report."""
-  p = _grid.parser(__doc__, NAME)
+  p = tiers.parser(__doc__, NAME)
   args = p.parse_args(argv)
   base = base_config(args.quick, args.full)
-  seeds = _grid.seeds(args)
+  seeds = tiers.seeds(args)
   variants = tuple(VARIANTS) if args.full else DEFAULT_VARIANTS
   table = pathlib.Path(args.runs) / "cnn_attention.jsonl"
 

@@ -46,7 +46,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from experiments import _bytelm, _report
+from experiments import _bytelm
+from experiments._harness import report as _report
 from jaxnorm import depth_metrics
 from jaxnorm.nn import models
 from jaxnorm.nn import residual as nn_residual

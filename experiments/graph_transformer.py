@@ -47,7 +47,7 @@ import numpy as np
 import optax
 from flax import nnx
 
-from experiments import _report
+from experiments._harness import report as _report
 from jaxnorm import graph
 from jaxnorm.nn import graph as nn_graph
 from jaxnorm.training import graph_data

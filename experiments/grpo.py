@@ -33,7 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from experiments import _report
+from experiments._harness import report as _report
 from jaxnorm import rl
 
 PROMPTS, POSITIONS, SYMBOLS = 16, 8, 4

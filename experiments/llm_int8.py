@@ -26,7 +26,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from experiments import _bytelm, _report
+from experiments import _bytelm
+from experiments._harness import report as _report
 from jaxnorm import quant, sharding
 from jaxnorm.nn import layers
 from jaxnorm.nn import quant as nn_quant

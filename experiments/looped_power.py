@@ -29,7 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from experiments import _report
+from experiments._harness import report as _report
 from jaxnorm import looped
 
 D, N, T = 8, 32, 4

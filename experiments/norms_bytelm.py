@@ -1,31 +1,37 @@
-"""Norms in the byte LM: DyT, SeeDNorm, scale vectors, LNS, L1 vs LN/RMSNorm.
+"""LayerNorm's replacements in a byte LM deep enough for norms to matter.
 
-Claims checked (each against its reference, same runner, data and seeds):
+Claims (each fixed before running; metric: validation loss in nats per
+byte, lower is better; margin `claims.MARGINS["nats_per_byte"]`, 0.01):
 
-* DyT (Zhu et al., "Transformers without Normalization", arXiv:2503.10622):
-  replacing LayerNorm by DyT matches its loss.
-* SeeDNorm (arXiv:2510.22777): SeeDNorm lowers the loss of RMSNorm.
-* Scale vectors ("Negligible in Size, Significant in Effect",
-  arXiv:2605.26895): removing the norms' scale vectors raises the loss; the
-  paper's magnitude-direction reparameterization (`scalevectornorm` with
-  ``reparam=True``) lowers it.
-* LayerNorm Scaling ("The Curse of Depth", arXiv:2502.05795): scaling block
-  ``l``'s norms by ``1/sqrt(l)`` lowers the loss of Pre-RMSNorm.
-* L1 layer norm (sub-8-bit training paper): matches LayerNorm.
-* CRMSNorm (Jiang et al., "Pre-RMSNorm and Pre-CRMSNorm Transformers",
-  arXiv:2305.14858): the same function class as Pre-LN, so its loss
-  matches LayerNorm's (`experiments.convert_prenorm` checks the exact
-  conversion; this grid checks training from scratch).
-* The norm-free stack (``norm="none"``: ``x + f(x)`` with no norm at all),
-  the baseline the DyT paper starts from: removing every norm raises the
-  loss.
+* The regime (Zhu et al.'s starting point, "Transformers without
+  Normalization", arXiv:2503.10622): removing every norm (``x + f(x)``, no
+  final norm) hurts, i.e. LayerNorm is ``superior`` to the norm-free stack.
+  Where it is not, normalization does not matter at this scale and the two
+  claims below are ``not testable at this scale``.
+* DyT (arXiv:2503.10622): replacing LayerNorm by DyT "matches or exceeds"
+  it: DyT is ``non_inferior`` to LayerNorm by the margin. DyT runs as the
+  paper's LLaMA recipe (``jiachenzhu/DyT``, ``other_tasks/LLaMA``): no
+  ``beta``, ``alpha0`` 0.8 before attention and 0.2 before the MLP and
+  the final norm (its smallest model's values; smaller widths take larger
+  ``alpha0``), and the token embedding times a learnable scalar
+  initialized to ``sqrt(width)`` (``embed_scale``).
+* L1 layer norm (Guo et al., "Towards Accurate and Efficient Sub-8-Bit
+  Integer Training", arXiv:2411.10948): LayerNorm with the mean absolute
+  deviation in place of the standard deviation "matches" LayerNorm:
+  ``equivalent`` within the margin.
 
-Setting: the runner's decoder LM on byte-level Shakespeare, and the
-LN / RMSNorm / DyT / SeeDNorm subset on the KJV Bible as a second corpus;
-3 seeds each. Verdicts compare means with the standard error of their
-difference (`experiments._grid.verdict`).
+Fair comparison: every arm trains at its own learning rate, the best of a
+geometric sweep on seed 0 chosen by the final training loss (a split other
+than the reported validation loss), extended until the best rate lies
+inside the grid (`experiments._harness.grid.tuned_grid`); then 3 seeds at
+that rate, paired by seed. Parameter counts: LayerNorm, L1 and DyT differ
+by the norms' vectors and DyT's scalars (< 0.5%).
 
-  python -m experiments.norms_bytelm [--quick] [--full]
+Regime: the runner's decoder LM, 8 layers of width 64 (deeper than the
+first grid's 4, where the norm-free stack trained better than LayerNorm),
+600 steps of 16 x 64 bytes of Shakespeare.
+
+  python -m experiments.norms_bytelm [--quick | --full] [--seeds N]
 """
 
 from __future__ import annotations
@@ -34,148 +40,184 @@ import argparse
 import dataclasses
 import pathlib
 from collections.abc import Sequence
+from typing import Any
 
+import jax.numpy as jnp
 from flax import nnx
 
-from experiments import _grid, _report
+from experiments._harness import grid, report, tiers
 from jaxnorm.nn import models
 from jaxnorm.nn import residual as nn_residual
-from jaxnorm.training import build
+from jaxnorm.training import build, claims
 from jaxnorm.training import config as config_lib
 from jaxnorm.training import data as data_lib
 
 NAME = "norms_bytelm"
-
-SHAKESPEARE = {
-  "layernorm": {"norm": "layernorm"},
-  "rmsnorm": {"norm": "rmsnorm"},
-  "crmsnorm": {"norm": "crmsnorm"},
-  "dyt": {"norm": "dyt"},
-  "seednorm": {"norm": "seednorm"},
-  "l1layernorm": {"norm": "l1layernorm"},
-  "rmsnorm-no-scale": {
-    "norm": "rmsnorm",
-    "norm_kwargs": (("use_scale", False),),
-  },
-  # Defaults of scalevectornorm are plain RMSNorm; the paper's
-  # magnitude-direction reparameterization is the switch under test.
-  "scalevector-reparam": {
-    "norm": "scalevectornorm",
-    "norm_kwargs": (("reparam", True),),
-  },
-  "rmsnorm-lns": {"norm": "rmsnorm", "residual": "lns"},
-}
-# The norm-free stack: Pre-LN's x + f(x) with no norm anywhere (no final
-# norm either), the baseline DyT's paper starts from. The runner's --norm
-# names norm layers, so this variant is built here (`norm_free_lm`).
+MARGIN = claims.MARGINS["nats_per_byte"]
+DYT = "dyt-llama"
 NORM_FREE = "norm-free"
-KJV = ("layernorm", "rmsnorm", "dyt", "seednorm")
+# DyT's LLaMA alpha0: before attention, before the MLP and the final norm.
+DYT_ALPHA = (0.8, 0.2)
 
-# (variant, reference, claim, tolerance in nats for "equal", label)
+VARIANTS: dict[str, dict[str, Any]] = {
+  "layernorm": {"norm": "layernorm"},
+  "l1layernorm": {"norm": "l1layernorm"},
+  DYT: {"norm": "dyt", "norm_kwargs": (("use_bias", False),)},
+  # Built by `model`: the runner's --norm names norm layers.
+  NORM_FREE: {},
+}
+LEARNING_RATES = {name: (1e-3, 3e-3, 1e-2) for name in VARIANTS}
+
+DYT_PAPER = ("DyT", "2503.10622")
 CLAIMS = (
-  ("dyt", "layernorm", "equal", 0.01, "DyT matches LayerNorm"),
-  ("seednorm", "rmsnorm", "lower", 0.0, "SeeDNorm beats RMSNorm"),
-  ("rmsnorm", "rmsnorm-no-scale", "lower", 0.0, "scale vectors help"),
-  (
-    "scalevector-reparam",
-    "rmsnorm",
-    "lower",
-    0.0,
-    "magnitude-direction scale vectors beat RMSNorm's",
+  claims.Claim(
+    paper=DYT_PAPER[0],
+    arxiv=DYT_PAPER[1],
+    claim="removing every norm from a pre-norm Transformer hurts (the "
+    "baseline DyT starts from)",
+    metric="val_loss",
+    direction="lower",
+    kind="superior",
+    margin=0.0,
+    a="layernorm",
+    b=NORM_FREE,
   ),
-  ("rmsnorm-lns", "rmsnorm", "lower", 0.0, "LNS beats Pre-RMSNorm"),
-  ("l1layernorm", "layernorm", "equal", 0.01, "L1 norm matches LayerNorm"),
-  ("crmsnorm", "layernorm", "equal", 0.01, "CRMSNorm matches LayerNorm"),
-  ("layernorm", NORM_FREE, "lower", 0.0, "removing every norm hurts"),
+  claims.Claim(
+    paper=DYT_PAPER[0],
+    arxiv=DYT_PAPER[1],
+    claim="DyT matches or exceeds LayerNorm (LLaMA recipe)",
+    metric="val_loss",
+    direction="lower",
+    kind="non_inferior",
+    margin=MARGIN,
+    a=DYT,
+    b="layernorm",
+  ),
+  claims.Claim(
+    paper="Sub-8-bit training (L1 LayerNorm)",
+    arxiv="2411.10948",
+    claim="the L1 form of LayerNorm matches LayerNorm",
+    metric="val_loss",
+    direction="lower",
+    kind="equivalent",
+    margin=MARGIN,
+    a="l1layernorm",
+    b="layernorm",
+  ),
 )
+REGIME = CLAIMS[0]
 
 
 def base_config(args: argparse.Namespace) -> config_lib.TrainConfig:
-  """The shared run: width 64, depth 4, 64-byte windows (quick: toy)."""
-  return _grid.byte_lm_config(
+  """The shared run of each tier."""
+  return tiers.byte_lm_config(
     args,
     dict(
       width=64,
-      depth=4,
+      depth=8,
       num_heads=4,
       seq_len=64,
       batch_size=16,
-      steps=300,
-      eval_every=50,
+      steps=600,
+      eval_every=100,
       eval_batches=8,
-      warmup_steps=30,
+      warmup_steps=60,
     ),
-    learning_rate=3e-3,
+    full_steps=5000,
   )
 
 
-def norm_free_lm(base: config_lib.TrainConfig):
-  """``(variant, seed) -> DecoderLM`` of ``base`` with no norm at all."""
+def model_factory(base: config_lib.TrainConfig):
+  """``(variant, seed) -> module``: the norm-free and DyT LLaMA LMs.
+
+  Other variants return ``None`` (the runner builds them from the config).
+  """
   vocab = data_lib.load_text(base.data).vocab_size
-  lm = dataclasses.replace(
-    build.model_config(base, {"vocab_size": vocab, "max_len": base.seq_len}),
-    norm=nn_residual.NORM_FREE,
+  shape = {"vocab_size": vocab, "max_len": base.seq_len}
+
+  def make(variant: str, seed: int) -> nnx.Module | None:
+    if variant == NORM_FREE:
+      lm = dataclasses.replace(
+        build.model_config(base, shape), norm=nn_residual.NORM_FREE
+      )
+      return models.DecoderLM(lm, rngs=nnx.Rngs(seed))
+    if variant == DYT:
+      cfg = dataclasses.replace(base, **VARIANTS[DYT])
+      lm = dataclasses.replace(build.model_config(cfg, shape), embed_scale=True)
+      model = models.DecoderLM(lm, rngs=nnx.Rngs(seed))
+      attention, mlp = DYT_ALPHA
+      norms = [step.norm for step in model.net.steps] + [model.final_norm]
+      for k, norm in enumerate(norms):
+        alpha = attention if k % 2 == 0 and k < len(norms) - 1 else mlp
+        norm.alpha[...] = jnp.full_like(norm.alpha[...], alpha)
+      return model
+    return None
+
+  return make
+
+
+def records(lines, base, tuned) -> list[dict[str, Any]]:
+  """The claims' records; the regime decides whether the others test."""
+  regime = grid.runner_record(lines, REGIME, base, tuned, baseline_trained=True)
+  present = regime["verdict"] == "reproduced"
+  why = (
+    None
+    if present
+    else "normalization does not matter here: the norm-free stack is not "
+    f"worse than LayerNorm ({regime['why']})"
   )
-  return lambda variant, seed: models.DecoderLM(lm, rngs=nnx.Rngs(seed))
+  out = [regime]
+  for claim in CLAIMS[1:]:
+    out.append(
+      grid.runner_record(
+        lines,
+        claim,
+        base,
+        tuned,
+        baseline_trained=True,
+        testable=present,
+        reason=why,
+      )
+    )
+  return out
 
 
 def main(argv: Sequence[str] | None = None) -> dict:
-  """Runs the grids (skipping finished runs) and writes the report."""
-  p = _grid.parser(__doc__, NAME)
-  args = p.parse_args(argv)
+  """Runs the tuned grid (skipping finished runs) and writes the report."""
+  args = tiers.parser(__doc__, NAME).parse_args(argv)
   base = base_config(args)
-  seeds = _grid.seeds(args)
-  shakespeare = (
-    {k: SHAKESPEARE[k] for k in ("layernorm", "dyt")}
-    if args.quick
-    else SHAKESPEARE
-  )
-  kjv = KJV[:1] if args.quick else KJV
-  runs = pathlib.Path(args.runs)
-  tables = {
-    "shakespeare": runs / "shakespeare.jsonl",
-    # Its own folder: a table's run directories live beside it.
-    "kjv": runs / "kjv" / "kjv.jsonl",
-  }
+  seeds = tiers.seeds(args)
+  table = pathlib.Path(args.runs) / "grid.jsonl"
+  # --quick checks the pipeline at the base rate (the sweep's own test is
+  # tests/test_harness.py).
+  rates = {} if tiers.tier(args) == "quick" else LEARNING_RATES
 
   def compute() -> dict:
-    if not args.quick:  # Into the Shakespeare table, read back below.
-      _grid.run_grid(
-        tables["shakespeare"],
-        base,
-        {NORM_FREE: {}},
-        seeds,
-        model=norm_free_lm(base),
-      )
-    lines = {
-      "shakespeare": _grid.run_grid(
-        tables["shakespeare"], base, shakespeare, seeds
-      ),
-      "kjv": _grid.run_grid(
-        tables["kjv"],
-        dataclasses.replace(base, data="kjv"),
-        {k: SHAKESPEARE[k] for k in kjv},
-        seeds,
-      ),
+    lines, tuned = grid.tuned_grid(
+      table,
+      base,
+      VARIANTS,
+      seeds,
+      rates,
+      model=model_factory(base),
+    )
+    return {
+      "claims": records(lines, base, tuned["variants"]),
+      "sweeps": tuned["sweeps"],
+      "lines": lines,
+      "val_loss": grid.cells(lines, "val_loss"),
     }
-    cells = {c: _grid.cells(ls, "val_loss") for c, ls in lines.items()}
-    verdicts = []
-    for variant, ref, claim, tol, label in CLAIMS:
-      for corpus, grid in cells.items():
-        if variant in grid and ref in grid:
-          v, why = _grid.verdict(grid, variant, ref, claim, tol)
-          verdicts.append(
-            {"claim": label, "corpus": corpus, "verdict": v, "why": why}
-          )
-    return {"lines": lines, "cells": cells, "verdicts": verdicts}
 
   def figure(result: dict, path: pathlib.Path) -> None:
-    _grid.figure(
-      tables["shakespeare"],
-      result["lines"]["shakespeare"],
+    grid.figure(
+      table,
+      result["lines"],
       "val_loss",
       path,
-      "byte LM on Shakespeare: validation loss by norm (3 seeds)",
+      f"byte LM, {base.depth} layers of width {base.width}, "
+      f"{base.steps} steps: LayerNorm and its replacements "
+      f"({len(seeds)} seeds)",
+      result["claims"],
     )
 
   def markdown(result: dict) -> list[str]:
@@ -183,22 +225,29 @@ def main(argv: Sequence[str] | None = None) -> dict:
     lines += [
       f"Runner config: width {base.width}, depth {base.depth}, "
       f"{base.num_heads} heads, {base.seq_len}-byte windows, batch "
-      f"{base.batch_size}, {base.steps} AdamW steps (lr "
-      f"{base.learning_rate}, cosine, warm-up {base.warmup_steps}, weight "
-      f"decay {base.weight_decay}), seeds {list(seeds)}. Validation loss "
-      f"in nats per byte over {base.eval_batches} held-out batches; mean ± "
-      "sample std (ddof=1) over seeds.",
+      f"{base.batch_size}, {base.steps} AdamW steps (cosine, warm-up "
+      f"{base.warmup_steps}, weight decay {base.weight_decay}), seeds "
+      f"{list(seeds)}. Validation loss in nats per byte over "
+      f"{base.eval_batches} held-out batches; mean ± sample std (ddof=1).",
       "",
+      "## Learning rates (seed 0, final training loss)",
+      "",
+      "| variant | chosen | grid: final training loss |",
+      "|---|---|---|",
     ]
-    for corpus, grid in result["cells"].items():
-      lines += [f"## {corpus}", ""]
-      lines += _grid.markdown_table(grid, "val loss", "layernorm")
-      lines.append("")
-    lines += ["## Verdicts", ""]
-    lines += _grid.verdict_table(result["verdicts"], ("corpus",))
+    for name, sweep in result["sweeps"].items():
+      scores = ", ".join(f"{lr}: {v:.3f}" for lr, v in sweep["grid"].items())
+      inside = "" if sweep["inside"] else " (at the grid's end)"
+      lines.append(
+        f"| {name} | {sweep['learning_rate']:g}{inside} | {scores} |"
+      )
+    lines += ["", "## Validation loss", ""]
+    lines += grid.markdown_table(result["val_loss"], "val loss", "layernorm")
+    lines += ["", "## Claims", ""]
+    lines += grid.verdict_table(result["claims"])
     return lines
 
-  return _report.run(NAME, args, compute, figure, markdown)
+  return report.run(NAME, args, compute, figure, markdown)
 
 
 if __name__ == "__main__":

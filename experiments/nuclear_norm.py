@@ -23,7 +23,8 @@ import time
 import jax
 import numpy as np
 
-from experiments import _bytelm, _report
+from experiments import _bytelm
+from experiments._harness import report as _report
 from jaxnorm import analysis
 
 _mnn = jax.jit(analysis.matrix_nuclear_norm)

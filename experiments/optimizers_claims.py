@@ -50,7 +50,9 @@ import numpy as np
 import orbax.checkpoint as ocp
 from flax import nnx
 
-from experiments import _grid, _report
+from experiments._harness import grid as _grid
+from experiments._harness import report as _report
+from experiments._harness import tiers
 from jaxnorm.training import build, metrics
 from jaxnorm.training import config as config_lib
 from jaxnorm.training import data as data_lib
@@ -82,7 +84,7 @@ MATCH_TOLERANCE = 0.02
 
 def base_config(args: argparse.Namespace) -> config_lib.TrainConfig:
   """The byte LM: width 64, depth 2, 64-byte windows (quick: toy)."""
-  return _grid.byte_lm_config(
+  return tiers.byte_lm_config(
     args,
     dict(
       width=64,
@@ -279,11 +281,11 @@ def both(*verdicts: tuple[str, str]) -> tuple[str, str]:
 
 def main(argv: Sequence[str] | None = None) -> dict:
   """Runs the grids (skipping finished runs) and writes the report."""
-  p = _grid.parser(__doc__, NAME)
+  p = tiers.parser(__doc__, NAME)
   args = p.parse_args(argv)
   base = base_config(args)
   cnn = cnn_config(args.quick, args.full)
-  seeds = _grid.seeds(args)
+  seeds = tiers.seeds(args)
   optimizers = QUICK_OPTIMIZERS if args.quick else tuple(LR_GRID)
   grid_lrs = {
     o: LR_GRID[o][1:2] if args.quick else LR_GRID[o] for o in optimizers

@@ -34,7 +34,9 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from experiments import _grid, _report
+from experiments._harness import grid as _grid
+from experiments._harness import report as _report
+from experiments._harness import tiers
 from jaxnorm.nn import norms as nn_norms
 from jaxnorm.training import config as config_lib
 
@@ -140,10 +142,10 @@ def folding(
 
 def main(argv: Sequence[str] | None = None) -> dict:
   """Runs the grid (skipping finished runs), the timing, and the report."""
-  p = _grid.parser(__doc__, NAME)
+  p = tiers.parser(__doc__, NAME)
   args = p.parse_args(argv)
   base = base_config(args.quick, args.full)
-  seeds = _grid.seeds(args)
+  seeds = tiers.seeds(args)
   grid_variants = variants(base)
   table = pathlib.Path(args.runs) / "vit.jsonl"
   token_shapes = (

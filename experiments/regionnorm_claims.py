@@ -69,7 +69,10 @@ import numpy as np
 import optax
 from flax import nnx
 
-from experiments import _grid, _report, complex_common
+from experiments import complex_common
+from experiments._harness import grid as _grid
+from experiments._harness import report as _report
+from experiments._harness import tiers
 from jaxnorm.nn import decay, layers
 from jaxnorm.nn import norms as nn_norms
 from jaxnorm.training import data as data_lib
@@ -337,10 +340,10 @@ def run_cell(
 
 def main(argv: Sequence[str] | None = None) -> dict:
   """Trains every (variant, seed) not yet in the table; the report."""
-  p = _grid.parser(__doc__, NAME)
+  p = tiers.parser(__doc__, NAME)
   args = p.parse_args(argv)
   s = setting(args)
-  seeds = _grid.seeds(args)
+  seeds = tiers.seeds(args)
   mode = "quick" if args.quick else "full" if args.full else "default"
   table = pathlib.Path(args.runs) / f"regionnorm_{mode}.jsonl"
 

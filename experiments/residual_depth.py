@@ -85,7 +85,7 @@ Scales:
   baseline) and ``block_attnres`` (with 8 blocks it equals Full AttnRes at
   depth 4). The seeds of a cell share one compilation (a persistent XLA
   cache under ``--runs``, `compilation_cache`);
-* ``--full`` (GPU-sized, `experiments._grid.FULL_LM` at width 256): every
+* ``--full`` (GPU-sized, `experiments.tiers.FULL_LM` at width 256): every
   scheme of `RESIDUALS` at depths 4, 8, 16 and 32;
 * ``--quick`` (the tests): toy model, one seed, HC at depths 1 and 2,
   Pre-Norm and mHC at depth 1.
@@ -109,9 +109,11 @@ import optax
 from flax import nnx
 from jax.experimental.compilation_cache import compilation_cache as jax_cache
 
-from experiments import _grid, _report
 from experiments import attention_claims as attn_claims
 from experiments import optimizers_claims as opt_claims
+from experiments._harness import grid as _grid
+from experiments._harness import report as _report
+from experiments._harness import tiers
 from jaxnorm import residual
 from jaxnorm.nn import residual as nn_residual
 from jaxnorm.training import build
@@ -163,7 +165,7 @@ def variant(scheme: str, depth: int) -> str:
 
 def base_config(args: argparse.Namespace) -> config_lib.TrainConfig:
   """The shared run: width 32, 2 heads, 64-byte windows (quick: toy)."""
-  return _grid.byte_lm_config(
+  return tiers.byte_lm_config(
     args,
     dict(
       width=32,
@@ -496,10 +498,10 @@ def _mean_curve(
 
 def main(argv: Sequence[str] | None = None) -> dict:
   """Runs the grid (skipping finished runs), probes and writes the report."""
-  p = _grid.parser(__doc__, NAME)
+  p = tiers.parser(__doc__, NAME)
   args = p.parse_args(argv)
   base = base_config(args)
-  seeds = _grid.seeds(args)
+  seeds = tiers.seeds(args)
   schemes = schemes_of(args)
   grid_variants = {
     variant(s, d): {"residual": s, "depth": d}

@@ -47,7 +47,9 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from experiments import _grid, _report
+from experiments._harness import grid as _grid
+from experiments._harness import report as _report
+from experiments._harness import tiers
 from jaxnorm import activations
 from jaxnorm.nn import activations as nn_activations
 from jaxnorm.nn import layers
@@ -268,10 +270,10 @@ def below(cell: dict, tolerance: float) -> tuple[str, str]:
 
 def main(argv: Sequence[str] | None = None) -> dict:
   """Trains the grid (skipping finished runs) and writes the report."""
-  p = _grid.parser(__doc__, NAME)
+  p = tiers.parser(__doc__, NAME)
   args = p.parse_args(argv)
   base = base_config(args.quick, args.full)
-  seeds = _grid.seeds(args)
+  seeds = tiers.seeds(args)
   depths = (2, 4) if args.quick else DEPTHS
   deep, shallow = max(depths), min(depths)
   runs = pathlib.Path(args.runs)

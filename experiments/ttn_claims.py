@@ -38,7 +38,9 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from experiments import _grid, _report
+from experiments._harness import grid as _grid
+from experiments._harness import report as _report
+from experiments._harness import tiers
 from jaxnorm.nn import norms as nn_norms
 from jaxnorm.nn import quant
 from jaxnorm.training import build, trainer
@@ -191,10 +193,10 @@ def evaluate_seed(
 
 def main(argv: Sequence[str] | None = None) -> dict:
   """Trains and evaluates each seed (skipping finished ones); the report."""
-  p = _grid.parser(__doc__, NAME)
+  p = tiers.parser(__doc__, NAME)
   args = p.parse_args(argv)
   base = base_config(args.quick, args.full)
-  seeds = _grid.seeds(args)
+  seeds = tiers.seeds(args)
   runs = pathlib.Path(args.runs)
   table = runs / "ttn.jsonl"
 

@@ -31,7 +31,9 @@ import dataclasses
 import pathlib
 from collections.abc import Sequence
 
-from experiments import _grid, _report
+from experiments._harness import grid as _grid
+from experiments._harness import report as _report
+from experiments._harness import tiers
 from jaxnorm.training import config as config_lib
 
 NAME = "vision_claims"
@@ -103,10 +105,10 @@ def rises(lines_small: list, lines_large: list, norm: str) -> list[dict]:
 
 def main(argv: Sequence[str] | None = None) -> dict:
   """Runs the grids (skipping finished runs) and writes the report."""
-  p = _grid.parser(__doc__, NAME)
+  p = tiers.parser(__doc__, NAME)
   args = p.parse_args(argv)
   base = base_config(args.quick, args.full)
-  seeds = _grid.seeds(args)
+  seeds = tiers.seeds(args)
   small, large = BATCHES
   runs = pathlib.Path(args.runs)
   # One folder per batch size: the run directories of a table live beside it.

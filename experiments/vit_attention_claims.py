@@ -65,8 +65,11 @@ import numpy as np
 import optax
 from flax import nnx
 
-from experiments import _grid, _report, powernorm_claims
 from experiments import optimizers_claims as opt_claims
+from experiments import powernorm_claims
+from experiments._harness import grid as _grid
+from experiments._harness import report as _report
+from experiments._harness import tiers
 from jaxnorm.nn import decay as nn_decay
 from jaxnorm.nn import models
 from jaxnorm.training import build, optimizers
@@ -352,10 +355,10 @@ def plot_timing(result: Mapping[str, Any], path: pathlib.Path) -> None:
 
 def main(argv: Sequence[str] | None = None) -> dict:
   """Runs the grid (skipping finished runs), the timing, and the report."""
-  p = _grid.parser(__doc__, NAME)
+  p = tiers.parser(__doc__, NAME)
   args = p.parse_args(argv)
   base = base_config(args.quick, args.full)
-  seeds = _grid.seeds(args)
+  seeds = tiers.seeds(args)
   grid_variants = variants(base)
   vit = runner_vit(base)
   table = pathlib.Path(args.runs) / "vit.jsonl"

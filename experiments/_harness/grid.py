@@ -19,17 +19,16 @@ one-standard-deviation error bars.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import pathlib
-import types
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
-from experiments import _report
+from experiments._harness import report as _report
+from jaxnorm.nn import model_registry
 from jaxnorm.training import build, claims, metrics, trainer
 from jaxnorm.training import config as config_lib
 
@@ -45,75 +44,6 @@ _FIELDS = (
   "stopped_early",
   "stop_reason",
 )
-
-
-def parser(doc: str, name: str) -> argparse.ArgumentParser:
-  """`_report.parser` plus the claims scripts' ``--full`` and ``--runs``."""
-  p = _report.parser(doc)
-  p.add_argument("--full", action="store_true", help="GPU-sized runs")
-  p.add_argument(
-    "--runs",
-    default=f"runs/claims/{name}",
-    help="folder of the run directories and the JSON-lines tables",
-  )
-  return p
-
-
-def seeds(args: argparse.Namespace) -> tuple[int, ...]:
-  """One seed with ``--quick``, three otherwise."""
-  return (0,) if args.quick else (0, 1, 2)
-
-
-# The claims scripts' byte LM at toy size (--quick) and GPU size (--full).
-QUICK_LM = types.MappingProxyType(
-  dict(
-    width=16,
-    depth=1,
-    num_heads=2,
-    seq_len=16,
-    batch_size=4,
-    steps=4,
-    eval_every=2,
-    eval_batches=1,
-    warmup_steps=1,
-  )
-)
-FULL_LM = types.MappingProxyType(
-  dict(
-    width=256,
-    depth=8,
-    num_heads=8,
-    seq_len=256,
-    batch_size=32,
-    eval_batches=16,
-    warmup_steps=200,
-  )
-)
-
-
-def byte_lm_config(
-  args: argparse.Namespace,
-  default: Mapping[str, Any],
-  *,
-  full_steps: int = 5000,
-  full_eval_every: int = 250,
-  **fields: Any,
-) -> config_lib.TrainConfig:
-  """The byte LM of a claims script: `QUICK_LM`, ``default`` or `FULL_LM`.
-
-  ``default`` holds the size and step fields of the default run; ``fields``
-  are set in every mode. Logs at every evaluation; no periodic
-  checkpoints (the final one is written).
-  """
-  if args.quick:
-    run = dict(QUICK_LM)
-  elif args.full:
-    run = {**FULL_LM, "steps": full_steps, "eval_every": full_eval_every}
-  else:
-    run = dict(default)
-  return config_lib.TrainConfig(
-    **run, log_every=run["eval_every"], checkpoint_every=10**9, **fields
-  )
 
 
 def run_dir(out: pathlib.Path, variant: str, seed: int) -> pathlib.Path:
@@ -176,6 +106,125 @@ def run_grid(
         f.write(json.dumps(line) + "\n")
       lines.append(line)
   return lines
+
+
+def _at(variant: str, lr: float) -> str:
+  return f"{variant}@lr={lr:g}"
+
+
+def tuned_grid(
+  table: pathlib.Path,
+  base: config_lib.TrainConfig,
+  variants: Mapping[str, Mapping[str, Any]],
+  seeds: Sequence[int],
+  learning_rates: Mapping[str, Sequence[float]],
+  *,
+  select: str = "train_loss",
+  extend: int = 2,
+  model: Callable[[str, int], Any] | None = None,
+) -> tuple[list[dict[str, Any]], dict[str, dict[str, Any]]]:
+  """Each variant at the learning rate that trains it best, then every seed.
+
+  The first seed runs every learning rate of a variant's grid (runs named
+  ``<variant>@lr=<lr>``); the rate with the lowest final ``select`` is
+  chosen. ``select`` is the training loss by default: a split other than
+  the validation data the claims report. A best rate at an end of the grid
+  extends the grid by its next geometric step on that side (at most
+  ``extend`` times), so the chosen rate lies inside the grid whenever the
+  extensions find a minimum. The other seeds then run at the chosen rate.
+
+  Args:
+    table: the JSON-lines file (`run_grid`).
+    base: the shared config.
+    variants: name -> `TrainConfig` changes (no ``learning_rate``).
+    seeds: the seeds; the first one sweeps.
+    learning_rates: name -> increasing learning rates (two or more, a
+      geometric grid); a variant not in it keeps ``base``'s rate.
+    select: the summary key that picks the rate (lower is better).
+    extend: at most this many extensions of a grid.
+    model: as in `run_grid`.
+
+  Returns:
+    The lines of every variant at its chosen rate, named by the variant
+    (``run``: the run's name, ``<variant>@lr=<rate>``), and
+    ``{"variants": ..., "sweeps": ...}``: the changes each variant ran with
+    (its chosen ``learning_rate`` added; what `runner_record` takes)
+    and per swept variant ``learning_rate``, ``grid`` (``{rate:
+    select}``), ``select`` and ``inside`` (the chosen rate is not an end
+    of the final grid).
+
+  Raises:
+    ValueError: a grid with fewer than two rates or not increasing, a
+      variant that sets ``learning_rate``, or `run_grid`'s errors.
+  """
+  chosen: dict[str, dict[str, Any]] = {}
+  tuned = {}
+  for name, changes in variants.items():
+    if "learning_rate" in changes:
+      raise ValueError(
+        f"tuned_grid: variant {name!r} sets learning_rate; the sweep sets it"
+      )
+    grid = list(learning_rates.get(name, ()))
+    if not grid:
+      tuned[name] = dict(changes)
+      continue
+    if len(grid) < 2 or any(b <= a for a, b in zip(grid, grid[1:])):
+      raise ValueError(
+        f"tuned_grid: the learning rates of {name!r} must be two or more, "
+        f"increasing, got {grid}"
+      )
+    for _ in range(extend + 1):
+      sweep = {_at(name, lr): {**changes, "learning_rate": lr} for lr in grid}
+      lines = run_grid(table, base, sweep, seeds[:1], model=_renamed(model))
+      score = {
+        lr: _score(lines, _at(name, lr), seeds[0], select) for lr in grid
+      }
+      best = min(grid, key=lambda lr: score[lr])
+      if best == grid[0]:
+        grid.insert(0, grid[0] ** 2 / grid[1])
+      elif best == grid[-1]:
+        grid.append(grid[-1] ** 2 / grid[-2])
+      else:
+        break
+    best = min(score, key=score.get)
+    chosen[name] = {
+      "learning_rate": best,
+      "grid": {f"{lr:g}": score[lr] for lr in sorted(score)},
+      "select": select,
+      "inside": min(score) < best < max(score),
+    }
+    tuned[name] = {**changes, "learning_rate": best}
+  runs, names = {}, {}
+  for name, changes in tuned.items():
+    run = _at(name, chosen[name]["learning_rate"]) if name in chosen else name
+    runs[run], names[run] = changes, name
+  lines = run_grid(table, base, runs, seeds, model=_renamed(model))
+  out = [
+    {**ln, "variant": names[ln["variant"]], "run": ln["variant"]}
+    for ln in lines
+    if ln["variant"] in names and ln["seed"] in seeds
+  ]
+  return out, {"variants": tuned, "sweeps": chosen}
+
+
+def _renamed(
+  model: Callable[[str, int], Any] | None,
+) -> Callable[[str, int], Any] | None:
+  """``model`` called with the variant's name without ``@lr=...``."""
+  if model is None:
+    return None
+  return lambda name, seed: model(name.split("@lr=")[0], seed)
+
+
+def _score(
+  lines: Sequence[Mapping[str, Any]], variant: str, seed: int, key: str
+) -> float:
+  value = next(
+    ln.get(key)
+    for ln in lines
+    if ln["variant"] == variant and ln["seed"] == seed
+  )
+  return float("inf") if value is None or not np.isfinite(value) else value
 
 
 def _plain(v: Any) -> Any:
@@ -245,14 +294,23 @@ def figure(
   metric: str,
   path: pathlib.Path,
   title: str,
+  records: Sequence[Mapping[str, Any]] = (),
 ) -> None:
-  """Validation curves with seed bands, and a bar chart of ``metric``."""
+  """Validation curves, ``metric`` per variant, and the claims' differences.
+
+  Left: validation loss against steps (mean over seeds, min-max band).
+  Middle: the final ``metric`` per variant (mean, one-std error bars) on
+  an axis from 0. Right, with ``records``: `report.claims_axes`.
+  """
   plt = _report.pyplot()
-  fig, (ax_curve, ax_bar) = plt.subplots(1, 2, figsize=(12, 4.5))
+  panels = 3 if records else 2
+  fig, axes = plt.subplots(1, panels, figsize=(6 * panels, 4.8))
+  ax_curve, ax_bar = axes[0], axes[1]
   by_variant: dict[str, list[list[tuple[int, float]]]] = {}
   for ln in lines:
+    run = ln.get("run", ln["variant"])  # `tuned_grid`'s run name.
     log = metrics.read_log(
-      run_dir(table.parent, ln["variant"], ln["seed"]) / "metrics.jsonl"
+      run_dir(table.parent, run, ln["seed"]) / "metrics.jsonl"
     )
     curve = [(r["step"], r["val_loss"]) for r in log if "val_loss" in r]
     by_variant.setdefault(ln["variant"], []).append(curve)
@@ -268,6 +326,7 @@ def figure(
     )
   ax_curve.set_xlabel("step")
   ax_curve.set_ylabel("validation loss (nats)")
+  ax_curve.set_title("validation loss (mean, min-max over seeds)")
   ax_curve.legend(fontsize=7)
   grid = cells(lines, metric)
   names = list(grid)
@@ -279,9 +338,10 @@ def figure(
   )
   ax_bar.set_xticks(range(len(names)), names, rotation=45, ha="right")
   ax_bar.set_ylabel(f"final {metric}")
-  lo = min(grid[n]["mean"] - grid[n]["std"] for n in names)
-  hi = max(grid[n]["mean"] + grid[n]["std"] for n in names)
-  ax_bar.set_ylim(lo - 0.1 * (hi - lo + 1e-9), hi + 0.1 * (hi - lo + 1e-9))
+  ax_bar.set_ylim(bottom=0)
+  ax_bar.set_title(f"final {metric} (mean ± std)")
+  if records:
+    _report.claims_axes(axes[2], records)
   fig.suptitle(title)
   fig.tight_layout()
   fig.savefig(path, dpi=110)
@@ -323,12 +383,53 @@ def paired(
   return seeds, list(a["values"]), list(b["values"])
 
 
+def setting(
+  lines: Sequence[Mapping[str, Any]],
+  base: config_lib.TrainConfig,
+  variants: Mapping[str, Mapping[str, Any]],
+  variant: str,
+) -> dict[str, Any]:
+  """What one variant of a runner grid trained: the row's "setting".
+
+  Returns:
+    ``params``, ``steps``, ``examples`` (``steps x batch``, in tokens for
+    the text models), ``unit`` (``tokens``, ``images`` or ``graphs``),
+    ``optimizer``, ``learning_rate``, ``data``, from the variant's config
+    (``base`` with its changes) and its first line's summary.
+
+  Raises:
+    ValueError: ``variant`` has no change set or no line.
+  """
+  if variant not in variants:
+    raise ValueError(
+      f"setting: variant {variant!r} is not in the grid's variants "
+      f"{sorted(variants)}"
+    )
+  cfg = dataclasses.replace(base, **variants[variant])
+  line = next((ln for ln in lines if ln["variant"] == variant), None)
+  if line is None:
+    raise ValueError(f"setting: no line of variant {variant!r}")
+  kind = model_registry.spec(cfg.model).data
+  unit = {"text": "tokens", "images": "images", "graphs": "graphs"}[kind]
+  per_step = cfg.batch_size * (cfg.seq_len if kind == "text" else 1)
+  return {
+    "params": line.get("params"),
+    "steps": line.get("steps"),
+    "examples": None if line.get("steps") is None else line["steps"] * per_step,
+    "unit": unit,
+    "optimizer": cfg.optimizer,
+    "learning_rate": cfg.learning_rate,
+    "data": cfg.data,
+  }
+
+
 def claim_record(
   lines: Sequence[Mapping[str, Any]],
   claim: claims.Claim,
   *,
   baseline_trained: bool,
   config: Any,
+  setting: Mapping[str, Any] | None = None,
   commit: Any = None,
   testable: bool = True,
   reason: str | None = None,
@@ -336,21 +437,26 @@ def claim_record(
   """`claims.record` of ``claim`` from a grid's lines, paired by seed.
 
   ``claim.metric`` is the lines' key, ``claim.a`` and ``claim.b`` their
-  variants; the values are matched by `paired` over `cells`.
+  variants; the values are matched by `paired` over `cells`. The record
+  also holds ``setting``: what each arm trained (`setting` for runner
+  grids: parameters, steps, tokens or images, learning rate), which
+  RESULTS.md states on the claim's row.
 
   Args:
     lines: the grid's lines (`run_grid`, or lines with derived metrics).
     claim: the claim.
     baseline_trained: False when ``claim.b`` did not train (see
       `claims.record`).
-    config: the grid's shared config, JSON-able (e.g.
-      ``dataclasses.asdict(base)``).
+    config: the full resolved config of the runs, JSON-able (e.g.
+      `runner_config`).
+    setting: ``{"a": ..., "b": ...}``, each arm's `setting` (or the same
+      keys for an experiment outside the runner), or ``None``.
     commit: the code's commit; ``None``: `claims.commit` of this tree.
     testable: False when the phenomenon is absent in the baseline.
     reason: why not testable or not trained, or a note.
 
   Returns:
-    The record (`claims.RECORD_KEYS`).
+    The record (`claims.RECORD_KEYS`, plus ``setting``).
 
   Raises:
     ValueError: a variant has no line with ``claim.metric``, or `paired`'s
@@ -364,7 +470,7 @@ def claim_record(
       f"{claim.metric!r}; variants with it: {sorted(grid)}"
     )
   seeds, a_values, b_values = paired(grid[claim.a], grid[claim.b])
-  return claims.record(
+  rec = claims.record(
     claim,
     seeds,
     a_values,
@@ -372,6 +478,41 @@ def claim_record(
     baseline_trained=baseline_trained,
     commit=claims.commit() if commit is None else commit,
     config=config,
+    testable=testable,
+    reason=reason,
+  )
+  rec["setting"] = None if setting is None else dict(setting)
+  return rec
+
+
+def runner_record(
+  lines: Sequence[Mapping[str, Any]],
+  claim: claims.Claim,
+  base: config_lib.TrainConfig,
+  variants: Mapping[str, Mapping[str, Any]],
+  *,
+  baseline_trained: bool,
+  testable: bool = True,
+  reason: str | None = None,
+) -> dict[str, Any]:
+  """`claim_record` of a runner grid: config and setting from the grid.
+
+  The record's ``config`` is the base `TrainConfig` (resolved, as JSON)
+  and each arm's changes; its ``setting`` each arm's `setting`.
+  """
+  return claim_record(
+    lines,
+    claim,
+    baseline_trained=baseline_trained,
+    config={
+      "base": config_lib.to_json(config_lib.resolve(base)),
+      "a": {k: _plain(v) for k, v in variants[claim.a].items()},
+      "b": {k: _plain(v) for k, v in variants[claim.b].items()},
+    },
+    setting={
+      arm: setting(lines, base, variants, variant)
+      for arm, variant in (("a", claim.a), ("b", claim.b))
+    },
     testable=testable,
     reason=reason,
   )

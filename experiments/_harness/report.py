@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import pathlib
 import platform
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
 import numpy as np
 
+from experiments._harness import tiers
 from jaxnorm.training import claims
 
 
@@ -38,6 +40,44 @@ def pyplot():
   return plt
 
 
+def claims_axes(ax: Any, records: Sequence[Mapping[str, Any]]) -> None:
+  """The claims' paired differences on one axis, as improvements.
+
+  One row per record: the mean improvement of ``a`` over ``b`` (``b - a``
+  for a ``lower`` metric, ``a - b`` for a ``higher`` one) in units of the
+  claim's margin (or of the metric when the margin is 0), with its paired
+  interval; dashed lines at 0 and at +-1 margin. A verdict labels each
+  row.
+  """
+  ys = range(len(records))
+  for y, rec in zip(ys, records):
+    sign = -1.0 if rec["direction"] == "lower" else 1.0
+    unit = rec["margin"] or 1.0
+    mean = rec["mean_diff"]
+    if mean is None:
+      continue
+    x = sign * mean / unit
+    if rec["ci"] is not None and None not in rec["ci"]:
+      lo, hi = sorted(sign * v / unit for v in rec["ci"])
+      ax.errorbar(x, y, xerr=[[x - lo], [hi - x]], fmt="o", capsize=3)
+    else:
+      ax.plot(x, y, "o")
+    ax.annotate(
+      rec["verdict"], (x, y), textcoords="offset points", xytext=(0, 6),
+      ha="center", fontsize=7,
+    )  # fmt: skip
+  ax.axvline(0.0, color="k", lw=0.8)
+  for m in (-1.0, 1.0):
+    ax.axvline(m, color="grey", lw=0.8, ls="--")
+  ax.set_yticks(
+    list(ys), [f"{r['a']} vs {r['b']}\n({r['metric']})" for r in records],
+    fontsize=7,
+  )  # fmt: skip
+  ax.invert_yaxis()
+  ax.set_xlabel("improvement of a over b, in margins (0-margin claims: units)")
+  ax.set_title("paired difference, one-sided bounds at each claim's level")
+
+
 def mean_spread(values: Any) -> tuple[float, float]:
   """Mean and sample standard deviation (0 for one value)."""
   v = np.asarray(values, np.float64)
@@ -59,15 +99,38 @@ def median_ms(fn: Callable[[Any], Any], x: Any, reps: int) -> float:
   return 1e3 * float(np.median(times))
 
 
-def command_line(name: str, args: argparse.Namespace) -> str:
-  """The Markdown line naming the command, duration, host and commit."""
-  quick = " --quick" if args.quick else ""
-  code = claims.commit()
+def command_line(run: Mapping[str, Any]) -> str:
+  """The Markdown line of a `provenance`: command, seconds, host, commit."""
+  code = run["commit"]
   dirty = ", uncommitted changes" if code["dirty"] else ""
   return (
-    f"Command: `python -m experiments.{name}{quick}` ({args.elapsed:.0f} s "
-    f"on {platform.machine()}, commit {code['sha'][:12]}{dirty})."
+    f"Command: `{run['command']}` ({run['seconds']:.0f} s on "
+    f"{run['machine']} with {run['cpus']} CPUs, load {run['load_average']}, "
+    f"jax {run['jax']}, {run['date']}, commit {code['sha'][:12]}{dirty})."
   )
+
+
+def provenance(name: str, args: argparse.Namespace) -> dict[str, Any]:
+  """Where and how a result was made: the ``run`` entry of its JSON.
+
+  The command, tier, seconds, machine (architecture, CPUs, load), jax
+  version, date and commit (`claims.commit`).
+  """
+  tier = tiers.tier(args)
+  flags = {"quick": " --quick", "full": " --full"}.get(tier, "")
+  if getattr(args, "seeds", None) is not None:
+    flags += f" --seeds {args.seeds}"
+  return {
+    "command": f"python -m experiments.{name}{flags}",
+    "tier": tier,
+    "seconds": round(args.elapsed, 1),
+    "machine": platform.machine(),
+    "cpus": os.cpu_count(),
+    "load_average": round(os.getloadavg()[0], 2),
+    "jax": jax.__version__,
+    "date": time.strftime("%Y-%m-%d", time.gmtime()),
+    "commit": claims.commit(),
+  }
 
 
 def run(
@@ -98,12 +161,13 @@ def run(
     result = compute()
   args.elapsed = time.time() - start
   claims.check_records(result.get("claims", ()))
+  result["run"] = provenance(name, args)
   (out / f"{name}.json").write_text(
     json.dumps(result, indent=2, default=_jsonable)
   )
   figure(result, out / f"{name}.png")
   lines = markdown(result)
-  lines.insert(2, command_line(name, args))
+  lines.insert(2, command_line(result["run"]))
   lines.insert(3, "")
   (out / f"{name}.md").write_text("\n".join(lines) + "\n")
   return result

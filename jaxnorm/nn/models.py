@@ -98,6 +98,11 @@ class LMConfig:
       over the batch and sequence (its spec's ``batch_stats``): in training
       mode position ``t`` then sees later tokens through the statistics.
       Refused unless set; a run that sets it should record it.
+    embed_scale: multiply the token embedding by a learnable scalar
+      initialized to ``sqrt(width)`` (the ``shared_scale`` of DyT's LLaMA
+      code, ``jiachenzhu/DyT``, ``other_tasks/LLaMA/fms_fsdp/models/
+      llama.py``): the stream's entries start at unit scale, where
+      ``tanh`` is not linear. The tied head reads the unscaled table.
     quant: ``"none"``, or the int8 path of every MLP and untied-head
       projection (`jaxnorm.nn.quant.QUANT_MODES`: ``"mixed"`` LLM.int8(),
       ``"vector"``, ``"tensor"``); parameters are unchanged.
@@ -132,6 +137,7 @@ class LMConfig:
   zero_mean_writers: bool = False
   attention_kwargs: tuple[tuple[str, Any], ...] = ()
   allow_batch_stats: bool = False
+  embed_scale: bool = False
   quant: str = "none"
   scan_layers: bool = False
   remat: str = "none"
@@ -228,6 +234,11 @@ class DecoderLM(nnx.Module):
       if c.positional == "learned"
       else None
     )
+    self.embed_scale = (
+      _param.param(jnp.asarray(math.sqrt(d), jnp.float32), ())
+      if c.embed_scale
+      else None
+    )
     head_dim = c.head_dim or d // c.num_heads
     spec = nn_attention.ATTENTIONS[c.attention]
     attention_kwargs = {
@@ -315,6 +326,8 @@ class DecoderLM(nnx.Module):
         f"max_len={self.config.max_len}, got tokens.shape={tokens.shape}"
       )
     x = jnp.take(self.embed[...], tokens, axis=0)
+    if self.embed_scale is not None:
+      x = x * self.embed_scale[...]
     if self.pos is not None:
       x = x + self.pos[...][None, : tokens.shape[1]]
     if self.config.zero_mean_writers:

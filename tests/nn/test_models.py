@@ -7,7 +7,7 @@ import pytest
 from flax import nnx
 
 from jaxnorm.nn import attention as nn_attention
-from jaxnorm.nn import model_registry, models
+from jaxnorm.nn import decay, model_registry, models
 from jaxnorm.nn import norms as nn_norms
 
 TINY = dict(
@@ -202,3 +202,20 @@ def test_norm_free_stack_is_chosen_by_the_residual_registry():
   for block in lm.net.blocks:
     want = want + block(want) / 4
   np.testing.assert_allclose(lm.net(x), want, atol=1e-5)
+
+
+def test_embed_scale_multiplies_the_embedding_by_a_learned_sqrt_width():
+  # DyT's LLaMA recipe: x = s * E[t], s learnable from sqrt(d); the tied
+  # head reads the unscaled table. With s = 1 the model is the plain one.
+  config = models.LMConfig(**TINY, norm="none", positional="none")
+  plain = models.DecoderLM(config, rngs=nnx.Rngs(0))
+  scaled = models.DecoderLM(
+    models.LMConfig(**TINY, norm="none", positional="none", embed_scale=True),
+    rngs=nnx.Rngs(0),
+  )
+  assert scaled.embed_scale[...] == pytest.approx(np.sqrt(TINY["width"]))
+  assert decay.decay_mask(scaled)["embed_scale"] is False
+  tokens = jnp.arange(6, dtype=jnp.int32).reshape(1, 6)
+  assert not np.allclose(scaled(tokens), plain(tokens))
+  scaled.embed_scale[...] = jnp.ones_like(scaled.embed_scale[...])
+  np.testing.assert_allclose(scaled(tokens), plain(tokens), atol=1e-6)

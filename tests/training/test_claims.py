@@ -14,7 +14,8 @@ import math
 import numpy as np
 import pytest
 
-from experiments import _grid, _report
+from experiments._harness import grid as _grid
+from experiments._harness import report as _report
 from jaxnorm.training import claims, cli
 
 # Student-t quantiles t_{p, df} from a printed table (e.g. NIST/SEMATECH

@@ -1,0 +1,13 @@
+"""The one harness every claims script runs on.
+
+* `tiers`: the flags and the three tiers (quick, default, full), seeds;
+* `grid`: a grid of runner variants x seeds trained by the runner
+  (`jaxnorm.training.trainer.train`, what ``jaxnorm-train`` runs) into a
+  resumable JSON-lines table; cells, seed pairing and claim records
+  (`jaxnorm.training.claims`: paired intervals, kinds, margins);
+* `report`: a script's result files (JSON with its ``claims`` and ``run``
+  provenance, Markdown, figure) and the one spread convention (mean and
+  sample standard deviation, ``ddof=1``);
+* `results`: RESULTS.md and the README's headline table, made from every
+  script's records with Holm-Bonferroni across the table.
+"""
