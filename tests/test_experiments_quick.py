@@ -26,6 +26,7 @@ from experiments import (
   vision_claims,
   vit_attention_claims,
 )
+from jaxnorm.training import claims
 
 # The claims scripts keep their run directories under --runs.
 CLAIMS = (
@@ -45,14 +46,23 @@ CLAIMS = (
 # Each experiment script end to end in --quick mode: CI runs them (-m slow).
 pytestmark = pytest.mark.slow
 
-VERDICTS = ("reproduced", "not reproduced at this scale", "inconclusive")
+VERDICTS = (
+  "reproduced",
+  "not reproduced at this scale",
+  "inconclusive",
+  claims.NOT_TESTABLE,
+)
 
 
 def _check(out, name):
   md = (out / f"{name}.md").read_text()
   assert "**Verdict" in md and any(v in md for v in VERDICTS)
   assert (out / f"{name}.png").stat().st_size > 0
-  json.loads((out / f"{name}.json").read_text())
+  result = json.loads((out / f"{name}.json").read_text())
+  if "claims" in result:  # A script on the harness's records.
+    claims.check_records(result["claims"])
+    assert result["claims"] and all("setting" in r for r in result["claims"])
+    assert result["run"]["tier"] == "quick"
 
 
 @pytest.mark.parametrize(
