@@ -222,26 +222,9 @@ def main(argv: Sequence[str] | None = None) -> dict:
 
   def markdown(result: dict) -> list[str]:
     lines = [f"# {__doc__.splitlines()[0]}", ""]
-    lines += [
-      f"Runner config: width {base.width}, depth {base.depth}, "
-      f"{base.num_heads} heads, {base.seq_len}-byte windows, batch "
-      f"{base.batch_size}, {base.steps} AdamW steps (cosine, warm-up "
-      f"{base.warmup_steps}, weight decay {base.weight_decay}), seeds "
-      f"{list(seeds)}. Validation loss in nats per byte over "
-      f"{base.eval_batches} held-out batches; mean ± sample std (ddof=1).",
-      "",
-      "## Learning rates (seed 0, final training loss)",
-      "",
-      "| variant | chosen | grid: final training loss |",
-      "|---|---|---|",
-    ]
-    for name, sweep in result["sweeps"].items():
-      scores = ", ".join(f"{lr}: {v:.3f}" for lr, v in sweep["grid"].items())
-      inside = "" if sweep["inside"] else " (at the grid's end)"
-      lines.append(
-        f"| {name} | {sweep['learning_rate']:g}{inside} | {scores} |"
-      )
-    lines += ["", "## Validation loss", ""]
+    lines += report.runner_lines(base, seeds)
+    lines += report.sweep_lines(result["sweeps"])
+    lines += ["## Validation loss", ""]
     lines += grid.markdown_table(result["val_loss"], "val loss", "layernorm")
     lines += ["", "## Claims", ""]
     lines += grid.verdict_table(result["claims"])

@@ -21,6 +21,7 @@ from experiments import (
   powernorm_claims,
   regionnorm_claims,
   residual_depth,
+  rmsnorm_variants,
   snn_claims,
   ttn_claims,
   vision_claims,
@@ -31,6 +32,7 @@ from jaxnorm.training import claims
 # The claims scripts keep their run directories under --runs.
 CLAIMS = (
   norms_bytelm,
+  rmsnorm_variants,
   cnn_attention_claims,
   optimizers_claims,
   attention_claims,

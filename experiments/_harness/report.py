@@ -15,6 +15,7 @@ import jax
 import numpy as np
 
 from experiments._harness import tiers
+from jaxnorm.nn import model_registry
 from jaxnorm.training import claims
 
 
@@ -76,6 +77,39 @@ def claims_axes(ax: Any, records: Sequence[Mapping[str, Any]]) -> None:
   ax.invert_yaxis()
   ax.set_xlabel("improvement of a over b, in margins (0-margin claims: units)")
   ax.set_title("paired difference, one-sided bounds at each claim's level")
+
+
+def runner_lines(base: Any, seeds: Sequence[int]) -> list[str]:
+  """A Markdown paragraph: the runner config every arm starts from."""
+  kind = model_registry.spec(base.model).data
+  window = (
+    f"{base.seq_len}-token windows, " if kind == "text" else ""
+  )  # fmt: skip
+  return [
+    f"Runner config: `{base.model}` of width {base.width}, depth "
+    f"{base.depth}, {base.num_heads} heads, {window}batch {base.batch_size}, "
+    f"{base.steps} {base.optimizer} steps ({base.schedule} schedule, "
+    f"warm-up {base.warmup_steps}, weight decay {base.weight_decay}, "
+    f"clip {base.clip_norm}) on `{base.data}`, seeds {list(seeds)}; the "
+    f"validation metrics over {base.eval_batches} held-out batches; cells "
+    "are mean ± sample std (ddof=1) over seeds.",
+    "",
+  ]
+
+
+def sweep_lines(sweeps: Mapping[str, Mapping[str, Any]]) -> list[str]:
+  """A Markdown table of `grid.tuned_grid`'s learning-rate sweeps."""
+  out = [
+    "## Learning rates (seed 0, chosen by the final training loss)",
+    "",
+    "| variant | chosen | grid: final training loss |",
+    "|---|---|---|",
+  ]
+  for name, sweep in sweeps.items():
+    scores = ", ".join(f"{lr}: {v:.3f}" for lr, v in sweep["grid"].items())
+    inside = "" if sweep["inside"] else " (at the grid's end)"
+    out.append(f"| {name} | {sweep['learning_rate']:g}{inside} | {scores} |")
+  return out + [""]
 
 
 def mean_spread(values: Any) -> tuple[float, float]:
