@@ -175,7 +175,8 @@ def fourier_hadamard_conv(
   Raises:
     TypeError: for a non-complex ``x`` or ``kernel``.
     ValueError: for a bad ``axis`` or a ``kernel`` whose length along
-      ``axis`` is not ``N`` (or of another rank than 1 or ``x.ndim``).
+      ``axis`` is not ``N``, of another rank than 1 or ``x.ndim``, or not
+      broadcastable with ``x``.
 
   Examples:
     >>> x = jnp.array([1 + 0j, 2, 3, 4])
@@ -199,11 +200,16 @@ def fourier_hadamard_conv(
     kshape = [1] * x.ndim
     kshape[ax] = kernel.shape[0]
     kernel = kernel.reshape(kshape)
-  if kernel.ndim != x.ndim or kernel.shape[ax] != n:
+  if (
+    kernel.ndim != x.ndim
+    or kernel.shape[ax] != n
+    or any(k != s and 1 not in (k, s) for k, s in zip(kernel.shape, x.shape))
+  ):
     raise ValueError(
       f"{who}: kernel must have length x.shape[axis]={n} along axis={axis} "
-      f"and shape (N,) or rank x.ndim={x.ndim}, got "
-      f"kernel.shape={kernel.shape}; scatter a short kernel with pad_kernel"
+      f"and shape (N,) or rank x.ndim={x.ndim} broadcastable with "
+      f"{x.shape=}, got kernel.shape={kernel.shape}; scatter a short kernel "
+      f"with pad_kernel"
     )
   dtype = _common.complex_dtype(x, kernel)
   fx = jnp.fft.fft(x.astype(dtype), axis=ax, norm="ortho")
@@ -378,8 +384,8 @@ def mean_pool(
 
   Raises:
     TypeError: for an integer or boolean ``x``.
-    ValueError: for a bad ``axis`` or a ``num_bins`` that is not a positive
-      divisor of ``N``.
+    ValueError: for a bad ``axis``, an empty ``axis`` (``N = 0``), or a
+      ``num_bins`` that is not a positive divisor of ``N``.
 
   Examples:
     >>> y = cplx.mean_pool(jnp.array([1 + 1j, 3 + 1j, 2j, 4j]), 2)
@@ -399,6 +405,7 @@ def mean_pool(
   x = jnp.asarray(x)
   _checks.check_positive_int(who, "num_bins", num_bins)
   ax, n = _fft_axis_len(who, x, axis)
+  _checks.check_positive_int(who, "x.shape[axis]", n)
   _checks.check_divisible(who, "x.shape[axis]", n, "num_bins", num_bins)
   cdt = (
     _common.complex_dtype(x)

@@ -401,7 +401,10 @@ def pct_rms_norm(
   in CNet's TokenNorm (`complex_rms_norm`). ``eps`` clamps the sum of
   squares from below (``clamp_min(1e-12)``), it is not added: away from 0
   this is exactly ``complex_rms_norm(x, scale / d, eps=0)``. An all-zero
-  token returns zeros with a finite gradient.
+  token returns zeros with a finite gradient. The sum of squares is taken
+  of ``x / m`` with ``m = max(max_j |x_j|, sqrt(eps))`` (the same value in
+  exact arithmetic), so tokens of modulus 1e30 normalize instead of
+  overflowing to zero.
 
   Phase-equivariant (:math:`f(e^{i\alpha}x) = e^{i\alpha}f(x)`) and
   invariant to a positive rescaling of ``x`` (where the clamp is inactive).
@@ -409,7 +412,7 @@ def pct_rms_norm(
   Args:
     x: complex input.
     scale: complex ``(d,)`` gain (the code's ``gamma``, init 1) or ``None``.
-    eps: the lower clamp of :math:`\sum_j |x_j|^2`.
+    eps: the lower clamp of :math:`\sum_j |x_j|^2`, > 0.
     axis: the feature axis.
 
   Returns:
@@ -417,7 +420,7 @@ def pct_rms_norm(
 
   Raises:
     TypeError: for a non-complex ``x`` or ``scale``.
-    ValueError: for a bad ``axis`` or ``scale`` shape.
+    ValueError: for a bad ``axis`` or ``scale`` shape, or ``eps <= 0``.
 
   Examples:
     >>> y = cplx.pct_rms_norm(jnp.array([3 + 0j, 4j, 0j, 0j]))  # d = 4
@@ -438,11 +441,26 @@ def pct_rms_norm(
   if scale is not None:
     _common.check_complex(who, "scale", scale)
     _checks.check_shape(who, "scale", scale, (x.shape[feat],), "x.shape[axis]")
+  if not eps > 0:
+    raise ValueError(
+      f"{who}: eps must be > 0 (the clamp keeps an all-zero token finite), "
+      f"got eps={eps!r}"
+    )
   xf = x.astype(_common.complex_dtype(x))
   d = x.shape[feat]
-  sq = jnp.sum(_common.abs2(xf), axis=feat, keepdims=True)
-  inv = jax.lax.rsqrt(jnp.maximum(sq, eps) * d)
-  y = xf * inv.astype(xf.dtype)
+  real = jnp.abs(xf).dtype
+  # max(sum |x|^2, eps) = m^2 max(sum |x/m|^2, eps/m^2), with m >= sqrt(eps)
+  # so that eps/m^2 <= 1 and |x/m| <= 1: no overflow, no 0/0.
+  m = jax.lax.stop_gradient(
+    jnp.maximum(
+      jnp.max(jnp.abs(xf), axis=feat, keepdims=True),
+      jnp.sqrt(jnp.asarray(eps, real)),
+    )
+  )
+  u = xf / m.astype(xf.dtype)
+  sq = jnp.sum(_common.abs2(u), axis=feat, keepdims=True)
+  inv = jax.lax.rsqrt(jnp.maximum(sq, eps / jnp.square(m)) * d)
+  y = u * inv.astype(xf.dtype)
   if scale is not None:
     y = y * _numerics.expand(scale, x.ndim, (feat,), xf.dtype)
   return y.astype(x.dtype)

@@ -201,6 +201,12 @@ def test_fourier_layers_errors():
     cplx.fourier_hadamard_conv(
       jnp.ones((2, 6), jnp.complex64), jnp.ones((1, 1, 6), jnp.complex64)
     )
+  with pytest.raises(
+    ValueError, match=r"broadcastable with x.shape=\(2, 3, 6\)"
+  ):
+    cplx.fourier_hadamard_conv(
+      jnp.ones((2, 3, 6), jnp.complex64), jnp.ones((3, 1, 6), jnp.complex64)
+    )
   with pytest.raises(TypeError, match=r"pad_kernel: taps must have"):
     cplx.pad_kernel(jnp.ones(2), (0, 1), 4)
   with pytest.raises(ValueError, match=r"one entry per tap"):
@@ -225,3 +231,5 @@ def test_fourier_layers_errors():
     cplx.mean_pool(z, 4)
   with pytest.raises(ValueError, match=r"num_bins must be a positive"):
     cplx.mean_pool(z, 0)
+  with pytest.raises(ValueError, match=r"x.shape\[axis\]=0"):
+    cplx.mean_pool(jnp.ones((2, 0), jnp.complex64), 1)

@@ -142,3 +142,14 @@ def test_pct_rms_norm_zero_token_and_errors():
     cplx.pct_rms_norm(zero, jnp.ones(3, jnp.complex64))
   with pytest.raises(ValueError, match=r"pct_rms_norm: axis must be"):
     cplx.pct_rms_norm(zero, axis=2)
+  with pytest.raises(ValueError, match=r"pct_rms_norm: eps must be > 0"):
+    cplx.pct_rms_norm(zero, eps=0.0)
+
+
+def test_pct_rms_norm_huge_tokens_normalize():
+  # |x| = 1e30: the sum of squares would overflow complex64; the output is
+  # the unit-scale one, modulus 1/d per element (d = 4).
+  x = 1e30 * (1 + 1j) * jnp.ones((2, 4), jnp.complex64)
+  y = cplx.pct_rms_norm(x)
+  np.testing.assert_allclose(jnp.abs(y), 0.25, rtol=1e-6)
+  np.testing.assert_allclose(y, cplx.pct_rms_norm(x / 1e30), rtol=1e-6)

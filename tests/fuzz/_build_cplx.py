@@ -207,6 +207,63 @@ def _pct_attention(d, f):
   )
 
 
+def _pct_rms_norm(d, f):
+  # scale=None on even axes: the documented "or None" of the gain.
+  x, c = _cases.x_axis(d, f)
+  scale = None if d.axis % 2 == 0 else f.normal((c,), "complex64")
+  return case(x, scale, axis=d.axis, expect=(x.shape, d.out))
+
+
+def _fourier_hadamard_conv(d, f):
+  # The kernel is a weight (ordinary values): a fuzzed kernel times fuzzed
+  # data overflows float32 at 1e30 by definition. It is ``(N,)`` on even
+  # ranks and ``x``'s rank (ones off ``axis``) on odd ones; ``inverse``
+  # alternates with the axis.
+  x, n = _cases.x_axis(d, f)
+  kshape = [1] * x.ndim
+  kshape[d.axis] = n
+  kshape = (n,) if d.rank % 2 == 0 else tuple(kshape)
+  return case(
+    x,
+    0.3 * f.normal(kshape, "complex64"),
+    axis=d.axis,
+    inverse=d.axis % 2 != 0,
+    expect=(x.shape, d.out),
+  )
+
+
+def _pad_kernel(d, f):
+  # ``size = K + rank - 1``: rank 1 fills every position (no zeros); the
+  # index is the last ``K`` positions in reverse, so the scatter permutes.
+  taps, k = _cases.x_axis(d, f)
+  size = k + d.rank - 1
+  index = tuple(range(size - 1, size - 1 - k, -1))
+  shape = list(taps.shape)
+  shape[d.axis] = size
+  return case(taps, index, size, axis=d.axis, expect=(tuple(shape), d.out))
+
+
+def _local_kernel_index(d, f):
+  # A 1 x r block (r = rank) in a 3 x 4 image, or 2 x r: rank 4 spans a
+  # whole row (kw = W), the ``one`` draw a single row.
+  del f
+  kernel = (1 if d.one else 2, d.rank)
+  return case(kernel, (3, 4), expect=((kernel[0] * kernel[1],), None))
+
+
+def _mean_pool(d, f):
+  # Two bins on an even axis, global pooling (one bin) on an odd one.
+  x, n = _cases.x_axis(d, f)
+  bins = 2 if n % 2 == 0 else 1
+  shape = list(x.shape)
+  shape[d.axis] = bins
+  return case(x, bins, axis=d.axis, expect=(tuple(shape), d.out))
+
+
+# `mean_pool` takes real floating input too (half precision included).
+_COMPLEX_OR_REAL = ("complex64", *_cases.FLOATS, "complex128", "int32")
+
+
 CPLX = {
   "cplx.cardioid": _cases.Spec(_complex_elementwise(), dtypes=_cases.COMPLEX),
   "cplx.crelu": _cases.Spec(_complex_elementwise(), dtypes=_cases.COMPLEX),
@@ -264,6 +321,15 @@ CPLX = {
   "cplx.complex_rms_norm": _cases.Spec(
     _complex_rms_norm, axis=True, dtypes=_cases.COMPLEX
   ),
+  "cplx.pct_rms_norm": _cases.Spec(
+    _pct_rms_norm, axis=True, dtypes=_cases.COMPLEX
+  ),
+  "cplx.fourier_hadamard_conv": _cases.Spec(
+    _fourier_hadamard_conv, axis=True, dtypes=_cases.COMPLEX
+  ),
+  "cplx.pad_kernel": _cases.Spec(_pad_kernel, axis=True, dtypes=_cases.COMPLEX),
+  "cplx.local_kernel_index": _cases.Spec(_local_kernel_index, **_cases.STATIC),
+  "cplx.mean_pool": _cases.Spec(_mean_pool, axis=True, dtypes=_COMPLEX_OR_REAL),
   "cplx.complex_conv": _cases.Spec(
     _complex_conv, ranks=_cases.IMAGES, dtypes=_cases.COMPLEX
   ),
