@@ -24,6 +24,7 @@ from experiments import (
   rmsnorm_variants,
   snn_claims,
   ttn_claims,
+  unifiednorm_claims,
   vision_claims,
   vit_attention_claims,
 )
@@ -43,6 +44,7 @@ CLAIMS = (
   residual_depth,
   vision_claims,
   vit_attention_claims,
+  unifiednorm_claims,
 )
 
 # Each experiment script end to end in --quick mode: CI runs them (-m slow).
