@@ -600,7 +600,7 @@ def verdict_table(
     extra = [str(v[c]) for c in columns]
     bold = f"**Verdict: {v['verdict']}**"
     if records:
-      paper = f"{v['paper']['name']} (arXiv:{v['paper']['arxiv']})"
+      paper = _report.cite(v["paper"])
       cells_ = [
         paper,
         f"{v['a']} vs {v['b']}: {v['claim']}",

@@ -79,6 +79,16 @@ def claims_axes(ax: Any, records: Sequence[Mapping[str, Any]]) -> None:
   ax.set_title("paired difference, one-sided bounds at each claim's level")
 
 
+def cite(paper: Mapping[str, Any]) -> str:
+  """``"DyT (arXiv:2503.10622)"``, or the source of a paper without one."""
+  where = (
+    f"arXiv:{paper['arxiv']}"
+    if paper.get("arxiv")
+    else paper.get("source", "no arXiv id")
+  )
+  return f"{paper['name']} ({where})"
+
+
 def runner_lines(base: Any, seeds: Sequence[int]) -> list[str]:
   """A Markdown paragraph: the runner config every arm starts from."""
   kind = model_registry.spec(base.model).data

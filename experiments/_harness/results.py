@@ -29,6 +29,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from experiments._harness import report
 from jaxnorm.training import claims
 
 ROOT = pathlib.Path(__file__).absolute().parents[2]
@@ -130,7 +131,7 @@ def claims_rows(rows: Sequence[tuple[str, Mapping[str, Any]]]) -> list[str]:
     "|---|---|---|---|---|---|---|",
   ]
   for name, rec in rows:
-    paper = f"{rec['paper']['name']} (arXiv:{rec['paper']['arxiv']})"
+    paper = report.cite(rec["paper"])
     arms = f"{rec['a']} vs {rec['b']} ({rec['metric']}, {rec['direction']})"
     verdict = f"**{rec['verdict']}**"
     if not rec["testable"] or not rec["baseline_trained"]:
@@ -231,7 +232,7 @@ def headline(on_records: Sequence[tuple[str, Mapping[str, Any]]]) -> str:
   """The README's headline table: one row per paper, its verdicts."""
   by_paper: dict[str, list[Mapping[str, Any]]] = {}
   for _, rec in corrected(on_records):
-    key = f"{rec['paper']['name']} (arXiv:{rec['paper']['arxiv']})"
+    key = report.cite(rec["paper"])
     by_paper.setdefault(key, []).append(rec)
   lines = [
     BEGIN,
