@@ -1,46 +1,145 @@
-"""Looped linear attention + norm learns the power method (CPU scale).
+"""Looped linear attention with LayerNorm and the power method (CPU scale).
 
 Trains `jaxnorm.looped.looped_lsa` (``w_kq``, ``w_pv`` shared across loops,
-initialized N(0, 0.01^2), Adam) on in-context top-eigenvector problems:
-``d = 8``, ``n = 32`` rows ``X ~ N(0, Sigma)`` with ``Sigma = U diag(lam) U^T``,
-``lam = (3, 1.5, 1, 0.8, ..., 0.3)``, a fresh random rotation ``U`` and start
-vector ``v0`` per problem; the target is the top eigenvector of the sample
-covariance ``X^T X / n``.
+initialized N(0, 0.01^2), Adam with cosine decay) on in-context
+top-eigenvector problems: ``d = 8``, ``n = 32`` rows ``X ~ N(0, Sigma)``
+with ``Sigma = U diag(lam) U^T``, ``lam = (3, 1.5, 1, 0.8, ..., 0.3)``, a
+fresh random rotation ``U`` and start vector ``v0`` per problem; the target
+is the top eigenvector ``u1`` of the sample covariance ``X^T X / n`` and
+``p_t`` the power iterates from ``v0``. This is not a runner task: the one
+small training loop is `train` (jitted, vmapped over seeds).
 
-* E1 (implicit bias): train ``T = 4`` loops on ``1 - <v_T/|v_T|, u1>^2`` with
-  ``norm`` in {l2, layernorm, none}; then compare each loop's iterate with
-  the power iterates ``p_t`` and evaluate at ``T' = 4, 8, 16`` loops.
-* E2 (norm gap): layerwise supervision ``sum_t |v_t - p_t|^2`` (unit-norm
-  targets), ``norm`` in {l2, none}.
+Claims (Wu, Zhang & Cao, "Looped Transformers with LayerNorm Provably Learn
+the Power Method", arXiv:2606.00605; only the abstract could be read),
+fixed before running, each for two norm arms: ``layernorm`` (LayerNorm as
+`looped_lsa` computes it: centred, then RMS, no affine) and ``l2`` (the
+uncentred normalization ``v / |v|`` under which this project's token layout
+makes one loop exactly one power step); paired by seed over 3 seeds:
 
-  python -m experiments.looped_power            # default run
-  python -m experiments.looped_power --quick    # seconds, for the tests
+* E1, implicit bias (trained on the final direction only, ``1 - <v_T /
+  |v_T|, u1>^2`` with ``T = 4`` loops): the trained loops are power
+  iterations, so (a) run for more loops they keep converging: the error
+  ``1 - cos^2(v_T', u1)`` at ``T' = 16`` is ``superior`` (lower, margin 0)
+  to the error at ``T' = 4``; and (b) at ``T' = 16`` the error is
+  ``non_inferior`` to the power method's on the same problems. Metric:
+  the log of the mean error over 512 held-out problems; margin
+  `claims.MARGINS["log_ratio"]` (at most 10% above the power method's).
+* E2, the normalization gap (layerwise supervision ``sum_t |v_t - p_t|^2``
+  with unit-norm targets): with the norm the per-loop power iterates are
+  learnable, without it (``none``) they are not: the log of the layerwise
+  loss on 512 held-out problems is ``superior`` (lower, margin 0) to the
+  norm-free model's.
 
-Writes ``<out>/looped_power.{md,json,png}``.
+Deviations: the token layout, the query-only update, the re-injected data
+slot and the norm placement are this project's construction [I] (the
+paper's are unread); LayerNorm's output has RMS 1 (norm ``sqrt(d)``), so in
+E2 its gain is fixed at ``1/sqrt(d)`` to give the targets' unit norm
+(E1's loss and errors use directions and need no gain); Adam instead of the
+paper's gradient descent. The centring LayerNorm cannot represent the
+power iterates exactly (a centred vector is not ``p_t`` unless ``p_t`` has
+zero mean), the ``l2`` form can; ``none`` computes the same direction as
+``l2`` for the same weights (each loop is linear in ``v``), so it differs
+from ``l2`` only where the norm of the iterate matters (E2).
+
+Fair comparison: every arm of each experiment trains at its own learning
+rate, the best of a geometric sweep on a selection seed (1000, not a
+reported seed) by the final training loss, extended until the best rate
+lies inside the grid. ``--full`` is the same setting with
+`tiers.FULL_SEEDS` seeds: nothing here needs an accelerator.
+
+  python -m experiments.looped_power [--quick | --full] [--seeds N]
 """
 
 from __future__ import annotations
 
 import functools
+import math
 import pathlib
+from collections.abc import Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 
-from experiments._harness import report as _report
+from experiments._harness import grid, report, tiers
 from jaxnorm import looped
+from jaxnorm.training import claims
 
+NAME = "looped_power"
 D, N, T = 8, 32, 4
 LAM = np.r_[3.0, 1.5, 1.0, np.linspace(0.8, 0.3, D - 3)]
-E1_ARMS = ("l2", "layernorm", "none")
-E2_ARMS = ("l2", "none")
+NORMS = ("layernorm", "l2", "none")
+CLAIM_NORMS = ("layernorm", "l2")
 EVAL_LOOPS = (4, 8, 16)
+EVAL_PROBLEMS = 512
+STEPS, BATCH = 4000, 64
+LEARNING_RATES = (3e-3, 1e-2, 3e-2)
+SELECT_SEED = 1000
+RATIO = claims.MARGINS["log_ratio"]
+
+_PAPER = ("Looped LN power method", "2606.00605")
+
+
+def _claim(text, metric, kind, margin, a, b) -> claims.Claim:
+  return claims.Claim(
+    paper=_PAPER[0],
+    arxiv=_PAPER[1],
+    claim=text,
+    metric=metric,
+    direction="lower",
+    kind=kind,
+    margin=margin,
+    a=a,
+    b=b,
+  )
+
+
+def e1(norm: str, loops: int) -> str:
+  """The name of an E1 evaluation, e.g. ``e1/layernorm@16``."""
+  return f"e1/{norm}@{loops}"
+
+
+CLAIMS = tuple(
+  c
+  for norm in CLAIM_NORMS
+  for c in (
+    _claim(
+      f"E1 ({norm}): trained with {T} loops on the final direction, the "
+      "loops keep converging when run longer (power iterations)",
+      "log_err",
+      "superior",
+      0.0,
+      e1(norm, EVAL_LOOPS[-1]),
+      e1(norm, EVAL_LOOPS[0]),
+    ),
+    _claim(
+      f"E1 ({norm}): the trained loops match the power method at "
+      f"{EVAL_LOOPS[-1]} loops",
+      "log_err",
+      "non_inferior",
+      RATIO,
+      e1(norm, EVAL_LOOPS[-1]),
+      e1("power", EVAL_LOOPS[-1]),
+    ),
+  )
+) + tuple(
+  _claim(
+    f"E2 ({norm}): with the norm the per-loop power iterates are "
+    "learnable, without it they are not",
+    "log_layerwise",
+    "superior",
+    0.0,
+    f"e2/{norm}",
+    "e2/none",
+  )
+  for norm in CLAIM_NORMS
+)
 
 
 def problems(key, batch):
-  """``x (B, n, d)``, ``v0 (B, d)``, top eigenvectors ``u1 (B, d)``."""
+  """``x (B, n, d)``, ``v0 (B, d)``, ``S (B, d, d)``, ``u1 (B, d)``."""
   k_u, k_x, k_v = jax.random.split(key, 3)
   u, _ = jnp.linalg.qr(jax.random.normal(k_u, (batch, D, D)))
   z = jax.random.normal(k_x, (batch, N, D)) * jnp.sqrt(LAM).reshape(1, 1, D)
@@ -59,22 +158,28 @@ def _unit(v):
   return jnp.where(ok, v / jnp.where(ok, n, 1.0), 0.0)
 
 
-def loss_fn(params, key, layerwise, *, norm, batch):
-  """E1 (final-direction) or, if ``layerwise`` (traced), E2 loss."""
-  x, v0, s, u1 = problems(key, batch)
-  vs = looped.looped_lsa(x, v0, *params, num_loops=T, norm=norm)
+def _gain(norm: str) -> float:
+  """E2's fixed output gain: unit-norm iterates for every norm."""
+  return 1.0 / math.sqrt(D) if norm in ("layernorm", "rms") else 1.0
+
+
+def _losses(params, x, v0, s, u1, *, norm, loops):
+  """Final-direction (E1) and layerwise (E2) losses of ``loops`` loops."""
+  vs = looped.looped_lsa(x, v0, *params, num_loops=loops, norm=norm)
   cos = jnp.sum(_unit(vs[:, -1]) * u1, -1)
   final = jnp.mean(1.0 - cos**2)
-  p = looped.power_iteration(s, v0, T)
-  per_layer = jnp.mean(jnp.sum((vs - p) ** 2, axis=(-2, -1)))
-  return jnp.where(layerwise, per_layer, final)
+  p = looped.power_iteration(s, v0, loops)
+  layerwise = jnp.mean(jnp.sum((_gain(norm) * vs - p) ** 2, axis=(-2, -1)))
+  return final, layerwise
 
 
-@functools.partial(jax.jit, static_argnames=("norm", "steps", "batch", "lr"))
-def train(seeds, layerwise, *, norm, steps, batch, lr):
+@functools.partial(jax.jit, static_argnames=("norm", "steps", "batch"))
+def train(seeds, lr, layerwise, *, norm, steps, batch):
   """Final params and loss curves, vmapped over ``seeds``.
 
-  ``layerwise`` is traced, so E1 and E2 share one compilation per norm.
+  The task's only training loop (synthetic regression, not a runner task).
+  ``lr`` and ``layerwise`` (E2's loss instead of E1's) are traced, so every
+  sweep and both experiments share one compilation per norm.
   """
   tx = optax.adam(optax.cosine_decay_schedule(lr, steps))
 
@@ -85,11 +190,14 @@ def train(seeds, layerwise, *, norm, steps, batch, lr):
       0.01 * jax.random.normal(k1, (2 * D, 2 * D)),
       0.01 * jax.random.normal(k2, (2 * D, 2 * D)),
     )
-    f = functools.partial(loss_fn, norm=norm, batch=batch)
+
+    def f(params, k):
+      losses = _losses(params, *problems(k, batch), norm=norm, loops=T)
+      return jnp.where(layerwise, losses[1], losses[0])
 
     def step(carry, k):
       params, opt = carry
-      loss, g = jax.value_and_grad(f)(params, k, layerwise)
+      loss, g = jax.value_and_grad(f)(params, k)
       u, opt = tx.update(g, opt, params)
       return (optax.apply_updates(params, u), opt), loss
 
@@ -103,18 +211,21 @@ def train(seeds, layerwise, *, norm, steps, batch, lr):
 
 @functools.partial(jax.jit, static_argnames="norm")
 def evaluate(params, key, *, norm):
-  """Per-loop |cos(v_t, p_t)| and errors ``1 - cos^2(v_t, u1)``.
+  """On held-out problems, per loop t = 1 .. max(`EVAL_LOOPS`).
 
-  For the model and the power method, t = 1 .. max(EVAL_LOOPS).
+  Returns the model's mean error ``1 - cos^2(v_t, u1)``, the power
+  method's, the mean ``|cos(v_t, p_t)|`` and the E2 layerwise loss of
+  ``T`` loops.
   """
   loops = max(EVAL_LOOPS)
-  x, v0, s, u1 = problems(key, 512)
+  x, v0, s, u1 = problems(key, EVAL_PROBLEMS)
   vs = _unit(looped.looped_lsa(x, v0, *params, num_loops=loops, norm=norm))
   p = looped.power_iteration(s, v0, loops)
-  cos_p = jnp.abs(jnp.sum(vs * p, -1)).mean(0)
   err = 1.0 - jnp.sum(vs * u1[:, None], -1) ** 2
   err_power = 1.0 - jnp.sum(p * u1[:, None], -1) ** 2
-  return cos_p, jnp.mean(err, 0), jnp.mean(err_power, 0)
+  cos_p = jnp.abs(jnp.sum(vs * p, -1)).mean(0)
+  _, layerwise = _losses(params, x, v0, s, u1, norm=norm, loops=T)
+  return jnp.mean(err, 0), jnp.mean(err_power, 0), cos_p, layerwise
 
 
 def identity_residual(m: np.ndarray) -> float:
@@ -123,41 +234,26 @@ def identity_residual(m: np.ndarray) -> float:
   return float(np.linalg.norm(m - c * np.eye(m.shape[0])) / np.linalg.norm(m))
 
 
-def run(args) -> dict:
-  """Both experiments; returns the raw results."""
-  fit = functools.partial(
-    train,
-    jnp.arange(args.seeds),
-    steps=args.steps,
-    batch=args.batch,
-    lr=args.lr,
-  )
-  res = {"e1": {}, "e2": {}}
-  key = jax.random.key(1234)
-  # --quick skips the layernorm arm (one compilation less).
-  for norm in E1_ARMS[::2] if args.quick else E1_ARMS:
-    params, losses = fit(False, norm=norm)
-    per_seed = []
-    for i in range(args.seeds):
-      p_i = tuple(np.asarray(w[i]) for w in params)
-      a, b = p_i[0][:D, D:], p_i[1][D:, :D]
-      entry = {
-        "final_train_loss": float(np.mean(np.asarray(losses[i, -20:]))),
-        "residual_BA": identity_residual(b @ a),
-        "residual_A": identity_residual(a),
-        "residual_B": identity_residual(b),
-      }
-      cos_p, err, err_power = evaluate(p_i, key, norm=norm)
-      entry["cos_to_power_iterates"] = np.asarray(cos_p).tolist()
-      for loops in EVAL_LOOPS:
-        entry[f"err@{loops}"] = float(err[loops - 1])
-        entry[f"power_err@{loops}"] = float(err_power[loops - 1])
-      per_seed.append(entry)
-    res["e1"][norm] = {"per_seed": per_seed, "curve": _coarse(losses)}
-  for norm in E2_ARMS:
-    _, losses = fit(True, norm=norm)
-    res["e2"][norm] = {"curve": _coarse(losses)}
-  return res
+def _tail(losses: np.ndarray) -> np.ndarray:
+  """Mean of the last 5% of each seed's training losses."""
+  losses = np.asarray(losses)
+  return losses[:, -max(losses.shape[1] // 20, 1) :].mean(1)
+
+
+def tune(norm: str, layerwise: bool, steps: int, extend: int = 2) -> dict:
+  """The arm's learning rate: lowest final training loss on `SELECT_SEED`."""
+
+  def score(lr: float) -> float:
+    _, losses = train(
+      jnp.asarray([SELECT_SEED]), jnp.float32(lr), layerwise,
+      norm=norm, steps=steps, batch=BATCH,
+    )  # fmt: skip
+    return float(_tail(losses)[0])
+
+  return {
+    **grid.sweep(score, LEARNING_RATES, extend=extend, who="looped_power"),
+    "select": f"final training loss, seed {SELECT_SEED}",
+  }
 
 
 def _coarse(curve, points: int = 200) -> np.ndarray:
@@ -166,193 +262,214 @@ def _coarse(curve, points: int = 200) -> np.ndarray:
   return np.stack([c.mean(1) for c in chunks], 1)
 
 
-def _tail(curve):
-  return np.asarray(curve)[:, -max(curve.shape[1] // 20, 1) :].mean(1)
+def run(seeds: Sequence[int], steps: int, quick: bool) -> dict[str, Any]:
+  """Both experiments: sweeps, training, held-out evaluation, lines."""
+  out: dict[str, Any] = {"sweeps": {}, "curves": {}, "lines": [], "e1": {}}
+  for exp, layerwise in (("e1", False), ("e2", True)):
+    for norm in NORMS:
+      name = f"{exp}/{norm}"
+      sweep = None if quick else tune(norm, layerwise, steps)
+      lr = LEARNING_RATES[1] if sweep is None else sweep["learning_rate"]
+      if sweep is not None:
+        out["sweeps"][name] = sweep
+      params, losses = train(
+        jnp.asarray(seeds), jnp.float32(lr), layerwise,
+        norm=norm, steps=steps, batch=BATCH,
+      )  # fmt: skip
+      out["curves"][name] = _coarse(losses)
+      tails = _tail(losses)
+      for i, seed in enumerate(seeds):
+        p_i = tuple(np.asarray(w[i]) for w in params)
+        key = jax.random.fold_in(jax.random.key(1234), seed)
+        err, err_power, cos_p, layer = evaluate(p_i, key, norm=norm)
+        if exp == "e2":
+          out["lines"].append(
+            {
+              "variant": name,
+              "seed": seed,
+              "train_loss": float(tails[i]),
+              "layerwise": float(layer),
+              "log_layerwise": float(np.log(layer)),
+            }
+          )
+          continue
+        a, b = p_i[0][:D, D:], p_i[1][D:, :D]
+        out["e1"].setdefault(norm, []).append(
+          {
+            "seed": seed,
+            "train_loss": float(tails[i]),
+            "residual_BA": identity_residual(b @ a),
+            "cos_to_power_iterates": np.asarray(cos_p).tolist(),
+          }
+        )
+        for loops in EVAL_LOOPS:
+          rows = ((norm, err), ("power", err_power))
+          for who, e in rows if norm == NORMS[0] else rows[:1]:
+            value = float(e[loops - 1])
+            out["lines"].append(
+              {
+                "variant": e1(who, loops),
+                "seed": seed,
+                "err": value,
+                "log_err": float(np.log(max(value, 1e-30))),
+              }
+            )
+  return out
 
 
-def verdicts(res) -> dict:
-  """Verdicts on the two claims.
+def main(argv: Sequence[str] | None = None) -> dict:
+  """Runs both experiments; writes the report."""
+  args = tiers.parser(__doc__, NAME).parse_args(argv)
+  seeds = tiers.seeds(args)
+  quick = tiers.tier(args) == "quick"
+  steps = 3 if quick else STEPS
 
-  E1: the LN model's loops become power iterations. E2: with LN the
-  per-loop power iterates are learnable, without it they are not.
-  """
-  l2 = res["e1"]["l2"]["per_seed"]
-  errs = [
-    _report.mean_spread([s[f"err@{t}"] for s in l2])[0] for t in EVAL_LOOPS
-  ]
-  perr = _report.mean_spread([s[f"power_err@{EVAL_LOOPS[-1]}"] for s in l2])
-  resid = _report.mean_spread([s["residual_BA"] for s in l2])[0]
-  why1 = (
-    f"l2 model error at T'={'/'.join(map(str, EVAL_LOOPS))}: "
-    + "/".join(f"{e:.2e}" for e in errs)
-    + f" vs power method {perr[0]:.2e} at T'={EVAL_LOOPS[-1]}; "
-    f"|BA - cI|/|BA| = {resid:.2f}"
-  )
-  falls = all(b < a for a, b in zip(errs, errs[1:]))
-  if errs[-1] <= 2 * perr[0] and resid < 0.1:
-    e1 = ("reproduced", why1)
-  elif falls:
-    e1 = (
-      "inconclusive",
-      why1 + " (falls with loops, but not to the power method's level)",
-    )
-  else:
-    e1 = ("not reproduced at this scale", why1)
-  e2_l2 = _report.mean_spread(_tail(res["e2"]["l2"]["curve"]))[0]
-  e2_none = _report.mean_spread(_tail(res["e2"]["none"]["curve"]))[0]
-  why2 = f"final layerwise loss l2 {e2_l2:.2e} vs none {e2_none:.2e}"
-  if e2_l2 < 1e-3 and e2_none > 100 * e2_l2:
-    e2 = ("reproduced", why2)
-  elif e2_none > 10 * e2_l2:
-    e2 = ("inconclusive", why2)
-  else:
-    e2 = ("not reproduced at this scale", why2)
-  return {"e1": e1, "e2": e2}
+  def compute() -> dict:
+    res = run(seeds, steps, quick)
+    rates = {
+      k: v["learning_rate"] for k, v in res["sweeps"].items()
+    }  # fmt: skip
+    config = {
+      "d": D,
+      "n": N,
+      "lambda": LAM.tolist(),
+      "train_loops": T,
+      "eval_loops": list(EVAL_LOOPS),
+      "steps": steps,
+      "batch": BATCH,
+      "optimizer": "adam, cosine decay",
+      "learning_rates": rates,
+      "eval_problems": EVAL_PROBLEMS,
+    }
 
+    def setting(name: str) -> dict[str, Any]:
+      arm = name.split("@")[0]
+      if arm == "e1/power":
+        return {"params": 0, "data": "the power method, no training"}
+      return {
+        "params": 2 * (2 * D) ** 2,
+        "steps": steps,
+        "examples": steps * BATCH,
+        "unit": "problems",
+        "optimizer": "adam",
+        "learning_rate": rates.get(arm, LEARNING_RATES[1]),
+        "data": f"top eigenvector, d={D}, n={N}, T={T} loops",
+      }
 
-def plot(res, path: pathlib.Path) -> None:
-  """E2 curves and E1 error vs loops."""
-  plt = _report.pyplot()
-  fig, (a1, a2) = plt.subplots(1, 2, figsize=(9, 3.3))
-  for norm, r in res["e2"].items():
-    c = np.asarray(r["curve"])
-    m = c.mean(0)
-    a1.plot(m, label=f"norm={norm}")
-    a1.fill_between(np.arange(len(m)), c.min(0), c.max(0), alpha=0.2)
-  a1.set_yscale("log")
-  a1.set_xlabel(f"step / {res['steps'] // len(m)}")
-  a1.set_ylabel("layerwise loss")
-  a1.set_title("E2: sum_t |v_t - p_t|^2")
-  a1.legend()
-  for norm, r in res["e1"].items():
-    e = [
-      _report.mean_spread([s[f"err@{t}"] for s in r["per_seed"]])
-      for t in EVAL_LOOPS
+    records = [
+      grid.claim_record(
+        res["lines"],
+        c,
+        baseline_trained=True,
+        config=config,
+        setting={"a": setting(c.a), "b": setting(c.b)},
+      )
+      for c in CLAIMS
     ]
-    a2.errorbar(
-      EVAL_LOOPS, [m for m, _ in e], [s for _, s in e], label=norm, marker="o"
-    )
-  pw = [
-    _report.mean_spread(
-      [s[f"power_err@{t}"] for s in res["e1"]["l2"]["per_seed"]]
-    )[0]
-    for t in EVAL_LOOPS
-  ]
-  a2.plot(EVAL_LOOPS, pw, "k--", label="power method")
-  ratio = LAM[1] / LAM[0]
-  a2.plot(
-    EVAL_LOOPS, [ratio ** (2 * t) for t in EVAL_LOOPS], "k:", label="(l2/l1)^2T"
-  )
-  a2.set_yscale("log")
-  a2.set_xlabel("loops T' at evaluation (trained with T=4)")
-  a2.set_ylabel("1 - cos^2(v_T', u1)")
-  a2.set_title("E1")
-  a2.legend(fontsize=7)
-  fig.tight_layout()
-  fig.savefig(path, dpi=120)
-  plt.close(fig)
+    return {
+      **res,
+      "claims": records,
+      "cells": {
+        "err": grid.cells([ln for ln in res["lines"] if "err" in ln], "err"),
+        "layerwise": grid.cells(
+          [ln for ln in res["lines"] if "layerwise" in ln], "layerwise"
+        ),
+      },
+      "steps": steps,
+    }
 
+  def figure(res: dict, path: pathlib.Path) -> None:
+    plt = report.pyplot()
+    fig, axes = plt.subplots(1, 3, figsize=(18, 4.4))
+    for norm in NORMS:
+      c = np.asarray(res["curves"][f"e2/{norm}"])
+      x = np.linspace(0, res["steps"], c.shape[1])
+      (line,) = axes[0].plot(x, c.mean(0), label=f"norm={norm}")
+      axes[0].fill_between(x, c.min(0), c.max(0), color=line.get_color(),
+                           alpha=0.2)  # fmt: skip
+    axes[0].set_yscale("log")
+    axes[0].set_xlabel("step")
+    axes[0].set_ylabel("layerwise training loss (mean, min-max)")
+    axes[0].set_title("E2: sum_t |v_t - p_t|^2")
+    axes[0].legend()
+    cells = res["cells"]["err"]
+    for who in (*NORMS, "power"):
+      name = [e1(who, t) for t in EVAL_LOOPS]
+      if name[0] not in cells:
+        continue
+      axes[1].errorbar(
+        EVAL_LOOPS,
+        [cells[n]["mean"] for n in name],
+        [cells[n]["std"] for n in name],
+        marker="o",
+        capsize=3,
+        ls="--" if who == "power" else "-",
+        label="power method" if who == "power" else who,
+      )
+    ratio = LAM[1] / LAM[0]
+    axes[1].plot(EVAL_LOOPS, [ratio ** (2 * t) for t in EVAL_LOOPS], "k:",
+                 label="(lambda2/lambda1)^(2T')")  # fmt: skip
+    axes[1].set_yscale("log")
+    axes[1].set_xlabel(f"loops T' at evaluation (trained with T={T})")
+    axes[1].set_ylabel("1 - cos^2(v_T', u1), mean ± std")
+    axes[1].set_title("E1: error by loops")
+    axes[1].legend(fontsize=7)
+    report.claims_axes(axes[2], res["claims"])
+    fig.suptitle(f"Looped LSA and the power method ({len(seeds)} seeds)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
-def markdown(args, res) -> list[str]:
-  """The result file's lines."""
-  v = res["verdict"]
-  lines = [
-    "# Looped linear attention + norm learns the power method "
-    "(`experiments.looped_power`)",
-    "",
-    f"{args.seeds} seeds. d={D}, n={N}, lambda = "
-    f"{np.round(LAM, 3).tolist()}, fresh rotation per problem; T={T} "
-    f"training loops, Adam lr {args.lr} with cosine decay (the paper uses "
-    f"gradient descent), {args.steps} steps of batch {args.batch}, init "
-    "N(0, 0.01^2). Evaluation on 512 fresh problems. Mean ± standard "
-    "deviation over seeds.",
-    "",
-    "## E1: implicit bias (final-direction loss)",
-    "",
-    "| norm | train loss | err T'=4 | err T'=8 | err T'=16 | "
-    "|B A - cI|/|B A| | |A - cI|/|A| |",
-    "|---|---|---|---|---|---|---|",
-  ]
-  for norm, r in res["e1"].items():
-    ps = r["per_seed"]
+  def markdown(res: dict) -> list[str]:
+    out = [f"# {__doc__.splitlines()[0]}", ""]
+    out += [
+      f"d={D}, n={N}, lambda = {np.round(LAM, 3).tolist()}, fresh rotation "
+      f"per problem; T={T} training loops, {res['steps']} Adam steps of "
+      f"batch {BATCH} with cosine decay, init N(0, 0.01^2), seeds "
+      f"{list(seeds)}. Held-out evaluation on {EVAL_PROBLEMS} fresh problems "
+      "per seed. Cells are mean ± sample std (ddof=1) over seeds.",
+      "",
+    ]
+    if res["sweeps"]:
+      out += [
+        f"## Learning rates (seed {SELECT_SEED}, by the final training loss)",
+        "",
+        "| arm | chosen | grid: final training loss |",
+        "|---|---|---|",
+      ]
+      for name, s in res["sweeps"].items():
+        scores = ", ".join(f"{lr}: {v:.3g}" for lr, v in s["grid"].items())
+        inside = "" if s["inside"] else " (at the grid's end)"
+        out.append(f"| {name} | {s['learning_rate']:g}{inside} | {scores} |")
+      out.append("")
+    out += ["## E1: error 1 - cos^2(v_T', u1) by loops", ""]
+    out += grid.markdown_table(res["cells"]["err"], "error")
+    out += ["", "| norm | train loss | |BA - cI|/|BA| | |cos(v_t, p_t)|, t = "
+            "1..16 (mean over seeds) |", "|---|---|---|---|"]  # fmt: skip
+    for norm, per_seed in res["e1"].items():
+      tl = report.mean_spread([p["train_loss"] for p in per_seed])
+      ba = report.mean_spread([p["residual_BA"] for p in per_seed])
+      cos = np.mean([p["cos_to_power_iterates"] for p in per_seed], 0)
+      out.append(
+        f"| {norm} | {tl[0]:.2e} ± {tl[1]:.1e} | {ba[0]:.2f} ± {ba[1]:.2f} "
+        f"| {', '.join(f'{c:.3f}' for c in cos)} |"
+      )
+    ratio = LAM[1] / LAM[0]
+    out += [
+      "",
+      "Population rate (lambda2/lambda1)^(2T'): "
+      + " / ".join(f"{ratio ** (2 * t):.1e}" for t in EVAL_LOOPS)
+      + f" at T' = {'/'.join(map(str, EVAL_LOOPS))}.",
+      "",
+      "## E2: layerwise loss on held-out problems",
+      "",
+    ]
+    out += grid.markdown_table(res["cells"]["layerwise"], "layerwise loss")
+    out += ["", "## Claims", ""]
+    out += grid.verdict_table(res["claims"])
+    return out
 
-    def cell(k, ps=ps):
-      m, s = _report.mean_spread([p[k] for p in ps])
-      return f"{m:.2e} ± {s:.1e}"
-
-    lines.append(
-      f"| {norm} | {cell('final_train_loss')} | {cell('err@4')} | "
-      f"{cell('err@8')} | {cell('err@16')} | {cell('residual_BA')} | "
-      f"{cell('residual_A')} |"
-    )
-  ps = res["e1"]["l2"]["per_seed"]
-  pw = " / ".join(
-    f"{_report.mean_spread([p[f'power_err@{t}'] for p in ps])[0]:.2e}"
-    for t in EVAL_LOOPS
-  )
-  ratio = LAM[1] / LAM[0]
-  theory = " / ".join(f"{ratio ** (2 * t):.1e}" for t in EVAL_LOOPS)
-  cos = np.mean([p["cos_to_power_iterates"] for p in ps], 0)
-  lines += [
-    "",
-    f"Power method on the same problems (T'=4/8/16): {pw}; population "
-    f"rate (lambda2/lambda1)^(2T'): {theory}.",
-    "Per-loop |cos(v_t, p_t)| of the l2 model (t = 1..16): "
-    + ", ".join(f"{c:.4f}" for c in cos)
-    + ".",
-    "",
-    "## E2: layerwise supervision",
-    "",
-    "| norm | final layerwise loss |",
-    "|---|---|",
-  ]
-  for norm, r in res["e2"].items():
-    m, s = _report.mean_spread(_tail(r["curve"]))
-    lines.append(f"| {norm} | {m:.2e} ± {s:.1e} |")
-  lines += [
-    "",
-    f"**Verdict E1 (implicit bias to the power method): {v['e1'][0]}** "
-    f"({v['e1'][1]}).",
-    "",
-    f"**Verdict E2 (LN gap): {v['e2'][0]}** ({v['e2'][1]}).",
-    "",
-    "In E1 the l2 and none arms compute the same direction for the same "
-    "weights (each loop is linear in v and the l2 norm only rescales it), "
-    "so they can differ only through numerics; the norm matters in E2, "
-    "whose targets have a fixed norm.",
-    "",
-    "Claim (Wu, Zhang and Cao, "
-    "arXiv:2606.00605, abstract): looped transformers with LayerNorm "
-    "provably learn the power method, and the normalization is what makes "
-    "it expressible. The token layout and norm placement are this "
-    "project's construction [I]; the centring LayerNorm cannot represent "
-    "the power method exactly.",
-    "",
-    "![curves](looped_power.png)",
-  ]
-  return lines
-
-
-def main(argv: list[str] | None = None) -> dict:
-  """Runs both experiments; returns the result dict."""
-  p = _report.parser(__doc__)
-  p.add_argument("--seeds", type=int, default=3)
-  p.add_argument("--steps", type=int, default=4000)
-  p.add_argument("--batch", type=int, default=64)
-  p.add_argument("--lr", type=float, default=1e-2)
-  args = p.parse_args(argv)
-  if args.quick:
-    args.seeds, args.steps, args.batch = 3, 3, 8
-
-  def compute():
-    res = run(args)
-    res["verdict"] = verdicts(res)
-    res["steps"] = args.steps
-    return res
-
-  return _report.run(
-    "looped_power", args, compute, plot, functools.partial(markdown, args)
-  )
+  return report.run(NAME, args, compute, figure, markdown)
 
 
 if __name__ == "__main__":

@@ -9,17 +9,23 @@ import json
 import pytest
 
 from experiments import (
+  adamp_claims,
+  affine_scaled_claims,
   attention_claims,
   cnn_attention_claims,
+  convert_prenorm,
   depthbench,
+  geometric_attention_claims,
   grpo,
   llm_int8,
   looped_power,
+  mxattention_claims,
   norms_bytelm,
   nuclear_norm,
   optimizers_claims,
   powernorm_claims,
   regionnorm_claims,
+  remove_layernorm,
   residual_depth,
   rmsnorm_variants,
   snn_claims,
@@ -32,6 +38,12 @@ from jaxnorm.training import claims
 
 # The claims scripts keep their run directories under --runs.
 CLAIMS = (
+  grpo,
+  looped_power,
+  llm_int8,
+  nuclear_norm,
+  convert_prenorm,
+  remove_layernorm,
   norms_bytelm,
   rmsnorm_variants,
   cnn_attention_claims,
@@ -45,6 +57,10 @@ CLAIMS = (
   vision_claims,
   vit_attention_claims,
   unifiednorm_claims,
+  affine_scaled_claims,
+  geometric_attention_claims,
+  mxattention_claims,
+  adamp_claims,
 )
 
 # Each experiment script end to end in --quick mode: CI runs them (-m slow).
@@ -72,10 +88,6 @@ def _check(out, name):
 @pytest.mark.parametrize(
   "module,name",
   [
-    (grpo, "grpo"),
-    (looped_power, "looped_power"),
-    (llm_int8, "llm_int8"),
-    (nuclear_norm, "nuclear_norm"),
     (depthbench, "depthbench"),
     *((m, m.NAME) for m in CLAIMS),
   ],

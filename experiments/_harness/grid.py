@@ -164,35 +164,21 @@ def tuned_grid(
       raise ValueError(
         f"tuned_grid: variant {name!r} sets learning_rate; the sweep sets it"
       )
-    grid = list(learning_rates.get(name, ()))
-    if not grid:
+    rates = learning_rates.get(name, ())
+    if not rates:
       tuned[name] = dict(changes)
       continue
-    if len(grid) < 2 or any(b <= a for a, b in zip(grid, grid[1:])):
-      raise ValueError(
-        f"tuned_grid: the learning rates of {name!r} must be two or more, "
-        f"increasing, got {grid}"
-      )
-    for _ in range(extend + 1):
-      sweep = {_at(name, lr): {**changes, "learning_rate": lr} for lr in grid}
-      lines = run_grid(table, base, sweep, seeds[:1], model=_renamed(model))
-      score = {
-        lr: _score(lines, _at(name, lr), seeds[0], select) for lr in grid
-      }
-      best = min(grid, key=lambda lr: score[lr])
-      if best == grid[0]:
-        grid.insert(0, grid[0] ** 2 / grid[1])
-      elif best == grid[-1]:
-        grid.append(grid[-1] ** 2 / grid[-2])
-      else:
-        break
-    best = min(score, key=score.get)
+
+    def score(lr: float, name: str = name, changes=changes) -> float:
+      run = {_at(name, lr): {**changes, "learning_rate": lr}}
+      lines = run_grid(table, base, run, seeds[:1], model=_renamed(model))
+      return _score(lines, _at(name, lr), seeds[0], select)
+
     chosen[name] = {
-      "learning_rate": best,
-      "grid": {f"{lr:g}": score[lr] for lr in sorted(score)},
+      **sweep(score, rates, extend=extend, who=f"tuned_grid: {name!r}"),
       "select": select,
-      "inside": min(score) < best < max(score),
     }
+    best = chosen[name]["learning_rate"]
     tuned[name] = {**changes, "learning_rate": best}
   runs, names = {}, {}
   for name, changes in tuned.items():
@@ -207,6 +193,69 @@ def tuned_grid(
   return out, {"variants": tuned, "sweeps": chosen}
 
 
+def sweep(
+  score: Callable[[float], float],
+  rates: Sequence[float],
+  *,
+  extend: int = 2,
+  higher: bool = False,
+  who: str = "sweep",
+) -> dict[str, Any]:
+  """The learning rate with the best ``score``, inside its geometric grid.
+
+  Every rate of ``rates`` is scored once; a best rate at an end of the
+  grid extends it by its next geometric step on that side (``r0^2 / r1``
+  below, ``r[-1]^2 / r[-2]`` above), at most ``extend`` times, so the
+  choice lies inside the grid whenever the extensions find a minimum.
+  `tuned_grid` sweeps runner grids with it; an experiment with its own
+  training loop passes its own ``score``.
+
+  Args:
+    score: ``score(rate)``, the selection value of a rate (computed on a
+      split other than the reported one); non-finite values lose.
+    rates: two or more increasing rates.
+    extend: at most this many extensions.
+    higher: a higher score is better (default: lower).
+    who: the caller, for the error message.
+
+  Returns:
+    ``learning_rate`` (the best), ``grid`` (``{"<rate>": score}``, sorted)
+    and ``inside`` (the best is not an end of the final grid).
+
+  Raises:
+    ValueError: ``rates`` has fewer than two rates or is not increasing.
+  """
+  grid = list(rates)
+  if len(grid) < 2 or any(b <= a for a, b in zip(grid, grid[1:])):
+    raise ValueError(
+      f"{who}: the learning rates must be two or more, increasing, got {grid}"
+    )
+  sign = -1.0 if higher else 1.0
+  scores: dict[float, float] = {}
+
+  def key(lr: float) -> float:
+    v = scores[lr]
+    return sign * v if np.isfinite(v) else float("inf")
+
+  for _ in range(extend + 1):
+    for lr in grid:
+      if lr not in scores:
+        scores[lr] = float(score(lr))
+    best = min(grid, key=key)
+    if best == grid[0]:
+      grid.insert(0, grid[0] ** 2 / grid[1])
+    elif best == grid[-1]:
+      grid.append(grid[-1] ** 2 / grid[-2])
+    else:
+      break
+  best = min(scores, key=key)
+  return {
+    "learning_rate": best,
+    "grid": {f"{lr:g}": scores[lr] for lr in sorted(scores)},
+    "inside": min(scores) < best < max(scores),
+  }
+
+
 def _renamed(
   model: Callable[[str, int], Any] | None,
 ) -> Callable[[str, int], Any] | None:
@@ -219,12 +268,13 @@ def _renamed(
 def _score(
   lines: Sequence[Mapping[str, Any]], variant: str, seed: int, key: str
 ) -> float:
-  value = next(
-    ln.get(key)
-    for ln in lines
-    if ln["variant"] == variant and ln["seed"] == seed
+  line = next(
+    ln for ln in lines if ln["variant"] == variant and ln["seed"] == seed
   )
-  return float("inf") if value is None or not np.isfinite(value) else value
+  value = line.get(key)
+  if line.get("stop_reason") == "nonfinite" or value is None:
+    return float("inf")  # A run that diverged loses, whatever it logged.
+  return value
 
 
 def _plain(v: Any) -> Any:
