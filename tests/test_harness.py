@@ -214,3 +214,39 @@ def test_committed_results_follow_from_their_records():
   # Every committed record's verdict and numbers, RESULTS.md and the
   # README's headline table are what the records give.
   assert results.stale() == []
+
+
+def test_tuned_grid_sweeps_a_loop_outside_the_runner(tmp_path):
+  # train= replaces the runner: every field it returns goes into the line,
+  # its variant name comes without @lr=, and the table resumes.
+  calls = []
+
+  def train_one(variant, cfg):
+    calls.append((variant, cfg.learning_rate, cfg.seed))
+    best = 1e-2 if variant == "a" else 1e-3
+    loss = (math.log10(cfg.learning_rate) - math.log10(best)) ** 2
+    return {"train_loss": loss, "psnr": 20.0 + cfg.seed}
+
+  args = (
+    tmp_path / "t.jsonl",
+    BASE,
+    {"a": {"norm": "batchnorm"}, "b": {"norm": "instancenorm"}},
+    (0, 1),
+    {"a": (1e-3, 3e-3), "b": (1e-3, 3e-3, 1e-2)},
+  )
+  lines, tuned = grid.tuned_grid(*args, train=train_one)
+  sweeps = tuned["sweeps"]
+  assert sweeps["a"]["learning_rate"] == pytest.approx(9e-3)
+  assert sweeps["b"]["learning_rate"] == pytest.approx(1e-3)
+  assert {v for v, _, _ in calls} == {"a", "b"}
+  assert {ln["run"] for ln in lines} == {"a@lr=0.009", "b@lr=0.001"}
+  assert sorted((ln["variant"], ln["seed"], ln["psnr"]) for ln in lines) == [
+    ("a", 0, 20.0), ("a", 1, 21.0), ("b", 0, 20.0), ("b", 1, 21.0),
+  ]  # fmt: skip
+  n = len(calls)
+  again, _ = grid.tuned_grid(*args, train=train_one)
+  assert len(calls) == n and again == lines
+  with pytest.raises(ValueError, match="model= or train=, not both"):
+    grid.run_grid(
+      args[0], BASE, {}, (0,), model=lambda *a: None, train=train_one
+    )

@@ -58,6 +58,8 @@ def run_grid(
   seeds: Sequence[int],
   *,
   model: Callable[[str, int], Any] | None = None,
+  train: Callable[[str, config_lib.TrainConfig], Mapping[str, Any]]
+  | None = None,
 ) -> list[dict[str, Any]]:
   """Trains every (variant, seed) not yet in ``table``; returns all lines.
 
@@ -69,16 +71,25 @@ def run_grid(
     model: ``(variant, seed) -> nnx.Module`` for a model built outside the
       runner's registries (trained as ``trainer.train(cfg, model=...)``);
       ``None`` lets the runner build each variant's config.
+    train: ``(variant, cfg) -> fields`` for an objective the runner does
+      not train (a loop of the script's own; ``cfg`` carries the seed,
+      run directory and the variant's changes); every returned field goes
+      into the line. ``None``: the runner trains, and the line holds its
+      summary's fields.
 
   Raises:
-    ValueError: a variant's config is invalid (names the variant and the
-      valid choices), before anything trains.
+    ValueError: a variant's config is invalid for the runner (names the
+      variant and the valid choices), before anything trains; or both
+      ``model`` and ``train``.
   """
+  if model is not None and train is not None:
+    raise ValueError("run_grid: pass model= or train=, not both")
   configs = {}
   for name, changes in variants.items():
     try:
       cfg = dataclasses.replace(base, **changes)
-      config_lib.validate(cfg, build.registries_for(cfg))
+      if train is None:
+        config_lib.validate(cfg, build.registries_for(cfg))
     except (TypeError, ValueError) as e:
       raise ValueError(f"variant {name!r}: {e}") from e
     configs[name] = cfg
@@ -90,17 +101,21 @@ def run_grid(
       if (name, seed) in done:
         continue
       out_dir = run_dir(table.parent, name, seed)
-      summary = trainer.train(
-        dataclasses.replace(
-          cfg, seed=seed, out_dir=str(out_dir), progress=False, resume=False
-        ),
-        model=None if model is None else model(name, seed),
+      run = dataclasses.replace(
+        cfg, seed=seed, out_dir=str(out_dir), progress=False, resume=False
       )
+      if train is None:
+        summary = trainer.train(
+          run, model=None if model is None else model(name, seed)
+        )
+        fields = {k: summary.get(k) for k in _FIELDS}
+      else:
+        fields = dict(train(name, run))
       line = {
         "variant": name,
         "seed": seed,
         "changes": {k: _plain(v) for k, v in variants[name].items()},
-        **{k: summary.get(k) for k in _FIELDS},
+        **fields,
       }
       with table.open("a") as f:
         f.write(json.dumps(line) + "\n")
@@ -122,6 +137,8 @@ def tuned_grid(
   select: str = "train_loss",
   extend: int = 2,
   model: Callable[[str, int], Any] | None = None,
+  train: Callable[[str, config_lib.TrainConfig], Mapping[str, Any]]
+  | None = None,
 ) -> tuple[list[dict[str, Any]], dict[str, dict[str, Any]]]:
   """Each variant at the learning rate that trains it best, then every seed.
 
@@ -142,7 +159,9 @@ def tuned_grid(
       geometric grid); a variant not in it keeps ``base``'s rate.
     select: the summary key that picks the rate (lower is better).
     extend: at most this many extensions of a grid.
-    model: as in `run_grid`.
+    model: as in `run_grid`, called with the variant's name.
+    train: as in `run_grid`, called with the variant's name (its
+      ``select`` field picks the rate).
 
   Returns:
     The lines of every variant at its chosen rate, named by the variant
@@ -171,7 +190,14 @@ def tuned_grid(
 
     def score(lr: float, name: str = name, changes=changes) -> float:
       run = {_at(name, lr): {**changes, "learning_rate": lr}}
-      lines = run_grid(table, base, run, seeds[:1], model=_renamed(model))
+      lines = run_grid(
+        table,
+        base,
+        run,
+        seeds[:1],
+        model=_renamed(model),
+        train=_renamed(train),
+      )
       return _score(lines, _at(name, lr), seeds[0], select)
 
     chosen[name] = {
@@ -184,7 +210,9 @@ def tuned_grid(
   for name, changes in tuned.items():
     run = _at(name, chosen[name]["learning_rate"]) if name in chosen else name
     runs[run], names[run] = changes, name
-  lines = run_grid(table, base, runs, seeds, model=_renamed(model))
+  lines = run_grid(
+    table, base, runs, seeds, model=_renamed(model), train=_renamed(train)
+  )
   out = [
     {**ln, "variant": names[ln["variant"]], "run": ln["variant"]}
     for ln in lines
@@ -257,12 +285,12 @@ def sweep(
 
 
 def _renamed(
-  model: Callable[[str, int], Any] | None,
-) -> Callable[[str, int], Any] | None:
-  """``model`` called with the variant's name without ``@lr=...``."""
-  if model is None:
+  fn: Callable[[str, Any], Any] | None,
+) -> Callable[[str, Any], Any] | None:
+  """``fn`` called with the variant's name without ``@lr=...``."""
+  if fn is None:
     return None
-  return lambda name, seed: model(name.split("@lr=")[0], seed)
+  return lambda name, arg: fn(name.split("@lr=")[0], arg)
 
 
 def _score(

@@ -91,13 +91,12 @@ def cite(paper: Mapping[str, Any]) -> str:
 
 def runner_lines(base: Any, seeds: Sequence[int]) -> list[str]:
   """A Markdown paragraph: the runner config every arm starts from."""
-  kind = model_registry.spec(base.model).data
-  window = (
-    f"{base.seq_len}-token windows, " if kind == "text" else ""
-  )  # fmt: skip
+  spec = model_registry.spec(base.model)
+  window = f"{base.seq_len}-token windows, " if spec.data == "text" else ""
+  heads = f"{base.num_heads} heads, " if spec.heads else ""
   return [
     f"Runner config: `{base.model}` of width {base.width}, depth "
-    f"{base.depth}, {base.num_heads} heads, {window}batch {base.batch_size}, "
+    f"{base.depth}, {heads}{window}batch {base.batch_size}, "
     f"{base.steps} {base.optimizer} steps ({base.schedule} schedule, "
     f"warm-up {base.warmup_steps}, weight decay {base.weight_decay}, "
     f"clip {base.clip_norm}) on `{base.data}`, seeds {list(seeds)}; the "
