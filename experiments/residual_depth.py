@@ -1,96 +1,83 @@
-"""Residual schemes at depth: loss, activation RMS, gradients, stream gain.
+"""Deep Pre-Norm and the single-stream schemes that claim to fix it.
 
-Every residual scheme of `jaxnorm.nn.residual.RESIDUALS` that the decoder
-LM accepts (all of them) trains at several depths at one fixed width, on
-the runner's byte LM (Shakespeare), 3 seeds each (`experiments._grid`).
-After training, one held-out batch goes through the model restored from
-its final checkpoint and gives:
+Every arm is the runner's byte LM (`jaxnorm.nn.models.DecoderLM` on
+Shakespeare bytes) with one residual scheme of
+`jaxnorm.nn.residual.RESIDUALS`, at a deep setting ``D`` = 16 layers
+(default; ``--full`` 32) and, where a claim is about depth itself, a
+shallow one ``S`` = 4 (``--full`` 8). After training, one held-out batch
+goes through the model of the run's final checkpoint (restored by the
+runner, `trained_model`) and gives the RMS of the residual stream after the
+embedding and after every layer, its growth ``g = log(RMS(h_L) /
+RMS(h_0))`` (``log_rms_growth``) and the gradient norm of each layer's
+attention and MLP weights.
 
-* the validation loss (nats per byte, the runner's evaluation);
-* the RMS of the residual stream after the embedding and after every layer
-  (`DecoderLM` ``return_hidden``: multi-stream schemes give their read-out,
-  AttnRes its aggregated state), and its growth ``RMS(h_L) / RMS(h_0)``;
-* the gradient norm of each layer's attention and MLP weights (the
-  sublayers, not the residual steps' own parameters) on that batch;
-* for HC, mHC and oHC, the composite stream mixing of the whole network,
-  ``P = H_res^(K) ... H_res^(1)`` over all ``K = 2 L`` sublayers (rows are
-  target streams; the maps are per token, from each step's ``maps`` on the
-  stream state the network really computes), and its gains: the mHC
-  paper's "Amax gain magnitude", the largest absolute row sum (forward
-  gain) and column sum (backward gain) of ``P``, and its largest and
-  smallest singular values; each is the worst (max; min for the smallest
-  singular value) over the batch's tokens, at initialization and after
-  training, also per layer (the product up to that layer); and the spread
-  of the final streams (0 when they are identical: then any mixing with
-  unit row sums acts as the identity; with a uniform initial read, mHC's
-  and oHC's streams never separate, which is why the models focus the read
-  of sublayer ``k`` on stream ``k mod n``, `jaxnorm.residual.mhc_static_init`).
+Claims (each fixed before running; paired by seed; loss metric: validation
+loss in nats per byte, lower is better, margin
+`claims.MARGINS["nats_per_byte"]` = 0.01; growth metric: ``g``, a log
+ratio, margin `claims.MARGINS["log_ratio"]` = log 1.1):
 
-Claims (papers as stated in ``shared/specs/residual_optim.md``; ``D`` is
-the deepest depth at which both compared schemes ran):
+* Regime (LayerNorm Scaling, Sun et al., "The Curse of Depth in Large
+  Language Models", arXiv:2502.05795): in Pre-LN the output variance grows
+  with depth, so the deep layers' Jacobians approach the identity. Pre-Norm
+  at ``D`` has a larger ``g`` than at ``S`` (``superior``, higher, margin
+  log 1.1). Where this is not reproduced, the curse is not shown at this
+  scale and the three claims that answer it (the next two and the 1/n
+  one) are ``not testable at this scale``.
+* LNS (same paper): scaling each layer's norm output by ``1/sqrt(l)``
+  lowers Pre-LN's loss (``superior``, margin 0.01) and damps the variance
+  growth (smaller ``g`` than Pre-Norm at ``D``, ``superior``, margin
+  log 1.1). The curse needs depth: LNS runs at ``D`` >= 16 (the paper's
+  models have 12 to 32+ layers), never at depth 4.
+* Depth-scaled residual (Dherin & Munn, "On residual network depth",
+  arXiv:2510.03470, ``scaled`` with ``lam = 1/n``): the output stays
+  bounded independent of depth (total path weight ``(1 + 1/n)^n <= e``):
+  ``g`` at ``D`` is ``non_inferior`` to ``g`` at ``S`` (at most log 1.1
+  larger). Gated by the regime (without growth in the standard residual
+  there is nothing to bound).
+* SkipInit (De & Smith, arXiv:2002.10444): a residual branch gated by a
+  scalar initialized to 0, no normalization, trains a deep network as well
+  as a normalized one: ``non_inferior`` to Pre-Norm at ``D``, margin 0.01.
+* ReZero (Bachlechner et al., arXiv:2003.04887): the same gate (one per
+  layer, the official code) converges faster than Pre-LN: lower loss after
+  the same steps, ``superior``, margin 0.01.
+* LayerScale (Touvron et al., CaiT, arXiv:2103.17239): a per-channel gate
+  initialized small (CaiT's 0.1 / 1e-5 / 1e-6 by depth) lets deeper
+  networks train better: ``superior`` to Pre-Norm at ``D``, margin 0.01.
 
-* mHC (Xie et al., arXiv:2512.24880): the composite Amax gain of HC grows
-  with depth while mHC's stays near 1 (about 3000 vs near 1 at 27B).
-  Reproduced when mHC's gain (max of forward and backward) stays within
-  `GAIN_TOLERANCE` of 1 at every depth, HC's is significantly larger at
-  the deepest than at the shallowest depth (`_grid.verdict` on the log
-  gain) and exceeds that bound at the deepest.
-* mHC, HC: lower the loss of Pre-Norm at depth ``D``.
-* oHC (Guo et al., arXiv:2609.02672): ``H_res`` in SO(4) keeps every
-  singular value of the composite mixing at 1 (no amplification, no
-  attenuation, checked within `ORTHO_TOLERANCE`) whereas mHC's doubly
-  stochastic mixing contracts with depth (its smallest singular value
-  lower at the deepest than at the shallowest depth; the spec has this
-  from digests of the paper, which it could not read); and oHC lowers the
-  loss of the single-stream residual (Pre-Norm) at depth ``D``.
-* Attention Residuals (Kimi Team, arXiv:2603.15031): Full AttnRes lowers
-  Pre-Norm's loss (their Table 4: 1.737 vs 1.766) at depth ``D``.
-* LayerNorm Scaling (Sun et al., "The Curse of Depth", arXiv:2502.05795):
-  lowers Pre-LN's loss at depth ``D``, and damps the growth of the
-  activation RMS with depth that makes Pre-LN's deep layers near-identity
-  (lower RMS growth than Pre-Norm at ``D``).
-* Depth-scaled residual (Dherin & Munn, arXiv:2510.03470, ``scaled`` with
-  ``lam = 1/n``): the output stays bounded independent of depth, i.e. the
-  RMS growth at the deepest depth equals that at the shallowest within a
-  factor `FLAT_FACTOR`.
-* SkipInit (De & Smith, arXiv:2002.10444) and ReZero (Bachlechner et al.,
-  arXiv:2003.04887; the spec's section 6 has both from memory): train a
-  deep network without normalization in the residual branches as well as
-  Pre-LN (loss not worse than Pre-Norm's within `TOLERANCE` nats at depth
-  ``D``); ReZero also converges faster (lower loss than Pre-Norm after
-  the same steps).
-* LayerScale (Touvron et al., CaiT, arXiv:2103.17239): lowers the loss of
-  the deep Pre-Norm network at depth ``D``.
+Each claim's baseline counts as trained when its mean validation loss is
+below the unigram entropy of the validation bytes (the best context-free
+model); a baseline that is not cannot support ``reproduced``.
 
-Verdicts compare seed means with the standard error of their difference
-(`experiments._grid.verdict`; "not worse" is
-`experiments.optimizers_claims.not_worse`); a claim with several parts is
-reproduced when all are, not reproduced when one is not.
+Fair comparison: every arm at ``D`` trains at its own learning rate, the
+best of a geometric sweep (1e-3, 3e-3, 1e-2, extended while the best is at
+an end) on seed 0 chosen by the final training loss, a split other than
+the reported validation loss (`experiments._harness.grid.tuned_grid`);
+then every seed at that rate. The shallow arms (Pre-Norm and 1/n at ``S``)
+train at their deep arm's rate, so that only the depth differs. Parameter
+counts at ``D``: the schemes differ only by norms' scales and gates
+(SkipInit and ReZero drop the norms, LayerScale adds vectors), within
+0.5% of Pre-Norm; each record's setting gives both counts.
 
-Scales:
+Regime: width 32, 2 heads, 64-byte windows, batch 16, `DEFAULT_STEPS`
+AdamW steps (cosine, 10 warm-up steps, weight decay 0.1, clip 1.0), 3
+seeds. The seeds of a run share one compilation (a persistent XLA cache
+under ``--runs``, `compilation_cache`). ``--full``: `tiers.FULL_LM` (width
+256, 8 heads, 256-byte windows, batch 32), depths 32 and 8, 2000 steps, 5
+seeds. ``--quick`` (the tests): toy LM, depths 2 and 1, one seed, no
+sweep.
 
-* default (width 32, 2 heads, 64-byte windows, batch 16, 100 AdamW
-  steps; sized for about 13 minutes on 2 free cores): `DEFAULT_SCHEMES`,
-  Pre-Norm at depths 4, 8, 16, 32, HC at 4, 8, 32, mHC, oHC and Full
-  AttnRes at 4 and 8, LNS and the 1/n-scaled residual at 4 and 32,
-  SkipInit, ReZero and LayerScale at 32. The deep multi-stream and AttnRes
-  cells are the expensive ones: measured on this machine under load, a
-  depth-32 step costs about 2x (HC), 3x (oHC), 9x (mHC, whose 20 Sinkhorn
-  iterations per sublayer run in a loop) and 15x (AttnRes, O(L^2) sources)
-  a Pre-Norm step, so mHC, oHC and AttnRes stop at depth 8 here. Left out
-  of the default for time, and run by ``--full``: those deeper cells, HC at
-  16, and ``postnorm``, ``sandwich``, ``deepnorm``, ``keel``, ``depth_mup``,
-  ``completep`` (no depth claim is checked for them here;
-  `experiments.depthbench` compares them), ``ihc`` (oHC's identity-mixing
-  baseline) and ``block_attnres`` (with 8 blocks it equals Full AttnRes at
-  depth 4). The seeds of a cell share one compilation (a persistent XLA
-  cache under ``--runs``, `compilation_cache`);
-* ``--full`` (GPU-sized, `experiments.tiers.FULL_LM` at width 256): every
-  scheme of `RESIDUALS` at depths 4, 8, 16 and 32;
-* ``--quick`` (the tests): toy model, one seed, HC at depths 1 and 2,
-  Pre-Norm and mHC at depth 1.
+Deviations: the papers train 100M-7B models for billions of tokens; here
+a 0.2M-parameter byte LM trains on 0.1M bytes (100 steps), so each
+verdict says what holds at this scale. Every scheme keeps its spec
+defaults (`jaxnorm.nn.residual.RESIDUALS`). The multi-stream schemes (HC,
+mHC, oHC, iHC) are `experiments.residual_streams`; DepthBench's depth
+comparison at a fixed budget (and depth-muP / CompleteP) is
+`experiments.depthbench`, which also holds Full AttnRes against Pre-Norm
+(Attention Residuals, arXiv:2603.15031, Table 4): at 16 layers AttnRes's
+O(L^2) aggregation makes a step cost 10x Pre-Norm's on 2 cores (1.1 s), so
+its sweep alone would take this script's budget.
 
-  python -m experiments.residual_depth [--quick] [--full]
+  python -m experiments.residual_depth [--quick | --full] [--seeds N]
 """
 
 from __future__ import annotations
@@ -98,8 +85,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import json
 import pathlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -109,62 +97,147 @@ import optax
 from flax import nnx
 from jax.experimental.compilation_cache import compilation_cache as jax_cache
 
-from experiments import attention_claims as attn_claims
-from experiments import optimizers_claims as opt_claims
-from experiments._harness import grid as _grid
-from experiments._harness import report as _report
-from experiments._harness import tiers
-from jaxnorm import residual
-from jaxnorm.nn import residual as nn_residual
-from jaxnorm.training import build
+from experiments._harness import grid, report, tiers
+from jaxnorm.training import build, claims, metrics, trainer
 from jaxnorm.training import config as config_lib
 from jaxnorm.training import data as data_lib
 
 NAME = "residual_depth"
-STREAM_SCHEMES = ("hc", "mhc", "ohc")
-ALL_DEPTHS = (4, 8, 16, 32)
-# scheme -> depths, per scale.
-QUICK_SCHEMES = {"prenorm": (1,), "hc": (1, 2), "mhc": (1,)}
-DEFAULT_SCHEMES = {
-  "prenorm": ALL_DEPTHS,
-  "hc": (4, 8, 32),
-  "mhc": (4, 8),
-  "ohc": (4, 8),
-  "attnres": (4, 8),
-  "lns": (4, 32),
-  "scaled": (4, 32),
-  "skipinit": (32,),
-  "rezero": (32,),
-  "layerscale": (32,),
-}
-FULL_SCHEMES = {s: ALL_DEPTHS for s in nn_residual.RESIDUALS}
-# Nats within which a loss counts as "not worse".
-TOLERANCE = 0.02
-# mHC's composite gain counts as "near 1" up to 1 + GAIN_TOLERANCE.
-GAIN_TOLERANCE = 0.1
-# oHC's composite singular values count as 1 within ORTHO_TOLERANCE.
-ORTHO_TOLERANCE = 1e-3
-# Streams count as identical below this spread (`stream_mixing`).
-SPREAD_FLOOR = 0.01
-# "Flat" RMS growth: deepest within this factor of the shallowest.
-FLAT_FACTOR = 1.5
-NOT = "not reproduced at this scale"
+MARGIN = claims.MARGINS["nats_per_byte"]
+RATIO = claims.MARGINS["log_ratio"]
+DEFAULT_STEPS = 100
+# (deep D, shallow S) per tier.
+DEPTHS = {"quick": (2, 1), "default": (16, 4), "full": (32, 8)}
+# The schemes trained at D, each at its own learning rate.
+DEEP = (
+  "prenorm",
+  "lns",
+  "scaled",
+  "skipinit",
+  "rezero",
+  "layerscale",
+)
+# The schemes also trained at S, at their deep arm's learning rate.
+SHALLOW = ("prenorm", "scaled")
+LEARNING_RATES = (1e-3, 3e-3, 1e-2)
 
-
-def schemes_of(args: argparse.Namespace) -> dict[str, tuple[int, ...]]:
-  """The scale's scheme -> depths."""
-  if args.quick:
-    return dict(QUICK_SCHEMES)
-  return dict(FULL_SCHEMES if args.full else DEFAULT_SCHEMES)
+LNS = ("LayerNorm Scaling (The Curse of Depth)", "2502.05795")
 
 
 def variant(scheme: str, depth: int) -> str:
-  """The grid's name of one (scheme, depth) cell."""
+  """The grid's name of one (scheme, depth) arm."""
   return f"{scheme}-L{depth}"
 
 
+def depths(args: argparse.Namespace) -> tuple[int, int]:
+  """The tier's deep and shallow depths."""
+  return DEPTHS[tiers.tier(args)]
+
+
+def make_claims(deep: int, shallow: int) -> dict[str, claims.Claim]:
+  """The claims at depths ``deep`` and ``shallow`` (module docstring)."""
+  pre, pre_s = variant("prenorm", deep), variant("prenorm", shallow)
+
+  def loss(key, paper, arxiv, text, scheme, kind="superior"):
+    return key, claims.Claim(
+      paper=paper,
+      arxiv=arxiv,
+      claim=text,
+      metric="val_loss",
+      direction="lower",
+      kind=kind,
+      margin=MARGIN,
+      a=variant(scheme, deep),
+      b=pre,
+    )
+
+  def growth(key, paper, arxiv, text, a, b, direction, kind):
+    return key, claims.Claim(
+      paper=paper,
+      arxiv=arxiv,
+      claim=text,
+      metric="log_rms_growth",
+      direction=direction,
+      kind=kind,
+      margin=RATIO,
+      a=a,
+      b=b,
+    )
+
+  return dict(
+    [
+      growth(
+        "curse",
+        *LNS,
+        f"in Pre-LN the activation variance grows with depth (the curse "
+        f"of depth): RMS growth at {deep} layers above that at {shallow}",
+        pre,
+        pre_s,
+        "higher",
+        "superior",
+      ),
+      loss(
+        "lns_loss",
+        *LNS,
+        "LayerNorm Scaling (norm output x 1/sqrt(layer)) lowers Pre-LN's loss",
+        "lns",
+      ),
+      growth(
+        "lns_growth",
+        *LNS,
+        "LayerNorm Scaling damps Pre-LN's activation growth with depth",
+        variant("lns", deep),
+        pre,
+        "lower",
+        "superior",
+      ),
+      growth(
+        "scaled",
+        "On residual network depth",
+        "2510.03470",
+        f"with every branch scaled by 1/n the output stays bounded "
+        f"independent of depth: RMS growth at {deep} layers at most that "
+        f"at {shallow}",
+        variant("scaled", deep),
+        variant("scaled", shallow),
+        "lower",
+        "non_inferior",
+      ),
+      loss(
+        "skipinit",
+        "SkipInit",
+        "2002.10444",
+        "a zero-initialized scalar gate on each branch trains a deep "
+        "network without normalization as well as a normalized one",
+        "skipinit",
+        kind="non_inferior",
+      ),
+      loss(
+        "rezero",
+        "ReZero",
+        "2003.04887",
+        "ReZero (x + alpha F(x), alpha = 0 at init, no norm) converges "
+        "faster than Pre-LN: lower loss after the same steps",
+        "rezero",
+      ),
+      loss(
+        "layerscale",
+        "LayerScale (CaiT)",
+        "2103.17239",
+        "LayerScale (a per-channel branch gate initialized small) improves "
+        "the training of deep networks",
+        "layerscale",
+      ),
+    ]
+  )
+
+
+# Claims that answer the curse of depth: not testable where it is absent.
+GATED = ("lns_loss", "lns_growth", "scaled")
+
+
 def base_config(args: argparse.Namespace) -> config_lib.TrainConfig:
-  """The shared run: width 32, 2 heads, 64-byte windows (quick: toy)."""
+  """The shared run of each tier (depth set per arm)."""
   return tiers.byte_lm_config(
     args,
     dict(
@@ -173,7 +246,7 @@ def base_config(args: argparse.Namespace) -> config_lib.TrainConfig:
       num_heads=2,
       seq_len=64,
       batch_size=16,
-      steps=100,
+      steps=DEFAULT_STEPS,
       eval_every=50,
       eval_batches=4,
       warmup_steps=10,
@@ -181,7 +254,6 @@ def base_config(args: argparse.Namespace) -> config_lib.TrainConfig:
     full_steps=2000,
     full_eval_every=250,
     keep_checkpoints=1,
-    learning_rate=3e-3,
   )
 
 
@@ -190,7 +262,7 @@ def compilation_cache(folder: pathlib.Path):
   """A persistent XLA cache in ``folder`` unless one is configured already.
 
   Every `trainer.train` call builds fresh jitted closures; the seeds of a
-  cell lower to the same programs (parameters and data are arguments), so
+  run lower to the same programs (parameters and data are arguments), so
   with the cache only the first seed compiles. The previous setting is
   restored on exit.
   """
@@ -205,6 +277,118 @@ def compilation_cache(folder: pathlib.Path):
   finally:
     jax.config.update("jax_compilation_cache_dir", None)
     jax_cache.reset_cache()
+
+
+# ---------------------------------------------------------------------------
+# Grids: tuned arms, and arms at another arm's learning rate.
+
+
+def learning_rate(
+  tuned: Mapping[str, Mapping[str, Any]],
+  name: str,
+  base: config_lib.TrainConfig,
+) -> float:
+  """The rate ``name`` trained at (the base rate where nothing was swept)."""
+  return float(tuned[name].get("learning_rate", base.learning_rate))
+
+
+def fixed_rate_grid(
+  table: pathlib.Path,
+  base: config_lib.TrainConfig,
+  arms: Mapping[str, Mapping[str, Any]],
+  seeds: Sequence[int],
+  *,
+  model: Callable[[str, int], Any] | None = None,
+) -> list[dict[str, Any]]:
+  """Arms whose changes fix ``learning_rate``, named as `tuned_grid`'s.
+
+  Each arm runs as ``<arm>@lr=<rate>`` (so another rate is another run);
+  the lines come back named by the arm, ``run`` the run's name.
+  """
+  runs, names = {}, {}
+  for name, changes in arms.items():
+    run = f"{name}@lr={changes['learning_rate']:g}"
+    runs[run], names[run] = dict(changes), name
+  lines = grid.run_grid(
+    table,
+    base,
+    runs,
+    seeds,
+    model=None if model is None else lambda r, s: model(names[r], s),
+  )
+  return [
+    {**ln, "variant": names[ln["variant"]], "run": ln["variant"]}
+    for ln in lines
+    if ln["variant"] in names and ln["seed"] in seeds
+  ]
+
+
+def trained_model(
+  cfg: config_lib.TrainConfig,
+  run_dir: pathlib.Path,
+  model: nnx.Module | None = None,
+) -> nnx.Module:
+  """The model of a finished run, restored by the runner itself.
+
+  The runner resumes the run (``resume=True``, same config) at its final
+  checkpoint, trains no step and leaves the restored state in ``model``
+  (built from ``cfg`` when ``None``), in eval mode.
+  """
+  if model is None:
+    model = build.build_model(
+      cfg,
+      {"vocab_size": data_lib.BYTE_VOCAB, "max_len": cfg.seq_len},
+      rngs=nnx.Rngs(cfg.seed),
+    )
+  trainer.train(
+    dataclasses.replace(cfg, out_dir=str(run_dir), resume=True, progress=False),
+    model=model,
+  )
+  return model
+
+
+def probe_batch(base: config_lib.TrainConfig) -> jax.Array:
+  """The first held-out evaluation batch (``batch_size`` windows)."""
+  text = data_lib.load_text(base.data)
+  return jnp.asarray(
+    data_lib.eval_windows(
+      text.val, base.seq_len, batch_size=base.batch_size, max_batches=1
+    )[0]
+  )
+
+
+def probed(
+  lines: Sequence[Mapping[str, Any]],
+  path: pathlib.Path,
+  probe: Callable[[Mapping[str, Any]], dict[str, Any]],
+) -> list[dict[str, Any]]:
+  """Each line with ``probe(line)`` added, cached by (run, seed) in ``path``.
+
+  A rerun reads the probes of runs already probed (a JSON-lines file, like
+  the grid's table) and probes only the new ones.
+  """
+  cache = {(p["run"], p["seed"]): p for p in grid.read_table(path)}
+  out = []
+  for ln in lines:
+    key = (ln.get("run", ln["variant"]), ln["seed"])
+    if key not in cache:
+      found = {"run": key[0], "seed": key[1], **probe(ln)}
+      with path.open("a") as f:
+        f.write(json.dumps(found) + "\n")
+      cache[key] = found
+    extra = {k: v for k, v in cache[key].items() if k not in ("run", "seed")}
+    out.append({**ln, **extra})
+  return out
+
+
+def trains(
+  lines: Sequence[Mapping[str, Any]], variant_name: str, unigram: float
+) -> bool:
+  """Every seed of ``variant_name`` ends below the unigram entropy."""
+  values = [ln["val_loss"] for ln in lines if ln["variant"] == variant_name]
+  return bool(values) and all(
+    v is not None and np.isfinite(v) and v < unigram for v in values
+  )
 
 
 # ---------------------------------------------------------------------------
@@ -225,9 +409,12 @@ def layer_probes(model: nnx.Module, batch: jax.Array) -> dict[str, Any]:
   """Per-layer RMS of the stream and gradient norms of each layer's weights.
 
   ``rms[l]`` is the RMS over batch, positions and width of the hidden state
-  after layer ``l`` (``l = 0``: the embedding); ``grad_norm[l]`` the norm
+  after layer ``l`` (``l = 0``: the embedding; multi-stream schemes give
+  their read-out, AttnRes its aggregated state); ``grad_norm[l]`` the norm
   of the loss gradient over the attention and MLP weights of layer ``l``
-  (sublayers ``2 l`` and ``2 l + 1``).
+  (sublayers ``2 l`` and ``2 l + 1``, not the residual steps' own
+  parameters); ``log_rms_growth`` is ``log(rms[-1] / rms[0])``;
+  ``embedding`` the embedded batch (``hidden[0]``).
   """
   graphdef, params, rest = nnx.split(model, nnx.Param, ...)
 
@@ -236,490 +423,288 @@ def layer_probes(model: nnx.Module, batch: jax.Array) -> dict[str, Any]:
 
   (loss, hidden), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
   h = hidden.astype(jnp.float32)
-  rms = jnp.sqrt(jnp.mean(jnp.square(h), axis=(1, 2, 3)))
+  rms = np.asarray(jnp.sqrt(jnp.mean(jnp.square(h), axis=(1, 2, 3))))
   blocks = grads["net"]["blocks"]
-  depth = len(rms) - 1
+  layers = len(rms) - 1
   grad_norm = [
     float(optax.tree.norm([blocks[2 * i], blocks[2 * i + 1]]))
-    for i in range(depth)
+    for i in range(layers)
   ]
   return {
     "probe_loss": float(loss),
-    "rms": np.asarray(rms).tolist(),
+    "rms": rms.tolist(),
+    "log_rms_growth": float(np.log(rms[-1] / rms[0])),
     "grad_norm": grad_norm,
     "embedding": hidden[0],
   }
 
 
-def stream_mixing(
-  model: nnx.Module, x: jax.Array
-) -> tuple[list[np.ndarray], float]:
-  """Each sublayer's ``H_res`` ``(batch, seq, n, n)`` on embeddings ``x``.
-
-  Runs the network's stream steps as `StreamStack` does and reads each
-  step's maps on the state it sees. Also returns the spread of the final
-  streams, ``sqrt(mean_var_over_streams) / RMS``: 0 when the streams are
-  identical, where any mixing with unit row sums acts as the identity.
-  """
-  net = model.net
-  h = residual.expand_streams(x, net.num_streams)
-  mats = []
-  for block, step in zip(net.blocks, net.steps):
-    mats.append(np.asarray(step.maps(h)[2], np.float64))
-    h = step(h, block)
-  h = np.asarray(h, np.float64)
-  spread = np.sqrt(np.mean(np.var(h, axis=-2)) / np.mean(np.square(h)))
-  return mats, float(spread)
-
-
-def gains(p: np.ndarray) -> dict[str, float]:
-  """Gains of composite mixing matrices ``p`` ``(..., n, n)``, rows targets.
-
-  ``forward``: the largest absolute row sum, ``backward``: the largest
-  absolute column sum (the mHC paper's Amax gain magnitudes), ``amax``
-  their maximum; ``sigma_max`` / ``sigma_min``: the largest / smallest
-  singular value. Worst case over the leading (token) axes.
-  """
-  a = np.abs(p)
-  s = np.linalg.svd(p, compute_uv=False)
-  forward = float(a.sum(-1).max())
-  backward = float(a.sum(-2).max())
-  return {
-    "forward": forward,
-    "backward": backward,
-    "amax": max(forward, backward),
-    "sigma_max": float(s[..., 0].max()),
-    "sigma_min": float(s[..., -1].min()),
-  }
-
-
-def composite_gains(
-  mats: Sequence[np.ndarray], per_layer: int = 2
-) -> dict[str, Any]:
-  """`gains` of ``H_res^(k) ... H_res^(1)``: after each layer, and overall."""
-  p = np.broadcast_to(np.eye(mats[0].shape[-1]), mats[0].shape)
-  curve = []
-  for k, m in enumerate(mats):
-    p = m @ p
-    if (k + 1) % per_layer == 0 or k + 1 == len(mats):
-      curve.append(gains(p))
-  return {**curve[-1], "per_layer": curve}
-
-
-def probe_line(
-  line: Mapping[str, Any],
-  cfg: config_lib.TrainConfig,
-  run_dir: pathlib.Path,
-  batch: jax.Array,
-  vocab_size: int,
-) -> dict[str, Any]:
-  """The probes of one finished run, added to its table line."""
-  model = attn_claims.trained_model(cfg, run_dir, vocab_size)
-  found = layer_probes(model, batch)
-  x = found.pop("embedding")
-  rms = found["rms"]
-  out = {**line, **found, "log_rms_growth": float(np.log(rms[-1] / rms[0]))}
-  if cfg.residual in STREAM_SCHEMES:
-    mats, out["stream_spread"] = stream_mixing(model, x)
-    trained = composite_gains(mats)
-    init_model = build.build_model(
-      cfg,
-      {"vocab_size": vocab_size, "max_len": cfg.seq_len},
-      rngs=nnx.Rngs(cfg.seed),
-    )
-    init_model.eval()
-    x0 = _loss_and_hidden(init_model, batch)[1][0]
-    init = composite_gains(stream_mixing(init_model, x0)[0])
-    out["gain_curve"] = trained.pop("per_layer")
-    out["gain_curve_init"] = init.pop("per_layer")
-    out.update(trained)
-    out.update({f"{k}_init": v for k, v in init.items()})
-    out["log_amax"] = float(np.log(trained["amax"]))
-  return out
-
-
 # ---------------------------------------------------------------------------
-# Verdicts.
+# Records and report.
 
 
-def _deepest(schemes: Mapping[str, Sequence[int]], *names: str) -> int | None:
-  common = set.intersection(*(set(schemes.get(n, ())) for n in names))
-  return max(common) if common else None
-
-
-def _bounded(
-  grid: Mapping[str, Mapping[str, Any]],
-  names: Sequence[str],
-  low: float,
-  high: float,
-  label: str,
-) -> tuple[str, str]:
-  """Reproduced when every seed value of every cell lies in [low, high]."""
-  values = [v for n in names for v in grid[n]["values"]]
-  lo, hi = min(values), max(values)
-  why = f"{label} over {', '.join(names)} in [{lo:.4g}, {hi:.4g}]"
-  ok = low <= lo and hi <= high
-  return ("reproduced" if ok else NOT), why
-
-
-def _mean_above(
-  grid: Mapping[str, Mapping[str, Any]], name: str, limit: float, label: str
-) -> tuple[str, str]:
-  mean = grid[name]["mean"]
-  why = f"{label} {name} = {mean:.4g} (bound {limit:.4g})"
-  return ("reproduced" if mean > limit else NOT), why
-
-
-def verdicts(
-  schemes: Mapping[str, Sequence[int]],
-  cells: Mapping[str, Mapping[str, Mapping[str, Any]]],
+def records(
+  lines: Sequence[Mapping[str, Any]],
+  base: config_lib.TrainConfig,
+  variants: Mapping[str, Mapping[str, Any]],
+  the_claims: Mapping[str, claims.Claim],
+  unigram: float,
 ) -> list[dict[str, Any]]:
-  """Every claim whose schemes ran; see the module docstring."""
-  out = []
-
-  def add(label: str, depth: int, result: tuple[str, str]) -> None:
-    out.append(
-      {"claim": label, "depth": depth, "verdict": result[0], "why": result[1]}
+  """The claims' records; the curse of depth gates `GATED`."""
+  out = {}
+  for key, claim in the_claims.items():
+    trained = trains(lines, claim.b, unigram)
+    why = (
+      None
+      if trained
+      else f"{claim.b}'s validation loss is not below the unigram entropy "
+      f"{unigram:.3f} in every seed"
     )
-
-  loss = cells["val_loss"]
-  gain = cells.get("amax", {})
-  log_gain = cells.get("log_amax", {})
-  growth = cells["log_rms_growth"]
-  for name, label in (
-    ("hc", "HC lowers Pre-Norm's loss"),
-    ("mhc", "mHC lowers Pre-Norm's loss"),
-    ("ohc", "oHC lowers the single-stream (Pre-Norm) loss"),
-    ("attnres", "Full AttnRes lowers Pre-Norm's loss"),
-    ("block_attnres", "Block AttnRes lowers Pre-Norm's loss"),
-    ("lns", "LNS lowers Pre-LN's loss (curse of depth)"),
-    ("rezero", "ReZero converges faster than Pre-LN (lower loss)"),
-    ("layerscale", "LayerScale lowers deep Pre-Norm's loss"),
-  ):
-    d = _deepest(schemes, name, "prenorm")
-    if d is not None:
-      a, b = variant(name, d), variant("prenorm", d)
-      add(label, d, _grid.verdict(loss, a, b, "lower"))
-  for name, label in (
-    ("skipinit", "SkipInit trains as well as Pre-LN without branch norms"),
-    ("rezero", "ReZero trains as well as Pre-LN without branch norms"),
-  ):
-    d = _deepest(schemes, name, "prenorm")
-    if d is not None:
-      a, b = variant(name, d), variant("prenorm", d)
-      add(label, d, opt_claims.not_worse(loss, a, b, TOLERANCE))
-  d = _deepest(schemes, "lns", "prenorm")
-  if d is not None:
-    add(
-      "LNS damps the activation RMS growth of Pre-LN",
-      d,
-      _grid.verdict(growth, variant("lns", d), variant("prenorm", d), "lower"),
-    )
-  if "scaled" in schemes and len(schemes["scaled"]) > 1:
-    lo, hi = min(schemes["scaled"]), max(schemes["scaled"])
-    add(
-      f"1/n-scaled residual keeps the RMS growth flat in depth "
-      f"(L={lo} vs L={hi}, within x{FLAT_FACTOR})",
-      hi,
-      _grid.verdict(
-        growth,
-        variant("scaled", hi),
-        variant("scaled", lo),
-        "equal",
-        float(np.log(FLAT_FACTOR)),
-      ),
-    )
-  if "hc" in schemes and "mhc" in schemes and len(schemes["hc"]) > 1:
-    lo, hi = min(schemes["hc"]), max(schemes["hc"])
-    mhc = [variant("mhc", d) for d in schemes["mhc"]]
-    bound = 1.0 + GAIN_TOLERANCE
-    add(
-      "mHC's composite Amax gain stays near 1 where HC's grows with depth",
-      hi,
-      opt_claims.both(
-        _bounded(gain, mhc, 0.0, bound, "mHC Amax gain"),
-        _grid.verdict(log_gain, variant("hc", lo), variant("hc", hi), "lower"),
-        _mean_above(gain, variant("hc", hi), bound, "HC Amax gain"),
-      ),
-    )
-  if "ohc" in schemes:
-    ohc = [variant("ohc", d) for d in schemes["ohc"]]
-    parts = [
-      _bounded(
-        cells["sigma_max"],
-        ohc,
-        1 - ORTHO_TOLERANCE,
-        1 + ORTHO_TOLERANCE,
-        "oHC largest singular value",
-      ),
-      _bounded(
-        cells["sigma_min"],
-        ohc,
-        1 - ORTHO_TOLERANCE,
-        1 + ORTHO_TOLERANCE,
-        "oHC smallest singular value",
-      ),
-    ]
-    if "mhc" in schemes and len(schemes["mhc"]) > 1:
-      lo, hi = min(schemes["mhc"]), max(schemes["mhc"])
-      parts.append(
-        _grid.verdict(
-          cells["sigma_min"], variant("mhc", hi), variant("mhc", lo), "lower"
+    testable, reason = True, why
+    if key in GATED:
+      curse = out["curse"]
+      if curse["verdict"] != "reproduced":
+        testable = False
+        reason = (
+          "the curse of depth is not shown here: Pre-Norm's activation "
+          f"growth is not shown to increase with depth ({curse['why']})"
         )
-      )
-    add(
-      "oHC's composite mixing keeps every singular value at 1 while "
-      "mHC's contracts with depth",
-      max(schemes["ohc"]),
-      opt_claims.both(*parts),
+    out[key] = grid.runner_record(
+      lines,
+      claim,
+      base,
+      variants,
+      baseline_trained=trained,
+      testable=testable,
+      reason=reason,
     )
-  return out
-
-
-# ---------------------------------------------------------------------------
-# Report.
-
-
-def _by_scheme(
-  grid: Mapping[str, Mapping[str, Any]], schemes: Mapping[str, Sequence[int]]
-) -> dict[str, list[tuple[int, Mapping[str, Any]]]]:
-  return {
-    s: [(d, grid[variant(s, d)]) for d in ds if variant(s, d) in grid]
-    for s, ds in schemes.items()
-  }
+  return list(out.values())
 
 
 def _mean_curve(
   lines: Sequence[Mapping[str, Any]], name: str, key: str
 ) -> np.ndarray | None:
-  rows = [ln[key] for ln in lines if ln["variant"] == name]
+  rows = [ln[key] for ln in lines if ln["variant"] == name and key in ln]
   return np.mean(np.asarray(rows), axis=0) if rows else None
+
+
+def sweep_rows(sweeps: Mapping[str, Mapping[str, Any]]) -> list[str]:
+  """The Markdown table of the learning-rate sweeps."""
+  rows = [
+    "| variant | chosen | grid: final training loss (seed 0) |",
+    "|---|---|---|",
+  ]
+  for name, sweep in sweeps.items():
+    scores = ", ".join(f"{lr}: {v:.3f}" for lr, v in sweep["grid"].items())
+    inside = "" if sweep["inside"] else " (at the grid's end)"
+    rows.append(f"| {name} | {sweep['learning_rate']:g}{inside} | {scores} |")
+  return rows
+
+
+def probe_rows(lines: Sequence[Mapping[str, Any]], names: Sequence[str]):
+  """Per-layer RMS (mean over seeds) and the last/first gradient ratio."""
+  rows = [
+    "| variant | RMS after embedding, layer 1, ... | grad norm last / "
+    "first layer |",
+    "|---|---|---|",
+  ]
+  for name in names:
+    rms = _mean_curve(lines, name, "rms")
+    grad = _mean_curve(lines, name, "grad_norm")
+    if rms is not None:
+      rows.append(
+        f"| {name} | {' '.join(f'{r:.2g}' for r in rms)} | "
+        f"{grad[-1] / grad[0]:.3g} |"
+      )
+  return rows
+
+
+def probe_figure(
+  table: pathlib.Path,
+  result: Mapping[str, Any],
+  path: pathlib.Path,
+  title: str,
+  deep_names: Sequence[str],
+) -> None:
+  """Curves, final loss, per-layer RMS and gradients, claims' differences."""
+  plt = report.pyplot()
+  fig = plt.figure(figsize=(18, 9.5))
+  spec = fig.add_gridspec(2, 3)
+  ax_curve, ax_bar, ax_rms = (fig.add_subplot(spec[0, i]) for i in range(3))
+  ax_grad = fig.add_subplot(spec[1, 0])
+  ax_claims = fig.add_subplot(spec[1, 1:])
+  lines = result["lines"]
+  by_variant: dict[str, list[list[tuple[int, float]]]] = {}
+  for ln in lines:
+    log = metrics.read_log(
+      grid.run_dir(table.parent, ln.get("run", ln["variant"]), ln["seed"])
+      / "metrics.jsonl"
+    )
+    curve = [(r["step"], r["val_loss"]) for r in log if "val_loss" in r]
+    by_variant.setdefault(ln["variant"], []).append(curve)
+  for name, curves in by_variant.items():
+    n = min(len(c) for c in curves)
+    if n == 0:
+      continue
+    steps = [s for s, _ in curves[0][:n]]
+    vals = np.array([[v for _, v in c[:n]] for c in curves])
+    (line,) = ax_curve.plot(steps, vals.mean(0), label=name)
+    ax_curve.fill_between(
+      steps, vals.min(0), vals.max(0), color=line.get_color(), alpha=0.2
+    )
+  ax_curve.set_xlabel("step")
+  ax_curve.set_ylabel("validation loss (nats/byte)")
+  ax_curve.set_title("validation loss (mean, min-max over seeds)")
+  ax_curve.legend(fontsize=7)
+  cells = result["val_loss"]
+  names = list(cells)
+  ax_bar.bar(
+    range(len(names)),
+    [cells[n]["mean"] for n in names],
+    yerr=[cells[n]["std"] for n in names],
+    capsize=3,
+  )
+  ax_bar.set_xticks(range(len(names)), names, rotation=45, ha="right")
+  ax_bar.set_ylim(bottom=0)
+  ax_bar.set_ylabel("final validation loss (nats/byte)")
+  ax_bar.set_title("final validation loss (mean ± std)")
+  for name in deep_names:
+    rms = _mean_curve(lines, name, "rms")
+    grad = _mean_curve(lines, name, "grad_norm")
+    if rms is not None:
+      ax_rms.plot(range(len(rms)), rms, marker=".", label=name)
+      ax_grad.plot(range(1, len(grad) + 1), grad, marker=".", label=name)
+  ax_rms.set_yscale("log")
+  ax_rms.set_xlabel("layer (0: embedding)")
+  ax_rms.set_ylabel("RMS of the residual stream (log)")
+  ax_rms.set_title("per-layer activation RMS (trained, mean over seeds)")
+  ax_grad.set_yscale("log")
+  ax_grad.set_xlabel("layer")
+  ax_grad.set_ylabel("gradient norm of the layer's weights (log)")
+  ax_grad.set_title("per-layer gradient norm (trained, mean over seeds)")
+  for ax in (ax_rms, ax_grad):
+    if ax.get_legend_handles_labels()[0]:
+      ax.legend(fontsize=7)
+  report.claims_axes(ax_claims, result["claims"])
+  fig.suptitle(title)
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
 
 
 def main(argv: Sequence[str] | None = None) -> dict:
   """Runs the grid (skipping finished runs), probes and writes the report."""
-  p = tiers.parser(__doc__, NAME)
-  args = p.parse_args(argv)
+  args = tiers.parser(__doc__, NAME).parse_args(argv)
   base = base_config(args)
   seeds = tiers.seeds(args)
-  schemes = schemes_of(args)
-  grid_variants = {
-    variant(s, d): {"residual": s, "depth": d}
-    for s, depths in schemes.items()
-    for d in depths
-  }
-  table = pathlib.Path(args.runs) / "residual_depth.jsonl"
+  deep, shallow = depths(args)
+  the_claims = make_claims(deep, shallow)
+  deep_arms = {variant(s, deep): {"residual": s, "depth": deep} for s in DEEP}
+  runs = pathlib.Path(args.runs)
+  table = runs / "grid.jsonl"
+  rates = (
+    {}
+    if tiers.tier(args) == "quick"
+    else {name: LEARNING_RATES for name in deep_arms}
+  )
+  text = data_lib.load_text(base.data)
+  unigram = text.unigram_entropy()
 
   def compute() -> dict:
-    with compilation_cache(table.parent / "xla_cache"):
-      return measure()
+    with compilation_cache(runs / "xla_cache"):
+      lines, tuned = grid.tuned_grid(table, base, deep_arms, seeds, rates)
+      variants = dict(tuned["variants"])
+      shallow_arms = {
+        variant(s, shallow): {
+          "residual": s,
+          "depth": shallow,
+          "learning_rate": learning_rate(variants, variant(s, deep), base),
+        }
+        for s in SHALLOW
+      }
+      variants.update(shallow_arms)
+      lines += fixed_rate_grid(table, base, shallow_arms, seeds)
+      batch = probe_batch(base)
 
-  def measure() -> dict:
-    lines = _grid.run_grid(table, base, grid_variants, seeds)
-    text = data_lib.load_text(base.data)
-    batch = jnp.asarray(
-      data_lib.eval_windows(
-        text.val, base.seq_len, batch_size=base.batch_size, max_batches=1
-      )[0]
-    )
-    probed = []
-    for ln in lines:
-      cfg = dataclasses.replace(
-        base, seed=ln["seed"], **grid_variants[ln["variant"]]
-      )
-      run_dir = _grid.run_dir(table.parent, ln["variant"], ln["seed"])
-      probed.append(probe_line(ln, cfg, run_dir, batch, text.vocab_size))
-    cells = {
-      metric: _grid.cells([ln for ln in probed if metric in ln], metric)
-      for metric in (
-        "val_loss",
-        "log_rms_growth",
-        "amax",
-        "log_amax",
-        "forward",
-        "backward",
-        "sigma_max",
-        "sigma_min",
-        "amax_init",
-        "sigma_max_init",
-        "stream_spread",
-      )
-    }
+      def probe(ln: Mapping[str, Any]) -> dict[str, Any]:
+        cfg = dataclasses.replace(
+          base, seed=ln["seed"], **variants[ln["variant"]]
+        )
+        run_dir = grid.run_dir(table.parent, ln["run"], ln["seed"])
+        found = layer_probes(trained_model(cfg, run_dir), batch)
+        found.pop("embedding")
+        return found
+
+      lines = probed(lines, runs / "probes.jsonl", probe)
     return {
-      "schemes": schemes,
-      "lines": probed,
-      "cells": cells,
-      "verdicts": verdicts(schemes, cells),
+      "depths": {"deep": deep, "shallow": shallow},
+      "unigram_entropy": unigram,
+      "claims": records(lines, base, variants, the_claims, unigram),
+      "sweeps": tuned["sweeps"],
+      "variants": variants,
+      "lines": lines,
+      "val_loss": grid.cells(lines, "val_loss"),
+      "log_rms_growth": grid.cells(lines, "log_rms_growth"),
     }
 
   def figure(result: dict, path: pathlib.Path) -> None:
-    plt = _report.pyplot()
-    fig, axes = plt.subplots(2, 2, figsize=(12, 9))
-    ax_loss, ax_rms, ax_grad, ax_gain = axes.ravel()
-    sch = result["schemes"]
-    for s, cells in _by_scheme(result["cells"]["val_loss"], sch).items():
-      if not cells:
-        continue
-      depths = [d for d, _ in cells]
-      values = [c["values"] for _, c in cells]
-      (line,) = ax_loss.plot(
-        depths, [np.mean(v) for v in values], marker="o", label=s
-      )
-      ax_loss.fill_between(
-        depths,
-        [min(v) for v in values],
-        [max(v) for v in values],
-        color=line.get_color(),
-        alpha=0.15,
-      )
-    ax_loss.set_xscale("log", base=2)
-    ax_loss.set_xlabel("layers L (width fixed)")
-    ax_loss.set_ylabel("validation loss (nats/byte)")
-    ax_loss.set_title("loss vs depth (mean, min-max over seeds)")
-    for s, ds in sch.items():
-      name = variant(s, max(ds))
-      rms = _mean_curve(result["lines"], name, "rms")
-      grad = _mean_curve(result["lines"], name, "grad_norm")
-      if rms is not None:
-        ax_rms.plot(range(len(rms)), rms, marker=".", label=name)
-        ax_grad.plot(range(1, len(grad) + 1), grad, marker=".", label=name)
-    ax_rms.set_yscale("log")
-    ax_rms.set_xlabel("layer (0: embedding)")
-    ax_rms.set_ylabel("RMS of the residual stream")
-    ax_rms.set_title("per-layer activation RMS, deepest run (trained)")
-    ax_grad.set_yscale("log")
-    ax_grad.set_xlabel("layer")
-    ax_grad.set_ylabel("gradient norm of the layer's weights")
-    ax_grad.set_title("per-layer gradient norm, deepest run (trained)")
-    for s, cells in _by_scheme(result["cells"]["amax"], sch).items():
-      if not cells:
-        continue
-      depths = [d for d, _ in cells]
-      color = None
-      for metric, style, label in (
-        ("amax", "-", "Amax"),
-        ("sigma_max", "--", "sigma_max"),
-        ("amax_init", ":", "Amax at init"),
-      ):
-        (line,) = ax_gain.plot(
-          depths,
-          [result["cells"][metric][variant(s, d)]["mean"] for d in depths],
-          ls=style,
-          marker="o",
-          color=color,
-          label=f"{s} {label}",
-        )
-        color = line.get_color()
-    ax_gain.set_xscale("log", base=2)
-    ax_gain.set_yscale("log")
-    ax_gain.set_xlabel("layers L")
-    ax_gain.set_ylabel("composite stream-mixing gain")
-    ax_gain.set_title("HC / mHC / oHC: gain of prod H_res (worst token)")
-    for ax in axes.ravel():
-      if ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    probe_figure(
+      table,
+      result,
+      path,
+      f"byte LM, width {base.width}, {deep} vs {shallow} layers, "
+      f"{base.steps} steps: deep Pre-Norm and its fixes ({len(seeds)} "
+      "seeds)",
+      list(deep_arms),
+    )
 
   def markdown(result: dict) -> list[str]:
-    sch = result["schemes"]
-    depths = sorted({d for ds in sch.values() for d in ds})
-    cells = result["cells"]
     lines = [f"# {__doc__.splitlines()[0]}", ""]
     lines += [
       f"Runner config: width {base.width}, {base.num_heads} heads, "
       f"{base.seq_len}-byte windows, batch {base.batch_size}, {base.steps} "
-      f"AdamW steps (lr {base.learning_rate}, cosine, warm-up "
-      f"{base.warmup_steps}, weight decay {base.weight_decay}, clip "
-      f"{base.clip_norm}), seeds {list(seeds)}; every scheme with its spec "
-      "defaults. Validation loss in nats per byte over "
-      f"{base.eval_batches} held-out batches; probes on one held-out batch "
-      "of the model restored from its final checkpoint; mean ± sample std "
-      "(ddof=1) over seeds; empty cells did not run at this scale.",
+      f"AdamW steps (cosine, warm-up {base.warmup_steps}, weight decay "
+      f"{base.weight_decay}, clip {base.clip_norm}), depths {deep} and "
+      f"{shallow}, seeds {list(seeds)}; every scheme with its spec "
+      f"defaults. Validation loss in nats per byte over "
+      f"{base.eval_batches} held-out batches (unigram entropy "
+      f"{result['unigram_entropy']:.3f}); probes on one held-out batch of "
+      "the model of the final checkpoint; mean ± sample std (ddof=1) over "
+      "seeds.",
       "",
-    ]
-
-    def depth_table(metric: str, label: str, fmt) -> list[str]:
-      rows = [
-        f"| scheme | {' | '.join(f'L={d}' for d in depths)} |",
-        "|---|" + "---|" * len(depths),
-      ]
-      for s in sch:
-        row = []
-        for d in depths:
-          c = cells[metric].get(variant(s, d))
-          row.append("" if c is None else fmt(c))
-        if any(row):
-          rows.append(f"| {s} | " + " | ".join(row) + " |")
-      return [f"## {label}", "", *rows, ""]
-
-    lines += depth_table("val_loss", "Validation loss", _grid.fmt)
-    lines += depth_table(
-      "log_rms_growth",
-      "Activation RMS growth RMS(h_L) / RMS(h_0) (trained)",
-      lambda c: "{:.2f} ± {:.2f}".format(
-        *_report.mean_spread(np.exp(c["values"]))
+      "## Learning rates (seed 0, final training loss)",
+      "",
+      *sweep_rows(result["sweeps"]),
+      "",
+      "The shallow arms train at their deep arm's rate: "
+      + ", ".join(
+        f"{variant(s, shallow)} at "
+        f"{result['variants'][variant(s, shallow)]['learning_rate']:g}"
+        for s in SHALLOW
+      )
+      + ".",
+      "",
+      "## Validation loss",
+      "",
+      *grid.markdown_table(
+        result["val_loss"], "val loss", variant("prenorm", deep)
       ),
-    )
-    lines += [
+      "",
+      "## Activation RMS growth log(RMS(h_L) / RMS(h_0)) (trained)",
+      "",
+      *grid.markdown_table(result["log_rms_growth"], "log growth"),
+      "",
       "## Per-layer activation RMS and gradient norms (trained, mean)",
       "",
-      "| variant | RMS after embedding, layer 1, ... | grad norm last / "
-      "first layer |",
-      "|---|---|---|",
-    ]
-    for s, ds in sch.items():
-      for d in ds:
-        name = variant(s, d)
-        rms = _mean_curve(result["lines"], name, "rms")
-        grad = _mean_curve(result["lines"], name, "grad_norm")
-        if rms is not None:
-          lines.append(
-            f"| {name} | {' '.join(f'{r:.2g}' for r in rms)} | "
-            f"{grad[-1] / grad[0]:.3g} |"
-          )
-    lines += [
+      *probe_rows(result["lines"], list(result["val_loss"])),
       "",
-      "## Composite stream mixing prod H_res (worst token of the batch)",
+      "## Claims",
       "",
-      "| variant | Amax at init | sigma_max at init | forward | backward | "
-      "sigma_max | sigma_min | stream spread |",
-      "|---|---|---|---|---|---|---|---|",
+      *grid.verdict_table(result["claims"]),
     ]
-    for name in cells["amax"]:
-      row = [
-        _grid.fmt(cells[m][name], 4)
-        for m in (
-          "amax_init",
-          "sigma_max_init",
-          "forward",
-          "backward",
-          "sigma_max",
-          "sigma_min",
-          "stream_spread",
-        )
-      ]
-      lines.append(f"| {name} | " + " | ".join(row) + " |")
-    inert = [
-      name
-      for name, c in cells["stream_spread"].items()
-      if max(c["values"]) < SPREAD_FLOOR
-    ]
-    if inert:
-      lines += [
-        "",
-        f"Stream spread below {SPREAD_FLOOR:g} in {', '.join(inert)}: the "
-        "streams stay (nearly) identical, so any mixing with unit row "
-        "sums acts as the identity and gets (almost) no gradient; these "
-        "networks train as Pre-Norm with learned branch gains, and their "
-        "mixing gains stay those of the initial H_res.",
-      ]
-    lines += ["", "## Verdicts", ""]
-    lines += _grid.verdict_table(result["verdicts"], ("depth",))
     return lines
 
-  return _report.run(NAME, args, compute, figure, markdown)
+  return report.run(NAME, args, compute, figure, markdown)
 
 
 if __name__ == "__main__":

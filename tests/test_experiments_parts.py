@@ -7,7 +7,6 @@ from flax import nnx
 
 from experiments import cnn_attention_claims as cac
 from experiments import regionnorm_claims as rc
-from experiments import residual_depth as rd
 from jaxnorm.nn import models
 
 # Builds real models: CI runs these with the experiments (-m slow).
@@ -84,79 +83,3 @@ def test_scores_against_a_known_error():
   np.testing.assert_allclose(s["l1_hole"], 0.1, rtol=1e-6)
   np.testing.assert_allclose(s["psnr_hole"], 20.0, rtol=1e-6)
   np.testing.assert_allclose(s["l1_image"], 0.1 * m.mean(), rtol=1e-6)
-
-
-# residual_depth's verdict rules on synthetic cells: every claim is
-# reproduced on favourable numbers and not on reversed ones.
-_DEPTH_GRID = {
-  s: (4, 32)
-  for s in (
-    "prenorm",
-    "hc",
-    "mhc",
-    "ohc",
-    "scaled",
-    "lns",
-    "attnres",
-    "skipinit",
-    "rezero",
-    "layerscale",
-  )
-}
-
-
-def _cell(values):
-  v = np.asarray(values, np.float64)
-  return {
-    "mean": float(v.mean()),
-    "std": float(v.std(ddof=1)),
-    "n": v.size,
-    "values": v.tolist(),
-  }
-
-
-def _depth_verdicts(loss, growth, amax, smax, smin):
-  names = ("val_loss", "log_rms_growth", "amax", "log_amax")
-  cells = {k: {} for k in (*names, "sigma_max", "sigma_min")}
-  jitter = np.array([0.0, 1.0, -1.0])
-  for s, depths in _DEPTH_GRID.items():
-    for d in depths:
-      v = rd.variant(s, d)
-      cells["val_loss"][v] = _cell(loss(s, d) + 1e-3 * jitter)
-      cells["log_rms_growth"][v] = _cell(growth(s, d) + 1e-2 * jitter)
-      if s in rd.STREAM_SCHEMES:
-        a = amax(s, d) * (1 + 1e-3 * jitter)
-        cells["amax"][v] = _cell(a)
-        cells["log_amax"][v] = _cell(np.log(a))
-        cells["sigma_max"][v] = _cell(smax(s, d) + 1e-6 * jitter)
-        cells["sigma_min"][v] = _cell(smin(s, d) + 1e-6 * jitter)
-  return {r["claim"]: r["verdict"] for r in rd.verdicts(_DEPTH_GRID, cells)}
-
-
-def test_residual_depth_verdicts_follow_the_numbers():
-  good = _depth_verdicts(
-    loss=lambda s, d: 2.5 - (0.0 if s in ("prenorm", "skipinit") else 0.05),
-    growth=lambda s, d: {
-      "prenorm": np.log(d),
-      "lns": 0.5 * np.log(d),
-      "scaled": 0.3,
-    }.get(s, 1.0),
-    amax=lambda s, d: {"hc": d / 2.0, "mhc": 1.0, "ohc": 1.5}[s],
-    smax=lambda s, d: d / 2.0 if s == "hc" else 1.0,
-    smin=lambda s, d: {"mhc": 1.0 / d, "ohc": 1.0, "hc": 0.5}[s],
-  )
-  bad = _depth_verdicts(
-    loss=lambda s, d: 2.5 + (0.0 if s == "prenorm" else 0.05),
-    growth=lambda s, d: {
-      "prenorm": 0.5 * np.log(d),
-      "lns": np.log(d),
-      "scaled": np.log(d),
-    }.get(s, 1.0),
-    amax=lambda s, d: {"hc": 4.0 / d, "mhc": 1.5, "ohc": 1.5}[s],
-    smax=lambda s, d: 1.2 if s == "ohc" else 1.0,
-    smin=lambda s, d: {"mhc": 1.0 - 1e-3 * (32 - d), "ohc": 1.0, "hc": 0.5}[s],
-  )
-  assert len(good) >= 10 and good.keys() == bad.keys()
-  for claim in good:
-    assert good[claim] == "reproduced", claim
-    assert bad[claim] != "reproduced", claim

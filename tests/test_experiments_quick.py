@@ -32,6 +32,7 @@ from experiments import (
   regionnorm_claims,
   remove_layernorm,
   residual_depth,
+  residual_streams,
   rmsnorm_variants,
   salunet_claims,
   salunet_vit_claims,
@@ -44,7 +45,7 @@ from experiments import (
 )
 from jaxnorm.training import claims
 
-# The claims scripts keep their run directories under --runs.
+# Every claims script (each keeps its run directories under --runs).
 CLAIMS = (
   grpo,
   looped_power,
@@ -77,6 +78,8 @@ CLAIMS = (
   salunet_vit_claims,
   shiftquant_claims,
   gauge_claims,
+  residual_streams,
+  depthbench,
 )
 
 # Each experiment script end to end in --quick mode: CI runs them (-m slow).
@@ -101,17 +104,8 @@ def _check(out, name):
     assert result["run"]["tier"] == "quick"
 
 
-@pytest.mark.parametrize(
-  "module,name",
-  [
-    (depthbench, "depthbench"),
-    *((m, m.NAME) for m in CLAIMS),
-  ],
-)
-def test_quick(module, name, tmp_path):
-  argv = ["--quick", "--out", str(tmp_path)]
-  if module in CLAIMS:
-    argv += ["--runs", str(tmp_path / "runs")]
-  result = module.main(argv)
-  assert result
-  _check(tmp_path, name)
+@pytest.mark.parametrize("module", CLAIMS, ids=lambda m: m.NAME)
+def test_quick(module, tmp_path):
+  argv = ["--quick", "--out", str(tmp_path), "--runs", str(tmp_path / "runs")]
+  assert module.main(argv)
+  _check(tmp_path, module.NAME)
