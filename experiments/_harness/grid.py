@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import pathlib
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -62,6 +63,9 @@ def run_grid(
   | None = None,
 ) -> list[dict[str, Any]]:
   """Trains every (variant, seed) not yet in ``table``; returns all lines.
+
+  Each line also holds ``seconds``, the run's wall time (lines written
+  before this field existed lack it).
 
   Args:
     table: the JSON-lines file; its folder also holds the run directories.
@@ -104,6 +108,7 @@ def run_grid(
       run = dataclasses.replace(
         cfg, seed=seed, out_dir=str(out_dir), progress=False, resume=False
       )
+      start = time.time()
       if train is None:
         summary = trainer.train(
           run, model=None if model is None else model(name, seed)
@@ -116,6 +121,7 @@ def run_grid(
         "seed": seed,
         "changes": {k: _plain(v) for k, v in variants[name].items()},
         **fields,
+        "seconds": round(time.time() - start, 1),
       }
       with table.open("a") as f:
         f.write(json.dumps(line) + "\n")
