@@ -1,231 +1,259 @@
-"""Shared pieces of the complex-valued experiments (E1-E5 of the spec).
+"""Shared pieces of the complex-valued claims (E1-E5) on the runner.
 
-Flags (``--quick``, ``--seeds``, ``--out``), a jitted training loop over an
-nnx model with any loss and optax transform (`fit`), byte batches from the
-bundled Shakespeare text, mean ± spread over seeds and the result file
-(markdown + JSON + plot) each experiment writes to ``experiments/results``.
+Every complex experiment trains with the runner's loop
+(`experiments._harness.grid`, i.e. `jaxnorm.training.trainer.train`), often
+on a module built here (``model=``: the official presets of
+`jaxnorm.nn.cplx.ComplexLMConfig`, a real baseline, a fake-quantized
+copy). This module holds what those scripts share:
+
+* `in_mesh`: builds a module under the runner's mesh and logical axis
+  rules. A module built outside them holds uncommitted arrays, and the
+  runner then compiles its train step twice (once for the first step's
+  uncommitted state, once for the committed state after it);
+* `real_params` and `in_reals`: parameter counts in reals (a complex entry
+  counts twice; the runner's ``params`` counts entries), so that the
+  records' settings compare real and complex arms in the same unit;
+* `restore`: the state of a run's final checkpoint, loaded into a module
+  built the same way (post-training measurements, fine-tuning a parent);
+* `trained` and `text_baseline`: whether a baseline learned at all (its
+  loss below the trivial predictor's in every seed), the records'
+  ``baseline_trained``;
+* `recorder` and `gated`: claim records of a grid whose arms are modules
+  built here (config and setting of both arms), a regime claim deciding
+  whether the others are testable;
+* `run_dir` and `setting_lines`: a line's run directory, the Markdown
+  table of the arms (parameters in reals, steps, learning rate);
+* `real_lm`, `attention_modules`, `replace_cores`: the real ``DecoderLM``
+  baselines and their attention cores;
+* `fit`: a jitted loop over an nnx model (kept for
+  `experiments.regionnorm_claims`, which is not on the runner yet; the
+  complex scripts no longer use it).
 """
 
 from __future__ import annotations
 
-import argparse
 import json
+import math
 import pathlib
-import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
+import orbax.checkpoint as ocp
 from flax import nnx
 
-from jaxnorm.training import data
+from experiments._harness import grid
+from jaxnorm import sharding
+from jaxnorm.nn import cplx as ncplx
+from jaxnorm.training import claims
+from jaxnorm.training import config as config_lib
+from jaxnorm.training import data as data_lib
 
-RESULTS = pathlib.Path(__file__).resolve().parent / "results"
-VERDICTS = ("reproduced", "not reproduced at this scale", "inconclusive")
+# The learning rates every arm's sweep starts from (`grid.tuned_grid`
+# extends a grid whose best rate is at an end).
+LEARNING_RATES = (1e-3, 3e-3, 1e-2)
 
 
-def parser(description: str) -> argparse.ArgumentParser:
-  """The common flags of the complex experiments."""
-  p = argparse.ArgumentParser(description=description)
-  p.add_argument(
-    "--quick", action="store_true", help="seconds-long smoke run (tests)"
+def in_mesh(
+  base: config_lib.TrainConfig, build: Callable[[], nnx.Module]
+) -> nnx.Module:
+  """``build()`` under ``base``'s mesh and the default logical axis rules."""
+  with (
+    jax.set_mesh(sharding.make_mesh(base.mesh)),
+    nnx.logical_axis_rules(sharding.DEFAULT_RULES),
+  ):
+    return build()
+
+
+def real_params(model: nnx.Module) -> int:
+  """Trainable parameters in reals (a complex entry counts twice)."""
+  return ncplx.count_real_parameters(model)
+
+
+def in_reals(
+  lines: Sequence[Mapping[str, Any]], counts: Mapping[str, int]
+) -> list[dict[str, Any]]:
+  """``lines`` with ``params`` replaced by ``counts[variant]`` (in reals)."""
+  return [
+    {**ln, "params": counts.get(ln["variant"], ln.get("params"))}
+    for ln in lines
+  ]
+
+
+def text_baseline(data: str = "shakespeare") -> float:
+  """Unigram entropy (nats per byte) of a bundled corpus's validation."""
+  return float(data_lib.load_text(data).unigram_entropy())
+
+
+def trained(
+  lines: Sequence[Mapping[str, Any]],
+  variant: str,
+  baseline: float,
+  metric: str = "val_loss",
+) -> bool:
+  """Whether every seed of ``variant`` ends below the trivial predictor.
+
+  ``baseline`` is that predictor's ``metric`` (unigram entropy, ``log``
+  of the class count); a missing or non-finite value counts as untrained.
+  """
+  values = [ln.get(metric) for ln in lines if ln["variant"] == variant]
+  return bool(values) and all(
+    v is not None and math.isfinite(v) and v < baseline for v in values
   )
-  p.add_argument("--seeds", type=int, default=3, help="seeds (default 3)")
-  p.add_argument(
-    "--out", default=str(RESULTS), help=f"results folder (default {RESULTS})"
-  )
-  return p
 
 
-def mean_spread(values: Sequence[float]) -> tuple[float, float]:
-  """Mean and spread (population standard deviation) over seeds."""
-  a = np.asarray(values, np.float64)
-  return float(a.mean()), float(a.std())
+def gated(
+  regime: claims.Claim,
+  others: Sequence[claims.Claim],
+  record: Callable[..., dict[str, Any]],
+  *,
+  baselines: Mapping[str, bool],
+  absent: str,
+) -> list[dict[str, Any]]:
+  """The regime's record, then the others', testable when it reproduced.
+
+  Args:
+    regime: the claim whose phenomenon the others need (e.g. "the complex
+      input costs a real CNN accuracy").
+    others: the claims it gates.
+    record: ``record(claim, baseline_trained=..., testable=...,
+      reason=...)`` -> a record (`recorder`).
+    baselines: variant -> whether it trained (`trained`).
+    absent: what "not reproduced" means for the regime (the reason the
+      others give when it did not reproduce).
+  """
+  first = record(regime, baseline_trained=baselines.get(regime.b, True))
+  present = first["verdict"] == "reproduced"
+  why = None if present else f"{absent} ({first['why']})"
+  out = [first]
+  for claim in others:
+    out.append(
+      record(
+        claim,
+        baseline_trained=baselines.get(claim.b, True),
+        testable=present,
+        reason=why,
+      )
+    )
+  return out
 
 
-def fmt(values: Sequence[float], digits: int = 3) -> str:
-  """``mean ± spread`` of the per-seed values."""
-  m, s = mean_spread(values)
-  return f"{m:.{digits}f} ± {s:.{digits}f}"
+def recorder(
+  lines: Sequence[Mapping[str, Any]],
+  base: config_lib.TrainConfig,
+  variants: Mapping[str, Mapping[str, Any]],
+  models: Mapping[str, Any] | None = None,
+) -> Callable[..., dict[str, Any]]:
+  """``record(claim, *, baseline_trained, testable=True, reason=None)``.
 
+  `grid.claim_record` of a runner grid whose arms may be modules built
+  outside the runner: the record's ``config`` holds the resolved base
+  config and, per arm, its config changes and ``models[variant]`` (the
+  module's own config, JSON-able; None for a module the runner built);
+  its ``setting`` is `grid.setting` of each arm (``params`` as the lines
+  hold them: `in_reals`).
+  """
+  models = models or {}
 
-def text_splits() -> data.TextSplits:
-  """Bundled Shakespeare bytes (train/validation)."""
-  return data.load_text("shakespeare")
-
-
-def text_batches(
-  tokens: np.ndarray, seq_len: int, batch_size: int, seed: int
-) -> Iterator[np.ndarray]:
-  """Random ``(batch, seq_len + 1)`` windows of ``tokens``, forever."""
-  rng = np.random.default_rng(seed)
-  n = len(tokens) - seq_len - 1
-  while True:
-    starts = rng.integers(0, n, batch_size)
-    yield np.stack([tokens[s : s + seq_len + 1] for s in starts]).astype(
-      np.int32
+  def record(
+    claim: claims.Claim,
+    *,
+    baseline_trained: bool,
+    testable: bool = True,
+    reason: str | None = None,
+  ) -> dict[str, Any]:
+    arms = (("a", claim.a), ("b", claim.b))
+    config = {"base": config_lib.to_json(config_lib.resolve(base))}
+    for arm, variant in arms:
+      config[arm] = _json(
+        {"changes": dict(variants[variant]), "model": models.get(variant)}
+      )
+    return grid.claim_record(
+      lines,
+      claim,
+      baseline_trained=baseline_trained,
+      config=config,
+      setting={
+        arm: grid.setting(lines, base, variants, variant)
+        for arm, variant in arms
+      },
+      testable=testable,
+      reason=reason,
     )
 
-
-def eval_batches(
-  tokens: np.ndarray, seq_len: int, batch_size: int, count: int
-) -> list[np.ndarray]:
-  """A fixed list of validation batches (`data.eval_windows`)."""
-  return data.eval_windows(
-    tokens, seq_len, batch_size=batch_size, max_batches=count
-  )
+  return record
 
 
-@nnx.jit(static_argnames="loss_fn")
-def _train_step(model, optimizer, batch, loss_fn):
-  loss, grads = nnx.value_and_grad(loss_fn)(model, batch)
-  optimizer.update(model, grads)
-  return loss
+def _json(x: Any) -> Any:
+  """``x`` as plain JSON values (tuples become lists, others text)."""
+  return json.loads(json.dumps(x, default=str))
 
 
-def fit(
-  model: nnx.Module,
-  loss_fn: Callable[[nnx.Module, Any], jax.Array],
-  tx: optax.GradientTransformation,
-  batches: Iterator[Any],
-  steps: int,
-  *,
-  evaluate: Callable[[nnx.Module], float] | None = None,
-  eval_every: int = 0,
-) -> dict[str, list[float]]:
-  """Trains ``model`` in place on ``loss_fn(model, batch)``.
+def restore(model: nnx.Module, run_dir: str | pathlib.Path) -> nnx.Module:
+  """Loads the newest checkpoint of the run in ``run_dir`` into ``model``.
 
-  The jitted step is shared: runs with the same architecture, the same
-  (module-level) ``loss_fn`` and the same ``tx`` object compile once.
-
-  Returns ``{"loss": per-step losses, "eval_step": [...], "eval": [...]}``
-  (evaluation at step 0, every ``eval_every`` steps and at the end).
+  ``model`` must be built as the run's (same config; any seed): its
+  parameters, `jaxnorm.nn.BackwardStat` and other state (running
+  statistics) take the saved values; it is returned in eval mode.
   """
-  optimizer = nnx.Optimizer(model, tx, wrt=nnx.Param)
-  hist: dict[str, list[float]] = {"loss": [], "eval_step": [], "eval": []}
-
-  def record(i):
-    if evaluate is not None:
-      hist["eval_step"].append(i)
-      hist["eval"].append(float(evaluate(model)))
-
-  record(0)
-  for i in range(1, steps + 1):
-    loss = _train_step(model, optimizer, next(batches), loss_fn=loss_fn)
-    hist["loss"].append(float(loss))
-    if evaluate is not None and eval_every and i % eval_every == 0:
-      record(i)
-  if evaluate is not None and hist["eval_step"][-1] != steps:
-    record(steps)
-  return hist
-
-
-def lm_evaluator(
-  batches: list[np.ndarray],
-  logits_fn: Callable[[nnx.Module, jax.Array], jax.Array] | None = None,
-) -> Callable[[nnx.Module], float]:
-  """Mean validation cross-entropy (nats/byte) of an LM on ``batches``."""
-
-  @nnx.jit
-  def loss(model, batch):
-    logits = (
-      model(batch[:, :-1])
-      if logits_fn is None
-      else logits_fn(model, batch[:, :-1])
-    ).astype(jnp.float32)
-    ce = optax.softmax_cross_entropy_with_integer_labels(logits, batch[:, 1:])
-    return jnp.mean(ce)
-
-  def evaluate(model):
-    return float(np.mean([float(loss(model, jnp.asarray(b))) for b in batches]))
-
-  return evaluate
+  manager = ocp.CheckpointManager(
+    pathlib.Path(run_dir).absolute() / "checkpoints"
+  )
+  try:
+    saved = manager.restore(
+      manager.latest_step(),
+      args=ocp.args.Composite(state=ocp.args.StandardRestore()),
+    )["state"]
+  finally:
+    manager.close()
+  merged: dict[str, Any] = {}
+  for group in ("params", "backward", "rest"):
+    _merge(merged, saved.get(group) or {})
+  state = nnx.state(model)
+  nnx.replace_by_pure_dict(state, _fill(nnx.to_pure_dict(state), merged))
+  nnx.update(model, state)
+  model.eval()
+  return model
 
 
-def softmax_lm_loss(model: nnx.Module, batch: jax.Array) -> jax.Array:
-  """Next-byte softmax cross-entropy of a real-logit LM."""
-  logits = model(batch[:, :-1]).astype(jnp.float32)
-  return jnp.mean(
-    optax.softmax_cross_entropy_with_integer_labels(logits, batch[:, 1:])
+def _merge(into: dict, tree: Mapping) -> None:
+  for key, value in tree.items():
+    if isinstance(value, Mapping) and "value" not in value:
+      _merge(into.setdefault(key, {}), value)
+    else:
+      into[key] = value
+
+
+def _fill(template: Any, saved: Any) -> Any:
+  """``template``'s structure with the saved leaves (keys read as text)."""
+  if isinstance(template, Mapping):
+    return {k: _fill(v, saved[str(k)]) for k, v in template.items()}
+  return jnp.asarray(saved["value"] if isinstance(saved, Mapping) else saved)
+
+
+def run_dir(table: pathlib.Path, line: Mapping[str, Any]) -> pathlib.Path:
+  """The run directory of one grid line (`grid.tuned_grid`'s run name)."""
+  return grid.run_dir(
+    table.parent, line.get("run", line["variant"]), line["seed"]
   )
 
 
-def cnet_schedule(lr: float, steps: int, warmup: int, final: float):
-  """CNet's schedule: linear warmup, then cosine to ``final``."""
-  return optax.warmup_cosine_decay_schedule(
-    0.0,
-    lr,
-    warmup_steps=max(warmup, 1),
-    decay_steps=max(steps, warmup + 1),
-    end_value=final,
-  )
-
-
-def count_params(model: nnx.Module) -> int:
-  """Trainable parameters in reals (complex entries count twice)."""
-  return sum(
-    p.size * (2 if jnp.iscomplexobj(p) else 1)
-    for p in jax.tree.leaves(nnx.state(model, nnx.Param))
-  )
-
-
-class Timer:
-  """Wall-clock seconds since construction."""
-
-  def __init__(self):
-    """Starts the clock."""
-    self.start = time.perf_counter()
-
-  def __call__(self) -> float:
-    """Seconds elapsed."""
-    return time.perf_counter() - self.start
-
-
-def write_result(
-  out: str | pathlib.Path,
-  name: str,
-  markdown: str,
-  record: dict[str, Any],
-  figure: Any = None,
-) -> pathlib.Path:
-  """Writes ``complex_<name>.md`` / ``.json`` (and ``.png``) into ``out``."""
-  out = pathlib.Path(out)
-  out.mkdir(parents=True, exist_ok=True)
-  md = out / f"complex_{name}.md"
-  if figure is not None:
-    figure.savefig(out / f"complex_{name}.png", dpi=110, bbox_inches="tight")
-    markdown += f"\n![plot](complex_{name}.png)\n"
-  md.write_text(markdown)
-  (out / f"complex_{name}.json").write_text(
-    json.dumps(record, indent=1, default=float)
-  )
-  return md
-
-
-def figure(ncols: int = 1):
-  """A matplotlib figure on the Agg backend (no display)."""
-  import matplotlib
-
-  matplotlib.use("Agg")
-  from matplotlib import pyplot as plt
-
-  fig, axes = plt.subplots(1, ncols, figsize=(5.5 * ncols, 4))
-  return fig, np.atleast_1d(axes)
-
-
-def real_lm(width: int, depth: int, heads: int, seq_len: int, seed: int, **kw):
-  """The real baseline ``DecoderLM``, with an untied head.
-
-  Untied, so Fairy2i can quantize the head as a linear layer while the
-  embedding stays full precision.
-  """
+def real_lm(
+  width: int,
+  depth: int,
+  heads: int,
+  seq_len: int,
+  seed: int,
+  vocab_size: int = 256,
+  **kw: Any,
+) -> nnx.Module:
+  """A real ``DecoderLM`` with an untied head (Fairy2i quantizes the head)."""
   from jaxnorm.nn import models
 
   cfg = models.LMConfig(
-    vocab_size=256,
+    vocab_size=vocab_size,
     width=width,
     depth=depth,
     num_heads=heads,
@@ -258,3 +286,68 @@ def replace_cores(
   for mha in attention_modules(model):
     mha.core = build(mha)
     mha.use_rope = rope
+
+
+def setting_lines(result: Mapping[str, Any], names: Sequence[str]) -> list[str]:
+  """A Markdown table of the arms: parameters (reals), steps, rate."""
+  out = [
+    "| arm | parameters (reals) | steps | learning rate |",
+    "|---|---|---|---|",
+  ]
+  lines = result["lines"]
+  for name in names:
+    ln = next((x for x in lines if x["variant"] == name), None)
+    if ln is None:
+      continue
+    lr = result["variants"].get(name, {}).get("learning_rate", "base")
+    lr = f"{lr:g}" if isinstance(lr, float) else lr
+    out.append(f"| {name} | {ln['params']:,} | {ln['steps']} | {lr} |")
+  return out + [""]
+
+
+# --- The jitted loop of the scripts not yet on the runner ------------------
+
+
+@nnx.jit(static_argnames="loss_fn")
+def _train_step(model, optimizer, batch, loss_fn):
+  loss, grads = nnx.value_and_grad(loss_fn)(model, batch)
+  optimizer.update(model, grads)
+  return loss
+
+
+def fit(
+  model: nnx.Module,
+  loss_fn: Callable[[nnx.Module, Any], jax.Array],
+  tx: optax.GradientTransformation,
+  batches: Iterator[Any],
+  steps: int,
+  *,
+  evaluate: Callable[[nnx.Module], float] | None = None,
+  eval_every: int = 0,
+) -> dict[str, list[float]]:
+  """Trains ``model`` in place on ``loss_fn(model, batch)``.
+
+  Used by `experiments.regionnorm_claims` (not on the runner yet). The
+  jitted step is shared: runs with the same architecture, the same
+  (module-level) ``loss_fn`` and the same ``tx`` object compile once.
+
+  Returns ``{"loss": per-step losses, "eval_step": [...], "eval": [...]}``
+  (evaluation at step 0, every ``eval_every`` steps and at the end).
+  """
+  optimizer = nnx.Optimizer(model, tx, wrt=nnx.Param)
+  hist: dict[str, list[float]] = {"loss": [], "eval_step": [], "eval": []}
+
+  def record(i):
+    if evaluate is not None:
+      hist["eval_step"].append(i)
+      hist["eval"].append(float(evaluate(model)))
+
+  record(0)
+  for i in range(1, steps + 1):
+    loss = _train_step(model, optimizer, next(batches), loss_fn=loss_fn)
+    hist["loss"].append(float(loss))
+    if evaluate is not None and eval_every and i % eval_every == 0:
+      record(i)
+  if evaluate is not None and hist["eval_step"][-1] != steps:
+    record(steps)
+  return hist

@@ -1,58 +1,75 @@
-"""E3: Fairy2i quantization-aware fine-tuning at CPU scale.
+"""Fairy2i quantization-aware fine-tuning of a byte LM, on the runner.
 
-Claim (Fairy2i, arXiv:2512.02901): phase quantization of the widely-linear
-form to {±1, ±i} with two residual stages (W2, 2 bits per real weight)
-comes close to full precision, far closer than real binary (1 bit), and one
-stage (W1) is at least as good as binary and about as good as ternary.
+Claims (Wang et al., "Fairy2i: Training Complex LLMs from Real LLMs with
+All Parameters in {±1, ±i}", arXiv:2512.02901, abstract; fixed before
+running; metric: validation loss in nats per byte of Shakespeare after
+quantization-aware fine-tuning, through the quantized weights, lower is
+better):
 
-Parent: E2(a) (real ``DecoderLM`` width 64, depth 2, untied head) trained
-on bundled Shakespeare bytes. Then 200 fine-tuning steps at lr 3e-4 with
-every linear kernel fake-quantized (straight-through): FP control, W1, W2,
-real binary (mean-centred sign × mean|w|, the Fairy2i repository's BitNet
-baseline) and ternary (BitNet b1.58). Attention kernels ``(D, N, H)`` are
-quantized as ``(D, N·H)`` matrices; the embedding stays full precision.
-Each variant's post-training quantization (PTQ, 0 steps) is reported too.
+* Fairy2i at an effective 2 bits (two residual stages of the
+  widely-linear form quantized to {±1, ±i}, ``w2``) "significantly
+  outperforms" real binary and ternary quantization: ``w2`` is
+  ``superior`` to ``binary`` and to ``ternary`` (margin 0);
+* one stage (``w1``, 1 bit per real weight) is at least as good as real
+  binary: ``w1`` is ``non_inferior`` to ``binary`` by
+  `claims.MARGINS["nats_per_byte"]` (0.01).
+* Regime, deciding whether the three are testable: quantizing to 1 bit
+  costs loss at this scale (the premise of the comparison): the
+  full-precision fine-tune ``fp`` is ``superior`` to ``binary`` (margin
+  0); where it is not, the others are ``not testable at this scale``.
 
-    python -m experiments.complex_e3_fairy2i [--quick] [--seeds 3]
+Procedure, all in the runner's loop (`jaxnorm.training.trainer.train`):
+a parent, the real decoder LM with an untied head (so the head is a
+quantized linear layer while the embedding stays full precision), trains
+per seed (`parent` grid). Each arm then fine-tunes its seed's parent
+(restored from the parent's final checkpoint) with every linear kernel
+fake-quantized in the forward pass and straight-through gradients
+(`FakeQuantLM`): ``fp`` (no quantizer: the control), ``w1``, ``w2``
+(`jaxnorm.cplx.fairy2i_quantize_kernel`, 1 and 2 stages), ``binary``
+(mean-centred sign times mean ``|w|``, the Fairy2i repository's BitNet
+baseline) and ``ternary`` (BitNet b1.58). Attention kernels ``(D, N, H)``
+are quantized as ``(D, N H)`` matrices. The validation loss is that of the
+quantized model (the runner evaluates `FakeQuantLM`). A fine-tune reads
+the training stream of its seed from the start again (the parent's first
+batches), the same for every arm.
+
+Fair comparison: every fine-tuning arm runs at its own learning rate, the
+best of a geometric sweep on seed 0 chosen by the final training loss,
+extended until it lies inside the grid (`experiments._harness.grid.
+tuned_grid`); then 3 seeds paired by seed (the same parent). The parent
+trains at the runner's default rate (it is shared by every arm).
+Parameter counts are equal; the bits per weight differ (w2 2, w1 and
+binary 1, ternary 1.58), as in the paper's comparison.
+
+Regime: width 64, 2 layers, 4 heads, 64-byte windows, batch 16; the parent
+600 steps, each fine-tune 200 steps. The paper fine-tunes LLaMA-2 7B on
+30B tokens.
+
+  python -m experiments.complex_e3_fairy2i [--quick | --full] [--seeds N]
 """
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
 import math
-from collections.abc import Callable
+import pathlib
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
-import numpy as np
 from flax import nnx
 
 from experiments import complex_common as cc
+from experiments._harness import grid, report, tiers
 from jaxnorm import cplx
-from jaxnorm.optim import complex as copt
+from jaxnorm.training import claims
+from jaxnorm.training import config as config_lib
+from jaxnorm.training import data as data_lib
 
-FULL = dict(
-  seq=64,
-  batch=16,
-  parent_steps=600,
-  steps=200,
-  eval_batches=8,
-  warmup=100,
-  width=64,
-  depth=2,
-  heads=4,
-)
-QUICK = dict(
-  seq=16,
-  batch=4,
-  parent_steps=3,
-  steps=2,
-  eval_batches=1,
-  warmup=1,
-  width=16,
-  depth=1,
-  heads=2,
-)
-
+NAME = "complex_e3_fairy2i"
+PAPER = dict(paper="Fairy2i", arxiv="2512.02901")
+PARENT = "parent"
 QUANTIZERS: dict[str, Callable[[jax.Array], jax.Array] | None] = {
   "fp": None,
   "w1": lambda k: cplx.fairy2i_quantize_kernel(k, num_stages=1),
@@ -60,7 +77,51 @@ QUANTIZERS: dict[str, Callable[[jax.Array], jax.Array] | None] = {
   "binary": cplx.binary_quantize_kernel,
   "ternary": cplx.ternary_quantize_kernel,
 }
+VARIANTS: dict[str, dict[str, Any]] = {name: {} for name in QUANTIZERS}
+LEARNING_RATES = dict.fromkeys(VARIANTS, (1e-4, 3e-4, 1e-3))
 _FULL_PRECISION = ("embed", "pos")
+
+
+def _claim(text: str, a: str, b: str, kind: str = "superior") -> claims.Claim:
+  margin = 0.0 if kind == "superior" else claims.MARGINS["nats_per_byte"]
+  return claims.Claim(
+    **PAPER,
+    claim=text,
+    metric="val_loss",
+    direction="lower",
+    kind=kind,
+    margin=margin,
+    a=a,
+    b=b,
+  )
+
+
+REGIME = _claim(
+  "regime: 1-bit quantization costs loss here (full-precision fine-tuning "
+  "beats binary quantization-aware fine-tuning)",
+  "fp",
+  "binary",
+)
+CLAIMS = (
+  _claim(
+    "Fairy2i at 2 bits (two residual {±1, ±i} stages) significantly "
+    "outperforms real binary quantization",
+    "w2",
+    "binary",
+  ),
+  _claim(
+    "Fairy2i at 2 bits significantly outperforms real ternary quantization",
+    "w2",
+    "ternary",
+  ),
+  _claim(
+    "one Fairy2i stage (1 bit per real weight) is at least as good as real "
+    "binary quantization",
+    "w1",
+    "binary",
+    kind="non_inferior",
+  ),
+)
 
 
 def _as_matrix(name: str, k: jax.Array) -> tuple[int, int]:
@@ -84,126 +145,166 @@ def quantize_params(params: Any, quant: Callable | None) -> Any:
   return nnx.from_flat_state(flat)
 
 
-def quantized(model: nnx.Module, quant: Callable | None) -> nnx.Module:
-  """A copy of ``model`` whose kernels are fake-quantized (STE)."""
-  graphdef, params, rest = nnx.split(model, nnx.Param, ...)
-  return nnx.merge(graphdef, quantize_params(params, quant), rest)
+class FakeQuantLM(nnx.Module):
+  """An LM whose linear kernels are fake-quantized at every call (STE).
+
+  Holds the full-precision LM (``lm``, what the optimizer updates); each
+  call runs a copy whose kernels went through ``QUANTIZERS[quantizer]``.
+  """
+
+  def __init__(self, lm: nnx.Module, quantizer: str):
+    """Wraps ``lm``."""
+    self.lm = lm
+    self.quantizer = quantizer
+
+  def __call__(self, tokens: jax.Array, *, rngs: Any = None) -> jax.Array:
+    """Logits of the quantized copy."""
+    graphdef, params, rest = nnx.split(self.lm, nnx.Param, ...)
+    quant = QUANTIZERS[self.quantizer]
+    model = nnx.merge(graphdef, quantize_params(params, quant), rest)
+    return model(tokens, rngs=rngs)
 
 
-def qat_loss(quant: Callable | None):
-  """The LM loss through the fake-quantized kernels."""
-
-  def loss(model, batch):
-    return cc.softmax_lm_loss(quantized(model, quant), batch)
-
-  return loss
-
-
-def run_seed(c: dict, seed: int, splits, evaluate) -> dict[str, Any]:
-  """Parent training, then PTQ and QAT of every variant."""
-  parent = cc.real_lm(c["width"], c["depth"], c["heads"], c["seq"], seed)
-  cc.fit(
-    parent,
-    cc.softmax_lm_loss,
-    copt.complex_adam(
-      cc.cnet_schedule(1e-3, c["parent_steps"], c["warmup"], 1e-4)
+def parent_config(args: argparse.Namespace) -> config_lib.TrainConfig:
+  """The parent's run of each tier (the runner's default optimizer)."""
+  return tiers.byte_lm_config(
+    args,
+    dict(
+      width=64,
+      depth=2,
+      num_heads=4,
+      seq_len=64,
+      batch_size=16,
+      steps=600,
+      eval_every=100,
+      eval_batches=8,
+      warmup_steps=60,
     ),
-    cc.text_batches(splits.train, c["seq"], c["batch"], seed),
-    c["parent_steps"],
   )
-  out = {"parent": evaluate(parent), "ptq": {}, "qat": {}}
-  for name, quant in QUANTIZERS.items():
-    out["ptq"][name] = evaluate(quantized(parent, quant))
-    model = nnx.clone(parent)
-    cc.fit(
-      model,
-      qat_loss(quant),
-      copt.complex_adam(3e-4),
-      cc.text_batches(splits.train, c["seq"], c["batch"], seed + 1000),
-      c["steps"],
+
+
+def qat_config(parent: config_lib.TrainConfig) -> config_lib.TrainConfig:
+  """The fine-tuning run: a third of the parent's steps."""
+  steps = max(parent.steps // 3, 2)
+  return dataclasses.replace(
+    parent,
+    steps=steps,
+    eval_every=max(steps // 4, 1),
+    log_every=max(steps // 4, 1),
+    warmup_steps=max(steps // 10, 1),
+  )
+
+
+class Models:
+  """The parents and the fake-quantized fine-tunes, per seed."""
+
+  def __init__(self, parent: config_lib.TrainConfig, parents: pathlib.Path):
+    """``parents``: the parent grid's table (its runs beside it)."""
+    self.parent = parent
+    self.parents = parents
+    self.vocab = data_lib.load_text(parent.data).vocab_size
+
+  def lm(self, seed: int) -> nnx.Module:
+    """The real decoder LM with an untied head."""
+    p = self.parent
+    return cc.in_mesh(
+      p,
+      lambda: cc.real_lm(
+        p.width, p.depth, p.num_heads, p.seq_len, seed, self.vocab
+      ),
     )
-    out["qat"][name] = evaluate(quantized(model, quant))
-  return out
 
+  def build_parent(self, variant: str, seed: int) -> nnx.Module:
+    """A fresh parent."""
+    del variant
+    return self.lm(seed)
 
-def verdict(qat: dict[str, list[float]]) -> tuple[str, dict[str, bool]]:
-  """The three parts of the claim on the QAT losses (means over seeds)."""
-  m = {k: cc.mean_spread(v)[0] for k, v in qat.items()}
-  s = {k: cc.mean_spread(v)[1] for k, v in qat.items()}
-  checks = {
-    "w2_gap_much_smaller_than_binary": (m["w2"] - m["fp"])
-    < 0.5 * (m["binary"] - m["fp"]),
-    "w1_at_least_binary": m["w1"] <= m["binary"] + s["w1"] + s["binary"],
-    "w1_about_ternary": abs(m["w1"] - m["ternary"])
-    <= 0.1 + s["w1"] + s["ternary"],
-  }
-  if all(checks.values()):
-    return "reproduced", checks
-  if not checks["w2_gap_much_smaller_than_binary"]:
-    return "not reproduced at this scale", checks
-  return "inconclusive", checks
-
-
-def main(argv: list[str] | None = None) -> dict[str, Any]:
-  """Runs E3 and writes ``complex_e3_fairy2i.md``; returns the record."""
-  args = cc.parser(__doc__.splitlines()[0]).parse_args(argv)
-  c = QUICK if args.quick else FULL
-  seeds = 1 if args.quick else args.seeds
-  timer = cc.Timer()
-  splits = cc.text_splits()
-  evaluate = cc.lm_evaluator(
-    cc.eval_batches(splits.val, c["seq"], c["batch"], c["eval_batches"])
-  )
-  runs = [run_seed(c, seed, splits, evaluate) for seed in range(seeds)]
-  ptq = {k: [r["ptq"][k] for r in runs] for k in QUANTIZERS}
-  qat = {k: [r["qat"][k] for r in runs] for k in QUANTIZERS}
-  result, checks = verdict(qat)
-  record = {
-    "config": c,
-    "seeds": seeds,
-    "parent": [r["parent"] for r in runs],
-    "ptq": ptq,
-    "qat": qat,
-    "checks": checks,
-    "verdict": result,
-    "seconds": timer(),
-  }
-  fig, (ax,) = cc.figure()
-  names = list(QUANTIZERS)
-  x = np.arange(len(names))
-  for off, (label, vals) in zip((-0.2, 0.2), (("PTQ", ptq), ("QAT", qat))):
-    ax.bar(
-      x + off,
-      [np.mean(vals[n]) for n in names],
-      0.4,
-      yerr=[np.std(vals[n]) for n in names],
-      label=label,
+  def build(self, variant: str, seed: int) -> nnx.Module:
+    """The seed's trained parent, fake-quantized by ``variant``."""
+    lm = cc.restore(
+      self.lm(seed), grid.run_dir(self.parents.parent, PARENT, seed)
     )
-  ax.set_xticks(x, names)
-  ax.set(ylabel="val nats/byte", title="E3: Fairy2i QAT")
-  ax.legend()
-  rows = "\n".join(
-    f"| {n} | {cc.fmt(ptq[n])} | {cc.fmt(qat[n])} |" for n in names
-  )
-  md = f"""# E3: Fairy2i quantization-aware fine-tuning
+    lm.train()
+    return cc.in_mesh(self.parent, lambda: FakeQuantLM(lm, variant))
 
-Parent: real DecoderLM width {c["width"]}, depth {c["depth"]}, untied head,
-{c["parent_steps"]} steps (val {cc.fmt(record["parent"])} nats/byte); then
-{c["steps"]} QAT steps at lr 3e-4 per variant. {seeds} seeds (mean ± std).
-Run time {record["seconds"]:.0f} s.
 
-| variant | PTQ (0 steps) | QAT |
-|---|---|---|
-{rows}
+def main(argv: Sequence[str] | None = None) -> dict:
+  """Trains the parents, then the tuned fine-tuning grid; the report."""
+  args = tiers.parser(__doc__, NAME).parse_args(argv)
+  parent = parent_config(args)
+  base = qat_config(parent)
+  seeds = tiers.seeds(args)
+  runs = pathlib.Path(args.runs)
+  table = runs / "grid.jsonl"
+  models = Models(parent, runs / "parents" / "grid.jsonl")
+  # --quick checks the pipeline at the base rate.
+  rates = {} if tiers.tier(args) == "quick" else LEARNING_RATES
 
-Checks (means, QAT): {checks}
+  def compute() -> dict:
+    parents = grid.run_grid(
+      models.parents, parent, {PARENT: {}}, seeds, model=models.build_parent
+    )
+    lines, tuned = grid.tuned_grid(
+      table, base, VARIANTS, seeds, rates, model=models.build
+    )
+    unigram = cc.text_baseline(parent.data)
+    description = {
+      v: {"module": f"FakeQuantLM({v}) of the seed's parent", "parent":
+          config_lib.to_json(config_lib.resolve(parent))}
+      for v in VARIANTS
+    }  # fmt: skip
+    record = cc.recorder(lines, base, tuned["variants"], description)
+    baselines = {v: cc.trained(lines, v, unigram) for v in VARIANTS}
+    records = cc.gated(
+      REGIME,
+      CLAIMS,
+      record,
+      baselines=baselines,
+      absent="1-bit quantization costs no loss at this scale",
+    )
+    return {
+      "claims": records,
+      "sweeps": tuned["sweeps"],
+      "variants": tuned["variants"],
+      "lines": lines,
+      "parents": parents,
+      "unigram": unigram,
+      "val_loss": grid.cells(lines, "val_loss"),
+      "parent_val_loss": grid.cells(parents, "val_loss"),
+    }
 
-**Verdict: {result}** (paper: LLaMA-2 7B, 30B tokens of QAT, C4 perplexity
-7.85 W2, 11.03 W1, 6.63 FP16, 11.75 binary; this is a 0.1M-parameter byte
-LM with 200 QAT steps).
-"""
-  cc.write_result(args.out, "e3_fairy2i", md, record, fig)
-  return record
+  def figure(result: dict, path: pathlib.Path) -> None:
+    grid.figure(
+      table,
+      result["lines"],
+      "val_loss",
+      path,
+      f"Fairy2i QAT of a {parent.depth}-layer width-{parent.width} byte LM "
+      f"({parent.steps} + {base.steps} steps, {len(seeds)} seeds)",
+      result["claims"],
+    )
+
+  def markdown(result: dict) -> list[str]:
+    lines = [f"# {__doc__.splitlines()[0]}", ""]
+    lines += report.runner_lines(parent, seeds)
+    p = result["parent_val_loss"][PARENT]
+    lines += [
+      f"Parents (the config above, untied head): validation loss "
+      f"{grid.fmt(p)} nats/byte (unigram {result['unigram']:.3f}). Each "
+      f"arm then fine-tunes its seed's parent for {base.steps} steps "
+      f"(warm-up {base.warmup_steps}, cosine) through fake-quantized "
+      "kernels; the validation loss is the quantized model's.",
+      "",
+    ]
+    lines += cc.setting_lines(result, list(VARIANTS))
+    lines += report.sweep_lines(result["sweeps"])
+    lines += ["## Validation loss after quantization-aware fine-tuning", ""]
+    lines += grid.markdown_table(result["val_loss"], "val loss", "fp")
+    lines += ["", "## Claims", ""]
+    lines += grid.verdict_table(result["claims"])
+    return lines
+
+  return report.run(NAME, args, compute, figure, markdown)
 
 
 if __name__ == "__main__":

@@ -1,63 +1,64 @@
-"""`experiments.graph_transformer`: the pipeline at toy scale and verdicts.
+"""`experiments.graph_transformer`: the ablation arms and the quick run.
 
-The ``--quick`` run trains the main arm end to end (graphs, encodings, seeds
-vmapped, evaluation, Markdown, JSON, plot); the verdict rules are checked on
-synthetic results, since toy accuracies decide nothing. The other arms are
-the same loop with other model parts (`tests/nn/test_graph.py` covers them).
+The arms are runner configs (`jaxnorm-train --model graph`); each must be
+valid and differ from the paper's model in the one part its claim is
+about. The ``--quick`` run (slow set) trains every arm through the runner
+at toy scale and writes checked claim records, each with both arms'
+setting; toy accuracies decide nothing.
 """
 
+import dataclasses
 import json
 
 import pytest
 
 from experiments import graph_transformer as gt
-
-# The experiment script end to end in --quick mode: CI runs it (-m slow).
-pytestmark = pytest.mark.slow
-
-
-def test_quick_main_arm(tmp_path):
-  cache = tmp_path / "graph_data"
-  argv = ["--quick", "--out", str(tmp_path), "--cache", str(cache)]
-  result = gt.main([*argv, "--arms", gt.MAIN])
-  assert list(result["arms"]) == [gt.MAIN]
-  main = result["arms"][gt.MAIN]
-  assert len(main["test_acc"]) == gt.SCALES["quick"].seeds
-  assert all(0.0 <= a <= 100.0 for a in main["test_acc"])
-  md = (tmp_path / "graph_transformer.md").read_text()
-  assert "| sparse+BN+LapPE | 2 |" in md and "**Verdict" in md
-  assert (tmp_path / "graph_transformer.png").stat().st_size > 0
-  json.loads((tmp_path / "graph_transformer.json").read_text())
-  assert list((tmp_path / "graph_data").glob("*.npz"))
+from experiments._harness import tiers
+from jaxnorm.training import build, claims
+from jaxnorm.training import config as config_lib
 
 
-def _arm(test_acc, epoch_90, start=55.0):
-  """Seeds with validation curves ``start + [0, 5, 8] + offset``."""
-  curves = [[start + o, start + 5 + o, start + 8 + o] for o in (-0.5, 0, 0.5)]
-  return {
-    "test_acc": test_acc,
-    "epoch_90": epoch_90,
-    "val_curve": curves[: len(test_acc)],
-  }
+@pytest.mark.parametrize("tier", ["--quick", None, "--full"])
+def test_every_arm_is_a_valid_runner_config(tier):
+  args = tiers.parser(gt.__doc__, gt.NAME).parse_args([tier] if tier else [])
+  base = gt.base_config(args)
+  for name, changes in gt.VARIANTS.items():
+    cfg = dataclasses.replace(base, **changes)
+    config_lib.validate(cfg, build.registries_for(cfg))
+    resolved = config_lib.resolve(cfg)
+    parts = (resolved.norm, resolved.graph, resolved.positional)
+    assert (
+      parts
+      == {
+        gt.MAIN: ("batchnorm", "sparse", "lap"),
+        "sparse+LN+LapPE": ("layernorm", "sparse", "lap"),
+        "full+BN+LapPE": ("batchnorm", "full", "lap"),
+        "sparse+BN+noPE": ("batchnorm", "sparse", "none"),
+      }[name]
+    )
 
 
-def test_verdicts():
-  res = {
-    "arms": {
-      gt.MAIN: _arm([80.0, 81.0, 79.0], [2, 2, 3], start=60.0),
-      "sparse+LN+LapPE": _arm([79.5, 80.5, 80.0], [4, 4, 5], start=55.0),
-      "full+BN+LapPE": _arm([60.0, 61.0, 59.0], [2, 2, 2]),
-      "sparse+BN+noPE": _arm([85.0, 86.0, 84.0], [2, 2, 2]),
-      gt.EDGE: _arm([80.0], [2]),
-    }
-  }
-  v = gt.verdicts(res)
-  assert v["sparse_vs_full"]["verdict"] == "reproduced"
-  assert v["lappe"]["verdict"] == "not reproduced at this scale"
-  assert v["bn_vs_ln"]["verdict"] == "inconclusive"
-  assert v["bn_faster"]["verdict"] == "reproduced"  # val AUC 64.3 vs 59.3
-  assert v["bn_faster"]["epoch_90"] == pytest.approx([7 / 3, 13 / 3])
-  auc = 60.0 + 13 / 3
-  assert res["arms"][gt.MAIN]["val_auc"] == pytest.approx(
-    [auc - 0.5, auc, auc + 0.5]
+def test_claims_compare_the_main_arm_with_one_ablation_each():
+  assert {c.a for c in gt.CLAIMS} == {gt.MAIN}
+  assert {c.b for c in gt.CLAIMS} == set(gt.VARIANTS) - {gt.MAIN}
+  assert all(
+    c.kind == "superior" and c.arxiv == "2012.09699" for c in gt.CLAIMS
   )
+  lines = [{"variant": "x", "val_loss": 0.6}, {"variant": "x", "val_loss": 0.7}]
+  assert not gt.trained(lines, "x")  # log 2 = 0.693
+  assert gt.trained(lines[:1], "x")
+
+
+@pytest.mark.slow
+def test_quick(tmp_path):
+  argv = ["--quick", "--out", str(tmp_path), "--runs", str(tmp_path / "runs")]
+  result = gt.main(argv)
+  md = (tmp_path / "graph_transformer.md").read_text()
+  assert "**Verdict" in md and "## Claims" in md
+  assert (tmp_path / "graph_transformer.png").stat().st_size > 0
+  saved = json.loads((tmp_path / "graph_transformer.json").read_text())
+  claims.check_records(saved["claims"])
+  assert len(saved["claims"]) == len(gt.CLAIMS)
+  assert all(r["setting"]["a"]["unit"] == "graphs" for r in saved["claims"])
+  assert saved["run"]["tier"] == "quick"
+  assert {ln["variant"] for ln in result["lines"]} == set(gt.VARIANTS)

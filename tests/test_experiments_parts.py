@@ -46,20 +46,16 @@ def test_build_cnn_rejects_an_unknown_variant(cnn_config):
     cac.build_cnn("se", cnn_config, 0)
 
 
-def test_per_parameter_pairs_by_seed():
-  lines = [
-    {"variant": "baseline", "seed": 0, "params": 1000, "val_error": 20.0},
-    {"variant": "baseline", "seed": 1, "params": 1000, "val_error": 22.0},
-    {"variant": "ela-t", "seed": 0, "params": 1500, "val_error": 19.0},
-    {"variant": "ela-t", "seed": 1, "params": 1500, "val_error": 23.0},
-    {"variant": "ela-t", "seed": 2, "params": 1500, "val_error": 0.0},
-  ]
-  pairs = cac.per_parameter(lines)
-  assert [(p["seed"], p["error_change"]) for p in pairs] == [
-    (0, -1.0),
-    (1, 1.0),
-  ]
-  assert [p["error_per_kparam"] for p in pairs] == [-2.0, 2.0]
+def test_each_gate_gets_a_baseline_matched_within_two_percent():
+  config = models.CNNConfig(width=32, depth=2, image_shape=(28, 28, 1))
+  baselines = cac.matched(("ela-t", "psa-p"), config)
+  # ELA-T adds 1.2%: the plain CNN; PSA-p adds 11%: the CNN widened to 34.
+  assert baselines == {"ela-t": ("baseline", 32), "psa-p": ("baseline-w34", 34)}
+  for gate, (name, width) in baselines.items():
+    wide = models.CNNConfig(width=width, depth=2, image_shape=(28, 28, 1))
+    plain = cac.param_count(name, wide)
+    assert abs(cac.param_count(gate, config) - plain) <= 0.02 * plain
+    assert plain == _params(cac.build_cnn(name, wide, 0))
 
 
 def test_inpaintnet_rejects_an_unknown_variant():

@@ -91,6 +91,10 @@ def _params(setting: Mapping[str, Any]) -> str:
   return f"{a:,} vs {b:,} params ({gap:+.1f}%){flag}"
 
 
+def _rate(lr: Any) -> str:
+  return "—" if lr is None else f"{lr:g}"
+
+
 def _setting(rec: Mapping[str, Any]) -> str:
   """``params; steps; examples; learning rates; data`` of both arms."""
   setting = rec.get("setting")
@@ -107,9 +111,12 @@ def _setting(rec: Mapping[str, Any]) -> str:
     parts.append(steps)
   if a.get("examples") is not None:
     parts.append(f"{a['examples']:,} {a.get('unit', 'examples')}")
-  if a.get("learning_rate") is not None:
-    lr_a, lr_b = a["learning_rate"], b.get("learning_rate")
-    parts.append(f"lr {lr_a:g}" if lr_a == lr_b else f"lr {lr_a:g} vs {lr_b:g}")
+  lr_a, lr_b = a.get("learning_rate"), b.get("learning_rate")
+  if lr_a is not None or lr_b is not None:
+    shown = [_rate(lr_a), _rate(lr_b)]
+    parts.append(
+      f"lr {shown[0]}" if lr_a == lr_b else f"lr {shown[0]} vs {shown[1]}"
+    )
   if a.get("data"):
     parts.append(str(a["data"]))
   return "; ".join(p for p in parts if p)

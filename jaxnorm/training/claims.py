@@ -156,7 +156,8 @@ class Claim:
 
   Attributes:
     paper: the paper's short name, e.g. ``"DyT"``.
-    arxiv: its arXiv identifier, e.g. ``"2503.10622"``.
+    arxiv: its arXiv identifier, e.g. ``"2503.10622"``; ``None`` for a
+      paper that has none, which then names its ``source``.
     claim: the claim as the paper states it.
     metric: the compared value, e.g. ``"val_loss"`` (a grid line's key).
     direction: ``"lower"`` or ``"higher"``: which values are better.
@@ -168,6 +169,8 @@ class Claim:
     b: the baseline.
     level: the confidence level ``L`` of each one-sided bound, in
       ``(0.5, 1)``.
+    source: where a paper without an arXiv identifier is published (e.g.
+      ``"github.com/crasmarum/CNet"``); required when ``arxiv`` is None.
 
   Raises:
     ValueError: a field is empty or not one of its valid values (the
@@ -175,7 +178,7 @@ class Claim:
   """
 
   paper: str
-  arxiv: str
+  arxiv: str | None
   claim: str
   metric: str
   direction: Direction
@@ -184,11 +187,21 @@ class Claim:
   a: str
   b: str
   level: float = 0.95
+  source: str | None = None
 
   def __post_init__(self):
     for name in ("paper", "claim", "metric", "a", "b"):
       _text(name, getattr(self, name))
-    if not isinstance(self.arxiv, str) or not _ARXIV.fullmatch(self.arxiv):
+    if self.source is not None:
+      _text("source", self.source)
+    if self.arxiv is None and self.source is None:
+      raise ValueError(
+        "Claim: a paper without an arXiv identifier (arxiv=None) must name "
+        "its source, e.g. source='github.com/crasmarum/CNet'"
+      )
+    if self.arxiv is not None and (
+      not isinstance(self.arxiv, str) or not _ARXIV.fullmatch(self.arxiv)
+    ):
       raise ValueError(
         f"Claim: arxiv must be an arXiv identifier such as '2503.10622' "
         f"(YYMM.NNNNN, optional vN), got arxiv={self.arxiv!r}"
@@ -562,10 +575,11 @@ def record(
     reason: why not testable or not trained (required then), or a note.
 
   Returns:
-    A dict with the keys `RECORD_KEYS`: ``paper`` (``name``, ``arxiv``),
-    the claim's fields, ``seeds``, ``a_values``, ``b_values``, ``n``,
-    ``mean_diff`` and ``sd_diff`` of ``a - b``, ``ci`` (``[low, high]``,
-    the ``2 level - 1`` two-sided interval of the mean of ``a - b``, or
+    A dict with the keys `RECORD_KEYS`: ``paper`` (``name``, ``arxiv``;
+    ``source`` when the claim gives one), the claim's fields, ``seeds``,
+    ``a_values``, ``b_values``, ``n``, ``mean_diff`` and ``sd_diff`` of
+    ``a - b``, ``ci`` (``[low, high]``, the ``2 level - 1`` two-sided
+    interval of the mean of ``a - b``, or
     ``None`` for one seed), ``p_value`` (of the kind's test), ``verdict``,
     a one-line ``why``, ``testable``, ``baseline_trained``, ``commit``,
     ``config``. Non-finite numbers are ``None`` (strict JSON).
@@ -605,7 +619,11 @@ def record(
   iv = judged.interval
   d = np.asarray(a) - np.asarray(b)
   return {
-    "paper": {"name": claim.paper, "arxiv": claim.arxiv},
+    "paper": {
+      "name": claim.paper,
+      "arxiv": claim.arxiv,
+      **({} if claim.source is None else {"source": claim.source}),
+    },
     "claim": claim.claim,
     "metric": claim.metric,
     "direction": claim.direction,

@@ -318,6 +318,22 @@ def test_claim_validation_names_the_value():
   assert _claim(arxiv="2503.10622v2").arxiv == "2503.10622v2"
 
 
+def test_claim_without_arxiv_names_its_source():
+  with pytest.raises(ValueError, match="must name its source"):
+    _claim(arxiv=None)
+  with pytest.raises(ValueError, match="source must be a non-empty string"):
+    _claim(arxiv=None, source=" ")
+  claim = _claim(arxiv=None, source="github.com/crasmarum/CNet")
+  rec = claims.record(
+    claim, [0, 1], [1.0, 2.0], [1.5, 2.5], baseline_trained=True,
+    commit=None, config=None,
+  )  # fmt: skip
+  assert rec["paper"] == {
+    "name": "DyT", "arxiv": None, "source": "github.com/crasmarum/CNet",
+  }  # fmt: skip
+  claims.check_records([rec])
+
+
 # --- records ----------------------------------------------------------------
 
 
