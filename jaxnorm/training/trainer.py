@@ -526,6 +526,13 @@ def _run(
     graphdef, params, backward, rest = nnx.split(
       model, nnx.Param, jaxnorm_nn.BackwardStat, ...
     )
+    if given is not None:
+      # Built outside the mesh: placed as the rules say, as a built model
+      # is, so the first step's inputs have the steps' layout (one compile).
+      params, backward, rest = (
+        jax.device_put(t, nnx.get_named_sharding(t, mesh))
+        for t in (params, backward, rest)
+      )
     model.eval()
     eval_graphdef = nnx.graphdef(model)
     tx = make_optimizer(cfg, model, params)

@@ -2,12 +2,15 @@
 
 import dataclasses
 import json
+import logging
 import math
 import pathlib
 import subprocess
 
+import jax
 import numpy as np
 import pytest
+from flax import nnx
 
 from jaxnorm.training import (
   build,
@@ -77,6 +80,27 @@ def test_summary_states_units(lm_run):
   )
   assert f"{bits:.3f} ({base_bits:.3f} unigram)" in row
   assert summary["baseline_bits_per_byte"] == pytest.approx(base_bits)
+
+
+def test_a_given_model_trains_as_the_built_one_with_one_compile(
+  tmp_path, lm_run, caplog
+):
+  # Built outside the mesh, its state is placed as the rules say before
+  # the first step, so the step compiles once (an unplaced first input
+  # used to compile it twice) and trains exactly as the runner's model.
+  cfg, _ = lm_run
+  given = build.build_model(
+    cfg, {"vocab_size": 256, "max_len": cfg.seq_len}, rngs=nnx.Rngs(cfg.seed)
+  )
+  run = dataclasses.replace(cfg, out_dir=str(tmp_path / "given"))
+  with jax.log_compiles(True), caplog.at_level(logging.WARNING, "jax"):
+    trainer.train(run, model=given)
+  compiles = [
+    r for r in caplog.records if "train_step" in r.getMessage()
+    and "Finished XLA compilation" in r.getMessage()
+  ]  # fmt: skip
+  assert len(compiles) == 1, [r.getMessage() for r in compiles]
+  assert runs.logged(run.out_dir) == runs.logged(cfg.out_dir)
 
 
 @pytest.mark.slow
