@@ -36,6 +36,7 @@ def _early_logits_move(base, changes):
   return float(jnp.max(jnp.abs(a[:, :10] - b[:, :10])))
 
 
+@pytest.mark.slow  # Builds and runs models: with the experiments.
 def test_powernorm_arm_is_causal_in_training_and_batchnorm_is_not():
   base = pc.base_config(_args(quick=True))
   arms = pc.variants(base)

@@ -8,6 +8,8 @@ import argparse
 import dataclasses
 import math
 
+import pytest
+
 from experiments import vit_attention_claims as vc
 
 
@@ -21,6 +23,7 @@ def _params(base, change):
   return vc.count_params(dataclasses.replace(vc.runner_vit(base), **change))
 
 
+@pytest.mark.slow  # Builds and runs models: with the experiments.
 def test_nalaformer_is_judged_against_arms_of_its_parameter_count():
   base = vc.base_config(_args())
   arms = vc.variants(base)

@@ -42,6 +42,7 @@ def _default(module):
   return tiers.parser(module.__doc__, module.NAME).parse_args([])
 
 
+@pytest.mark.slow  # Builds and runs models: with the experiments.
 def test_real_fnet_matches_the_complex_fnet_within_two_percent():
   base = complex_e2_cnet.base_config(_default(complex_e2_cnet))
   models = complex_e2_cnet.Models(base)
@@ -71,6 +72,7 @@ def test_real_fnet_mixing_is_causal():
   assert not np.allclose(a[:, 4:], b[:, 4:])
 
 
+@pytest.mark.slow  # Builds and runs models: with the experiments.
 def test_cnnx2_matches_the_cvcnn_within_two_percent():
   models = complex_e1_cvcnn.Models(
     complex_e1_cvcnn.base_config(_default(complex_e1_cvcnn))
@@ -96,6 +98,7 @@ def test_phase_images_keep_the_magnitude_and_evaluation_is_fixed():
   assert jnp.array_equal(jax.random.key_data(k1), jax.random.key_data(k2))
 
 
+@pytest.mark.slow  # Builds and runs models: with the experiments.
 def test_fake_quant_lm_quantizes_kernels_only():
   lm = complex_common.real_lm(8, 1, 2, 8, 0, vocab_size=16)
   tokens = jnp.arange(8, dtype=jnp.int32)[None]
@@ -169,6 +172,7 @@ def test_pct_arms_are_the_official_presets():
   assert models.config(complex_e5_pct.DEEP).depth == 2 * base.depth
 
 
+@pytest.mark.slow  # Builds and runs models: with the experiments.
 def test_query_readout_scores_the_queried_values_only():
   lm = ncplx.ComplexLM(
     ncplx.ComplexLMConfig.pct_official(16, width=8, num_heads=2, head_dim=4,
