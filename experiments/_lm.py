@@ -4,11 +4,10 @@ The runner (`jaxnorm.training.trainer.train`, through
 `experiments._harness.grid`) trains every LM of `experiments.llm_int8`,
 `experiments.nuclear_norm`, `experiments.convert_prenorm` and
 `experiments.remove_layernorm`; these scripts then quantize, probe, convert
-or fine-tune the trained model. This module holds what they share:
+or fine-tune the trained model (`experiments._harness.runs.trained`
+restores it from the run's final checkpoint). This module holds what they
+share besides:
 
-* `trained`: the trained model of one grid run, restored from the run's
-  final checkpoint by the runner's own resume (no step left to run), so a
-  resumed grid gives the same model as the run that trained it;
 * `val_batches` and `evaluate`: the runner's validation batches of a
   config and the mean loss on them (the runner's ``val_loss`` for an
   unchanged model), with each batch's logits or the intermediates a model
@@ -21,8 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import pathlib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -30,73 +28,9 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from experiments._harness import grid
 from jaxnorm.nn import models
-from jaxnorm.training import build, tasks, trainer
+from jaxnorm.training import build, tasks
 from jaxnorm.training import config as config_lib
-
-
-def run_config(
-  table: pathlib.Path,
-  base: config_lib.TrainConfig,
-  changes: Mapping[str, Any],
-  run: str,
-  seed: int,
-) -> config_lib.TrainConfig:
-  """The config grid run ``run`` (seed ``seed``) of ``table`` trained."""
-  return dataclasses.replace(
-    base,
-    **changes,
-    seed=seed,
-    out_dir=str(grid.run_dir(table.parent, run, seed)),
-    progress=False,
-  )
-
-
-def trained(
-  table: pathlib.Path,
-  base: config_lib.TrainConfig,
-  changes: Mapping[str, Any],
-  run: str,
-  seed: int,
-  *,
-  model: Callable[[], nnx.Module] | None = None,
-) -> nnx.Module:
-  """The trained model of a finished grid run, in eval mode.
-
-  The run directory's final checkpoint is restored by the runner's resume
-  (``trainer.train(cfg, model=...)`` with ``resume=True`` and no step
-  left), into ``model()`` or, without ``model``, the model the runner
-  builds from the config.
-
-  Args:
-    table: the grid's JSON-lines table (`grid.run_grid`).
-    base: the grid's base config.
-    changes: the run's `TrainConfig` changes (with its learning rate for a
-      `grid.tuned_grid` run).
-    run: the run's name (a line's ``run``, else its ``variant``).
-    seed: the run's seed.
-    model: builds the untrained module the run trained (a grid's ``model``
-      factory), or ``None``.
-
-  Raises:
-    ValueError: the run has not finished (its checkpoint is older than
-      ``steps``).
-  """
-  cfg = dataclasses.replace(
-    run_config(table, base, changes, run, seed), resume=True
-  )
-  module = model() if model is not None else None
-  if module is None:
-    task = tasks.make_task(cfg)
-    module = build.build_model(cfg, task.model_kwargs, rngs=nnx.Rngs(seed))
-  summary = trainer.train(cfg, model=module)
-  if summary["steps"] != cfg.steps:
-    raise ValueError(
-      f"trained: run {run!r} seed {seed} in {cfg.out_dir} stopped at step "
-      f"{summary['steps']} of {cfg.steps}; rerun the grid to finish it"
-    )
-  return module
 
 
 def val_batches(cfg: config_lib.TrainConfig) -> list[jax.Array]:

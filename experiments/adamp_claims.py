@@ -69,7 +69,7 @@ import orbax.checkpoint as ocp
 from flax import nnx
 
 from experiments import optimizers_claims
-from experiments._harness import grid, report, tiers
+from experiments._harness import grid, report, runs, tiers
 from jaxnorm import sharding
 from jaxnorm.training import build, claims, tasks
 from jaxnorm.training import config as config_lib
@@ -299,21 +299,6 @@ def with_norms(
   return out
 
 
-def trained(
-  lines: Sequence[Mapping[str, Any]], variant: str, chance_loss: float
-) -> bool:
-  """Every seed of ``variant`` beats chance in loss and accuracy."""
-  lns = [ln for ln in lines if ln["variant"] == variant]
-  chance_accuracy = math.exp(-chance_loss)  # 1 / classes.
-  return bool(lns) and all(
-    ln["val_loss"] is not None
-    and math.isfinite(ln["val_loss"])
-    and ln["val_loss"] < chance_loss
-    and ln["val_accuracy"] > chance_accuracy
-    for ln in lns
-  )
-
-
 def _init_setting(arm: Mapping[str, Any]) -> dict[str, Any]:
   """The `INIT` arm's setting: the same run at step 0."""
   return {**arm, "steps": 0, "examples": 0}
@@ -339,19 +324,20 @@ def records(
   chance_loss: float,
 ) -> list[dict[str, Any]]:
   """The claims' records: per baseline its regime, norm and quality claims."""
-  runs = [ln for ln in lines if ln["variant"] != INIT]
+  trained_lines = [ln for ln in lines if ln["variant"] != INIT]
   config = config_lib.to_json(config_lib.resolve(base))
   out = []
   for proj, base_opt in PAIRS:
-    ok = trained(runs, base_opt, chance_loss)
-    untrained = (
-      None
-      if ok
-      else f"{base_opt} did not train: a seed ends at or above chance "
-      f"(loss ln 10 = {chance_loss:.3f}, accuracy 0.1)"
+    untrained = runs.untrained(
+      trained_lines,
+      base_opt,
+      chance_loss,
+      accuracy=math.exp(-chance_loss),  # 1 / classes.
+      what=f"chance (ln {round(math.exp(chance_loss))})",
     )
+    ok = untrained is None
     regime_claim = REGIME[base_opt]
-    arm = grid.setting(runs, base, tuned, base_opt)
+    arm = grid.setting(trained_lines, base, tuned, base_opt)
     regime = grid.claim_record(
       lines,
       regime_claim,
@@ -364,7 +350,7 @@ def records(
     out.append(regime)
     out.append(
       grid.runner_record(
-        runs,
+        trained_lines,
         NORM[base_opt],
         base,
         tuned,
@@ -377,7 +363,12 @@ def records(
       if claim.b == base_opt:
         out.append(
           grid.runner_record(
-            runs, claim, base, tuned, baseline_trained=ok, reason=untrained
+            trained_lines,
+            claim,
+            base,
+            tuned,
+            baseline_trained=ok,
+            reason=untrained,
           )
         )
   return out
@@ -396,17 +387,17 @@ def main(argv: Sequence[str] | None = None) -> dict:
   def compute() -> dict:
     lines, tuned = grid.tuned_grid(table, base, VARIANTS, seeds, rates)
     lines = with_norms(optimizers_claims.diverged(lines), table, base)
-    chance = tasks.make_task(base).baseline
-    runs = [ln for ln in lines if ln["variant"] != INIT]
+    chance = runs.chance_loss(base)
+    trained_lines = [ln for ln in lines if ln["variant"] != INIT]
     return {
       "claims": records(lines, base, tuned["variants"], chance),
       "sweeps": tuned["sweeps"],
       "variants": tuned["variants"],
       "lines": lines,
-      "val_loss": grid.cells(runs, "val_loss"),
-      "val_accuracy": grid.cells(runs, "val_accuracy"),
-      "norm_growth": grid.cells(runs, "norm_growth"),
-      "effective_step": grid.cells(runs, "effective_step"),
+      "val_loss": grid.cells(trained_lines, "val_loss"),
+      "val_accuracy": grid.cells(trained_lines, "val_accuracy"),
+      "norm_growth": grid.cells(trained_lines, "norm_growth"),
+      "effective_step": grid.cells(trained_lines, "effective_step"),
     }
 
   def figure(result: dict, path: pathlib.Path) -> None:

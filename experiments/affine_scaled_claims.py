@@ -41,7 +41,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from experiments import attention_claims
-from experiments._harness import grid, report, tiers
+from experiments._harness import grid, report, runs, tiers
 from jaxnorm.training import claims
 
 NAME = "affine_scaled_claims"
@@ -85,21 +85,14 @@ def main(argv: Sequence[str] | None = None) -> dict:
 
   def compute() -> dict:
     lines, tuned = grid.tuned_grid(table, base, VARIANTS, seeds, rates)
-    untrained = {
-      b: attention_claims.untrained(lines, b, base.data)
-      for b in (SOFTMAX, SINK)
-    }
-    records = [
-      grid.runner_record(
-        lines,
-        claim,
-        base,
-        tuned["variants"],
-        baseline_trained=untrained[claim.b] is None,
-        reason=untrained[claim.b],
-      )
-      for claim in CLAIMS
-    ]
+    records = runs.runner_records(
+      lines,
+      CLAIMS,
+      base,
+      tuned["variants"],
+      runs.chance_loss(base),
+      what="the unigram entropy",
+    )
     return {
       "claims": records,
       "sweeps": tuned["sweeps"],
@@ -127,11 +120,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     lines += grid.markdown_table(result["val_loss"], "val loss", SOFTMAX)
     lines += ["", "## Claims", ""]
     lines += grid.verdict_table(result["claims"])
-    lines += ["", "Why each verdict:", ""]
-    lines += [
-      f"- {r['a']} vs {r['b']} ({r['metric']}): {r['why']}"
-      for r in result["claims"]
-    ]
+    lines += report.why_lines(result["claims"])
     return lines
 
   return report.run(NAME, args, compute, figure, markdown)

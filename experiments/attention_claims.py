@@ -90,8 +90,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from experiments import optimizers_claims as opt_claims
-from experiments._harness import grid, report, tiers
+from experiments._harness import grid, report, runs, tiers
 from jaxnorm.nn import attention as nn_attention
 from jaxnorm.training import build, claims
 from jaxnorm.training import config as config_lib
@@ -317,41 +316,6 @@ def variants(
   return out
 
 
-def trained_model(
-  cfg: config_lib.TrainConfig, run_dir: pathlib.Path, vocab_size: int
-) -> nnx.Module:
-  """The LM of ``cfg`` with the state of its run's final checkpoint."""
-  model = build.build_model(
-    cfg,
-    {"vocab_size": vocab_size, "max_len": cfg.seq_len},
-    rngs=nnx.Rngs(cfg.seed),
-  )
-  saved = opt_claims.final_state(run_dir)
-  merged: dict[str, Any] = {}
-  for group in ("params", "backward", "rest"):
-    _merge(merged, saved.get(group) or {})
-  state = nnx.state(model)
-  nnx.replace_by_pure_dict(state, _fill(nnx.to_pure_dict(state), merged))
-  nnx.update(model, state)
-  model.eval()
-  return model
-
-
-def _merge(into: dict, tree: Mapping) -> None:
-  for key, value in tree.items():
-    if isinstance(value, Mapping) and "value" not in value:
-      _merge(into.setdefault(key, {}), value)
-    else:
-      into[key] = value
-
-
-def _fill(template: Any, saved: Any) -> Any:
-  """``template``'s structure with the saved leaves (keys read as text)."""
-  if isinstance(template, Mapping):
-    return {k: _fill(v, saved[str(k)]) for k, v in template.items()}
-  return jnp.asarray(saved["value"] if isinstance(saved, Mapping) else saved)
-
-
 class _Probe:
   """Stands in for a core: records q, k, v and the first-token weights."""
 
@@ -434,37 +398,11 @@ def probe_grid(
   tokens = jnp.asarray(batch[:, :-1])
   out = []
   for ln in lines:
-    cfg = dataclasses.replace(base, seed=ln["seed"], **tuned[ln["variant"]])
-    model = trained_model(
-      cfg,
-      grid.run_dir(table.parent, ln.get("run", ln["variant"]), ln["seed"]),
-      text.vocab_size,
-    )
+    model = runs.trained_line(table, base, tuned, ln)
     found = probe(model, tokens, gated=ln["variant"] in gated)
     found.pop("qkv")
     out.append({**ln, **found})
   return out
-
-
-def untrained(
-  lines: Sequence[Mapping[str, Any]], baseline: str, data: str
-) -> str | None:
-  """Why ``baseline`` did not train, or None when it trained.
-
-  It trained when every seed ends below the unigram entropy (the loss of
-  the best context-free model).
-  """
-  bar = data_lib.load_text(data).unigram_entropy()
-  values = [ln["val_loss"] for ln in lines if ln["variant"] == baseline]
-  if values and all(
-    v is not None and math.isfinite(v) and v < bar for v in values
-  ):
-    return None
-  shown = ", ".join("nan" if v is None else f"{v:.3f}" for v in values)
-  return (
-    f"{baseline} did not train: validation loss {shown} not below the "
-    f"unigram entropy {bar:.3f}"
-  )
 
 
 def reference_record(
@@ -552,7 +490,9 @@ def records(
   }
   present["outliers"] = present["sink"] or present["massive"]
   why["outliers"] = f"{why['sink']}; {why['massive']}"
-  failed = untrained(lines, SOFTMAX, base.data)
+  failed = runs.untrained(
+    lines, SOFTMAX, runs.chance_loss(base), what="the unigram entropy"
+  )
   out = [sink, massive]
   for claim, gate in CLAIMS[2:]:
     ok = gate is None or present[gate]
@@ -658,11 +598,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
         )
     lines += ["", "## Claims", ""]
     lines += grid.verdict_table(result["claims"])
-    lines += ["", "Why each verdict:", ""]
-    lines += [
-      f"- {r['a']} vs {r['b']} ({r['metric']}): {r['why']}"
-      for r in result["claims"]
-    ]
+    lines += report.why_lines(result["claims"])
     return lines
 
   return report.run(NAME, args, compute, figure, markdown)

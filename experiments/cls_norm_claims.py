@@ -51,8 +51,6 @@ digests); registers none.
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import pathlib
 from collections.abc import Sequence
 from typing import Any
@@ -61,11 +59,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-import orbax.checkpoint as ocp
 from flax import nnx
 
-from experiments._harness import grid, report, tiers
-from jaxnorm.training import build, claims
+from experiments import salunet_claims
+from experiments._harness import grid, report, runs, tiers
+from jaxnorm.training import claims
 from jaxnorm.training import config as config_lib
 from jaxnorm.training import data as data_lib
 
@@ -172,28 +170,6 @@ def vit_config(args, **fields: Any) -> config_lib.TrainConfig:
     keep_checkpoints=1,
     **fields,
   )
-
-
-def trained_model(
-  table: pathlib.Path, cfg: config_lib.TrainConfig, run: str, seed: int
-) -> nnx.Module:
-  """The runner's model of ``cfg`` with its final checkpoint's weights."""
-  images = data_lib.load_images(cfg.data)
-  shape = {"num_classes": images.num_classes}
-  shape["image_shape"] = images.train_x.shape[1:]
-  model = build.build_model(cfg, shape, rngs=nnx.Rngs(0))
-  ckpts = grid.run_dir(table.parent, run, seed) / "checkpoints"
-  last = max(int(p.name) for p in ckpts.iterdir() if p.name.isdigit())
-  saved = ocp.StandardCheckpointer().restore(ckpts / str(last) / "state")
-  state = nnx.state(model, nnx.Param)
-  for path, var in nnx.to_flat_state(state):
-    node = saved["params"]
-    for key in path:
-      node = node[str(key)]
-    var[...] = jnp.asarray(node["value"])
-  nnx.update(model, state)
-  model.eval()
-  return model
 
 
 def tokens(model: nnx.Module, images: jax.Array) -> tuple[jax.Array, list]:
@@ -320,25 +296,14 @@ def probe_lines(
   lines: list[dict],
   sizes,
 ) -> list[dict]:
-  """Each line with its probe metrics (cached in ``probe.jsonl``)."""
-  cache = table.parent / "probe.jsonl"
-  done = {}
-  if cache.exists():
-    for ln in cache.read_text().splitlines():
-      row = json.loads(ln)
-      done[(row["run"], row["seed"])] = row["metrics"]
-  out = []
-  for ln in lines:
-    key = (ln["run"], ln["seed"])
-    if key not in done:
-      cfg = dataclasses.replace(base, **variants[ln["variant"]])
-      model = trained_model(table, cfg, ln["run"], ln["seed"])
-      done[key] = probe_metrics(model, base.data, sizes)
-      with cache.open("a") as f:
-        row = {"run": ln["run"], "seed": ln["seed"], "metrics": done[key]}
-        f.write(json.dumps(row) + "\n")
-    out.append({**ln, **done[key]})
-  return out
+  """Each line with its probe metrics (cached in ``probes.jsonl``)."""
+  return runs.probed(
+    lines,
+    table.parent / "probes.jsonl",
+    lambda ln: probe_metrics(
+      runs.trained_line(table, base, variants, ln), base.data, sizes
+    ),
+  )
 
 
 def records(lines, base, variants) -> list[dict[str, Any]]:
@@ -371,11 +336,8 @@ def records(lines, base, variants) -> list[dict[str, Any]]:
     else "the LayerNorm ViT does not separate [CLS] from the patches here "
     f"({regime['why']})"
   )
-  # Chance is 10%: a baseline at 20% or less did not train.
-  trained = (
-    min(ln["val_accuracy"] for ln in lines if ln["variant"] == "layernorm")
-    > 0.2
-  )
+  failed = salunet_claims.untrained(lines, "layernorm")
+  trained = failed is None
   out = [regime]
   out.append(
     grid.runner_record(
@@ -385,12 +347,17 @@ def records(lines, base, variants) -> list[dict[str, Any]]:
       variants,
       baseline_trained=trained,
       testable=present,
-      reason=why,
+      reason=why or failed,
     )
   )
   out.append(
     grid.runner_record(
-      lines, CLAIMS[2], base, variants, baseline_trained=trained
+      lines,
+      CLAIMS[2],
+      base,
+      variants,
+      baseline_trained=trained,
+      reason=failed,
     )
   )
   return out

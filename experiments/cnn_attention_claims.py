@@ -44,14 +44,14 @@ import argparse
 import dataclasses
 import math
 import pathlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import jax
 from flax import nnx
 
 from experiments import vision_claims
-from experiments._harness import grid, report, tiers
+from experiments._harness import grid, report, runs, tiers
 from jaxnorm.nn import attention as nn_attention
 from jaxnorm.nn import models, quant
 from jaxnorm.training import build, claims
@@ -214,15 +214,6 @@ def model_factory(base: config_lib.TrainConfig, variants, data):
   return make
 
 
-def trained(lines: Sequence[Mapping[str, Any]], variant: str) -> bool:
-  """Every seed's validation loss is below the uniform guess's (ln 10)."""
-  return all(
-    ln["val_loss"] is not None and ln["val_loss"] < math.log(10)
-    for ln in lines
-    if ln["variant"] == variant
-  )
-
-
 def gate_claim(gate: str, baseline: str, metric: str = "val_accuracy"):
   """The claim of ``gate`` against ``baseline`` (`ELA` or `PSA`)."""
   paper = ELA if gate.startswith("ela") else PSA
@@ -264,20 +255,14 @@ def main(argv: Sequence[str] | None = None) -> dict:
       rates,
       model=model_factory(base, variants, data),
     )
-    records = [
-      grid.runner_record(
-        lines,
-        gate_claim(gate, baseline_of[gate]),
-        base,
-        tuned["variants"],
-        baseline_trained=trained(lines, baseline_of[gate]),
-        reason=None
-        if trained(lines, baseline_of[gate])
-        else f"{baseline_of[gate]} did not train (validation loss above "
-        "ln 10, the uniform guess's, on some seed)",
-      )
-      for gate in gates
-    ]
+    records = runs.runner_records(
+      lines,
+      [gate_claim(gate, baseline_of[gate]) for gate in gates],
+      base,
+      tuned["variants"],
+      runs.chance_loss(base),
+      what="the uniform guess's loss",
+    )
     return {
       "claims": records,
       "sweeps": tuned["sweeps"],

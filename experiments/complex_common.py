@@ -13,43 +13,36 @@ copy). This module holds what those scripts share:
 * `real_params` and `in_reals`: parameter counts in reals (a complex entry
   counts twice; the runner's ``params`` counts entries), so that the
   records' settings compare real and complex arms in the same unit;
-* `restore`: the state of a run's final checkpoint, loaded into a module
-  built the same way (post-training measurements, fine-tuning a parent);
-* `trained` and `text_baseline`: whether a baseline learned at all (its
-  loss below the trivial predictor's in every seed), the records'
-  ``baseline_trained``;
 * `recorder` and `gated`: claim records of a grid whose arms are modules
   built here (config and setting of both arms), a regime claim deciding
   whether the others are testable;
-* `run_dir` and `setting_lines`: a line's run directory, the Markdown
-  table of the arms (parameters in reals, steps, learning rate);
+* `setting_lines`: the Markdown table of the arms (parameters in reals,
+  steps, learning rate);
 * `real_lm`, `attention_modules`, `replace_cores`: the real ``DecoderLM``
   baselines and their attention cores;
-* `fit`: a jitted loop over an nnx model (kept for
-  `experiments.regionnorm_claims`, which is not on the runner yet; the
-  complex scripts no longer use it).
+* `fit` and `shared_optimizer`: a jitted loop over an nnx model and the
+  runner's optimizer for it (for the loops of
+  `experiments.regionnorm_claims` and `experiments.psa_pixelwise_claims`,
+  run through the grid's ``train=`` hook; the complex scripts no longer
+  use them).
 """
 
 from __future__ import annotations
 
 import json
-import math
-import pathlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import optax
-import orbax.checkpoint as ocp
 from flax import nnx
 
 from experiments._harness import grid
 from jaxnorm import sharding
 from jaxnorm.nn import cplx as ncplx
-from jaxnorm.training import claims
+from jaxnorm.nn import decay
+from jaxnorm.training import claims, optimizers
 from jaxnorm.training import config as config_lib
-from jaxnorm.training import data as data_lib
 
 # The learning rates every arm's sweep starts from (`grid.tuned_grid`
 # extends a grid whose best rate is at an end).
@@ -82,28 +75,6 @@ def in_reals(
   ]
 
 
-def text_baseline(data: str = "shakespeare") -> float:
-  """Unigram entropy (nats per byte) of a bundled corpus's validation."""
-  return float(data_lib.load_text(data).unigram_entropy())
-
-
-def trained(
-  lines: Sequence[Mapping[str, Any]],
-  variant: str,
-  baseline: float,
-  metric: str = "val_loss",
-) -> bool:
-  """Whether every seed of ``variant`` ends below the trivial predictor.
-
-  ``baseline`` is that predictor's ``metric`` (unigram entropy, ``log``
-  of the class count); a missing or non-finite value counts as untrained.
-  """
-  values = [ln.get(metric) for ln in lines if ln["variant"] == variant]
-  return bool(values) and all(
-    v is not None and math.isfinite(v) and v < baseline for v in values
-  )
-
-
 def gated(
   regime: claims.Claim,
   others: Sequence[claims.Claim],
@@ -120,7 +91,7 @@ def gated(
     others: the claims it gates.
     record: ``record(claim, baseline_trained=..., testable=...,
       reason=...)`` -> a record (`recorder`).
-    baselines: variant -> whether it trained (`trained`).
+    baselines: variant -> whether it trained (`runs.untrained` is None).
     absent: what "not reproduced" means for the regime (the reason the
       others give when it did not reproduce).
   """
@@ -189,55 +160,6 @@ def recorder(
 def _json(x: Any) -> Any:
   """``x`` as plain JSON values (tuples become lists, others text)."""
   return json.loads(json.dumps(x, default=str))
-
-
-def restore(model: nnx.Module, run_dir: str | pathlib.Path) -> nnx.Module:
-  """Loads the newest checkpoint of the run in ``run_dir`` into ``model``.
-
-  ``model`` must be built as the run's (same config; any seed): its
-  parameters, `jaxnorm.nn.BackwardStat` and other state (running
-  statistics) take the saved values; it is returned in eval mode.
-  """
-  manager = ocp.CheckpointManager(
-    pathlib.Path(run_dir).absolute() / "checkpoints"
-  )
-  try:
-    saved = manager.restore(
-      manager.latest_step(),
-      args=ocp.args.Composite(state=ocp.args.StandardRestore()),
-    )["state"]
-  finally:
-    manager.close()
-  merged: dict[str, Any] = {}
-  for group in ("params", "backward", "rest"):
-    _merge(merged, saved.get(group) or {})
-  state = nnx.state(model)
-  nnx.replace_by_pure_dict(state, _fill(nnx.to_pure_dict(state), merged))
-  nnx.update(model, state)
-  model.eval()
-  return model
-
-
-def _merge(into: dict, tree: Mapping) -> None:
-  for key, value in tree.items():
-    if isinstance(value, Mapping) and "value" not in value:
-      _merge(into.setdefault(key, {}), value)
-    else:
-      into[key] = value
-
-
-def _fill(template: Any, saved: Any) -> Any:
-  """``template``'s structure with the saved leaves (keys read as text)."""
-  if isinstance(template, Mapping):
-    return {k: _fill(v, saved[str(k)]) for k, v in template.items()}
-  return jnp.asarray(saved["value"] if isinstance(saved, Mapping) else saved)
-
-
-def run_dir(table: pathlib.Path, line: Mapping[str, Any]) -> pathlib.Path:
-  """The run directory of one grid line (`grid.tuned_grid`'s run name)."""
-  return grid.run_dir(
-    table.parent, line.get("run", line["variant"]), line["seed"]
-  )
 
 
 def real_lm(
@@ -351,3 +273,45 @@ def fit(
   if evaluate is not None and hist["eval_step"][-1] != steps:
     record(steps)
   return hist
+
+
+# The `TrainConfig` fields `optimizers.from_config` reads.
+OPTIMIZER_FIELDS = (
+  "optimizer",
+  "learning_rate",
+  "weight_decay",
+  "warmup_steps",
+  "steps",
+  "schedule",
+  "clip_norm",
+  "b1",
+  "b2",
+  "grad_accum",
+  "residual",
+  "depth",
+)
+
+
+def shared_optimizer() -> Callable[
+  [nnx.Module, config_lib.TrainConfig], optax.GradientTransformation
+]:
+  """``tx(model, cfg)``: ``cfg``'s optimizer for `fit`, shared per setting.
+
+  The runner's optimizer (`jaxnorm.training.optimizers.from_config`, with
+  ``model``'s weight-decay mask). Each call of `shared_optimizer` keeps
+  one object per (architecture, `OPTIMIZER_FIELDS`), so the seeds of a
+  variant share `fit`'s jitted step.
+  """
+  txs: dict[Any, optax.GradientTransformation] = {}
+
+  def tx(
+    model: nnx.Module, cfg: config_lib.TrainConfig
+  ) -> optax.GradientTransformation:
+    key = (nnx.graphdef(model), *(getattr(cfg, f) for f in OPTIMIZER_FIELDS))
+    if key not in txs:
+      txs[key] = optimizers.from_config(
+        cfg, mask=decay.decay_mask(model), model=model
+      )
+    return txs[key]
+
+  return tx

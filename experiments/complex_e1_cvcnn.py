@@ -60,7 +60,7 @@ import numpy as np
 from flax import nnx
 
 from experiments import complex_common as cc
-from experiments._harness import grid, report, tiers
+from experiments._harness import grid, report, runs, tiers
 from jaxnorm import cplx
 from jaxnorm.nn import cplx as ncplx
 from jaxnorm.training import claims
@@ -284,11 +284,13 @@ def main(argv: Sequence[str] | None = None) -> dict:
       tuned["variants"],
       {v: models.describe(v) for v in VARIANTS},
     )
-    chance = math.log(models.classes)
-    records = [
-      record(claim, baseline_trained=cc.trained(lines, claim.b, chance))
-      for claim in CLAIMS
-    ]
+    chance = runs.chance_loss(base)  # ln(classes): the uniform guess.
+    records = []
+    for claim in CLAIMS:
+      why = runs.untrained(
+        lines, claim.b, chance, what="the uniform guess's loss"
+      )
+      records.append(record(claim, baseline_trained=why is None, reason=why))
     return {
       "claims": records,
       "sweeps": tuned["sweeps"],

@@ -77,7 +77,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from experiments import complex_common as cc
-from experiments._harness import grid, report, tiers
+from experiments._harness import grid, report, runs, tiers
 from jaxnorm import cplx
 from jaxnorm import norms as jnorms
 from jaxnorm.nn import cplx as ncplx
@@ -317,11 +317,11 @@ def main(argv: Sequence[str] | None = None) -> dict:
     )
     counts = {v: cc.real_params(models.build(v, 0)) for v in arms}
     lines = cc.in_reals(lines, counts)
-    unigram = cc.text_baseline(base.data)
+    unigram = runs.chance_loss(base)
     record = cc.recorder(
       lines, base, tuned["variants"], {v: models.describe(v) for v in arms}
     )
-    baselines = {v: cc.trained(lines, v, unigram) for v in arms}
+    baselines = {v: runs.untrained(lines, v, unigram) is None for v in arms}
     born = record(CLAIMS[0], baseline_trained=baselines[SOFTMAX])
     fnet = cc.gated(
       CLAIMS[1],

@@ -61,7 +61,7 @@ import jax
 from flax import nnx
 
 from experiments import complex_common as cc
-from experiments._harness import grid, report, tiers
+from experiments._harness import grid, report, runs, tiers
 from jaxnorm import cplx
 from jaxnorm.training import claims
 from jaxnorm.training import config as config_lib
@@ -221,8 +221,8 @@ class Models:
 
   def build(self, variant: str, seed: int) -> nnx.Module:
     """The seed's trained parent, fake-quantized by ``variant``."""
-    lm = cc.restore(
-      self.lm(seed), grid.run_dir(self.parents.parent, PARENT, seed)
+    lm = runs.trained(
+      self.parents, self.parent, {}, PARENT, seed, model=lambda: self.lm(seed)
     )
     lm.train()
     return cc.in_mesh(self.parent, lambda: FakeQuantLM(lm, variant))
@@ -234,9 +234,9 @@ def main(argv: Sequence[str] | None = None) -> dict:
   parent = parent_config(args)
   base = qat_config(parent)
   seeds = tiers.seeds(args)
-  runs = pathlib.Path(args.runs)
-  table = runs / "grid.jsonl"
-  models = Models(parent, runs / "parents" / "grid.jsonl")
+  folder = pathlib.Path(args.runs)
+  table = folder / "grid.jsonl"
+  models = Models(parent, folder / "parents" / "grid.jsonl")
   # --quick checks the pipeline at the base rate.
   rates = {} if tiers.tier(args) == "quick" else LEARNING_RATES
 
@@ -247,14 +247,14 @@ def main(argv: Sequence[str] | None = None) -> dict:
     lines, tuned = grid.tuned_grid(
       table, base, VARIANTS, seeds, rates, model=models.build
     )
-    unigram = cc.text_baseline(parent.data)
+    unigram = runs.chance_loss(parent)
     description = {
       v: {"module": f"FakeQuantLM({v}) of the seed's parent", "parent":
           config_lib.to_json(config_lib.resolve(parent))}
       for v in VARIANTS
     }  # fmt: skip
     record = cc.recorder(lines, base, tuned["variants"], description)
-    baselines = {v: cc.trained(lines, v, unigram) for v in VARIANTS}
+    baselines = {v: runs.untrained(lines, v, unigram) is None for v in VARIANTS}
     records = cc.gated(
       REGIME,
       CLAIMS,

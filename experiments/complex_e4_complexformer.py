@@ -49,7 +49,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from experiments import complex_common as cc
-from experiments._harness import grid, report, tiers
+from experiments._harness import grid, report, runs, tiers
 from jaxnorm.nn import cplx as ncplx
 from jaxnorm.training import build, claims
 from jaxnorm.training import config as config_lib
@@ -153,17 +153,15 @@ def main(argv: Sequence[str] | None = None) -> dict:
 
   def compute() -> dict:
     lines, tuned = grid.tuned_grid(table, base, VARIANTS, seeds, rates)
-    unigram = cc.text_baseline(base.data)
-    records = [
-      grid.runner_record(
-        lines,
-        claim,
-        base,
-        tuned["variants"],
-        baseline_trained=cc.trained(lines, claim.b, unigram),
-      )
-      for claim in CLAIMS
-    ]
+    unigram = runs.chance_loss(base)
+    records = runs.runner_records(
+      lines,
+      CLAIMS,
+      base,
+      tuned["variants"],
+      unigram,
+      what="the unigram entropy",
+    )
     return {
       "claims": records,
       "sweeps": tuned["sweeps"],

@@ -75,7 +75,7 @@ import numpy as np
 from flax import nnx
 
 from experiments import complex_common as cc
-from experiments._harness import grid, report, tiers
+from experiments._harness import grid, report, runs, tiers
 from jaxnorm.nn import cplx as ncplx
 from jaxnorm.training import claims
 from jaxnorm.training import config as config_lib
@@ -301,17 +301,21 @@ def query_accuracy(
 def with_queries(
   lines: Sequence[Mapping[str, Any]],
   table: pathlib.Path,
+  variants: Mapping[str, Mapping[str, Any]],
   models: Models,
   t: Tier,
 ) -> list[dict[str, Any]]:
-  """``lines`` with `METRIC` from each run's final checkpoint."""
+  """``lines`` with `METRIC` from each run's final checkpoint.
+
+  ``variants``: the grid's changes per variant (with the tuned rates).
+  """
   tokens, mask = mqar(
     np.random.default_rng(2), TEST_SEQUENCES, t.seq_len, t.pairs
   )
   out = []
   for ln in lines:
-    model = cc.restore(
-      models.build(ln["variant"], ln["seed"]), cc.run_dir(table, ln)
+    model = runs.trained_line(
+      table, models.base, variants, ln, model=models.build
     )
     out.append({**ln, METRIC: query_accuracy(model, tokens, mask)})
   return out
@@ -319,8 +323,8 @@ def with_queries(
 
 def learned(lines: Sequence[Mapping[str, Any]], variant: str) -> bool:
   """Every seed of ``variant`` beats chance by the margin on the queries."""
-  values = [ln[METRIC] for ln in lines if ln["variant"] == variant]
-  return bool(values) and all(v > CHANCE + MARGIN for v in values)
+  bar = CHANCE + MARGIN
+  return runs.untrained(lines, variant, bar, metric=METRIC, higher=True) is None
 
 
 def main(argv: Sequence[str] | None = None) -> dict:
@@ -328,9 +332,9 @@ def main(argv: Sequence[str] | None = None) -> dict:
   args = tiers.parser(__doc__, NAME).parse_args(argv)
   t = TIERS[tiers.tier(args)]
   seeds = tiers.seeds(args)
-  runs = pathlib.Path(args.runs)
-  table = runs / "grid.jsonl"
-  data = write_corpus(runs / "mqar", t)
+  folder = pathlib.Path(args.runs)
+  table = folder / "grid.jsonl"
+  data = write_corpus(folder / "mqar", t)
   base = base_config(args, str(data))
   models = Models(base, t.pairs)
   # --quick checks the pipeline at the base rate.
@@ -340,7 +344,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     lines, tuned = grid.tuned_grid(
       table, base, VARIANTS, seeds, rates, model=models.build
     )
-    lines = with_queries(lines, table, models, t)
+    lines = with_queries(lines, table, tuned["variants"], models, t)
     counts = {v: cc.real_params(models.build(v, 0)) for v in VARIANTS}
     lines = cc.in_reals(lines, counts)
     record = cc.recorder(

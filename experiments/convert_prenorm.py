@@ -49,7 +49,7 @@ import numpy as np
 from flax import nnx
 
 from experiments import _lm
-from experiments._harness import grid, report, tiers
+from experiments._harness import grid, report, runs, tiers
 from jaxnorm import nn as jaxnorm_nn
 from jaxnorm import sharding
 from jaxnorm.nn import convert
@@ -264,14 +264,14 @@ def main(argv: Sequence[str] | None = None) -> dict:
   rounds, calls = (1, 1) if quick else (ROUNDS, CALLS)
 
   def compute() -> dict:
-    runs = grid.run_grid(
+    parents = grid.run_grid(
       table, base, VARIANTS, seeds, model=lambda _, s: _lm.pre_ln(base, s)
     )
-    trained = grid.setting(runs, base, VARIANTS, PARENT)
+    trained = grid.setting(parents, base, VARIANTS, PARENT)
     batches = _lm.val_batches(base)
     lines, times = [], []
     for seed in seeds:
-      parent = _lm.trained(
+      parent = runs.trained(
         table, base, {}, PARENT, seed, model=lambda s=seed: _lm.pre_ln(base, s)
       )
       more, timed = measure(base, parent, batches, seed, rounds, calls)
@@ -302,7 +302,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     records += [rec(c, times) for c in SPEED]
     return {
       "claims": records,
-      "runs": runs,
+      "runs": parents,
       "lines": lines,
       "timing": times,
       "cells": {

@@ -42,8 +42,9 @@ Claims (each fixed before running; paired by seed; margin
   regime claim, except mHC and Block AttnRes (cells only: DepthBench
   reports their best depth inside the grid, not a trend).
 
-A claim's baseline counts as trained when Pre-LN's mean validation loss at
-both shapes is below the unigram entropy of the validation bytes.
+A claim's baseline counts as trained when Pre-LN's validation loss at
+both shapes is below the unigram entropy of the validation bytes in every
+seed (`experiments._harness.runs.untrained`).
 
 Fair comparison: as DepthBench reports each architecture at its best
 learning rate (swept over {5e-4, 1e-3, 2e-3, 5e-3}), every scheme trains
@@ -88,11 +89,10 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from experiments import residual_depth as rd
-from experiments._harness import grid, report, tiers
+from experiments._harness import grid, report, runs, tiers
 from jaxnorm import residual
 from jaxnorm.training import claims
 from jaxnorm.training import config as config_lib
-from jaxnorm.training import data as data_lib
 
 NAME = "depthbench"
 MARGIN = claims.MARGINS["nats_per_byte"]
@@ -260,15 +260,12 @@ def records(
     s: {"shallow": cell(s, shapes[0]), "deep": cell(s, shapes[1])}
     for s in schemes
   }
-  trained = all(
-    rd.trains(lines, c, unigram) for c in cells_of["prenorm"].values()
-  )
-  untrained = (
-    None
-    if trained
-    else f"Pre-LN's validation loss is not below the unigram entropy "
-    f"{unigram:.3f} in every seed at both shapes"
-  )
+  misses = [
+    runs.untrained(lines, c, unigram, what="the unigram entropy")
+    for c in cells_of["prenorm"].values()
+  ]
+  untrained = "; ".join(m for m in misses if m) or None
+  trained = untrained is None
   cfg = config_lib.to_json(config_lib.resolve(base))
 
   def arm(name: str) -> tuple[dict, dict]:
@@ -341,16 +338,8 @@ def figure_depth(ax: Any, result: Mapping[str, Any], shapes) -> None:
 
 def figure_benefit(ax: Any, result: Mapping[str, Any]) -> None:
   """Each scheme's depth benefit (mean ± std over seeds), from 0."""
-  cells = result["depth_benefit"]
-  names = list(cells)
-  ax.bar(
-    range(len(names)),
-    [cells[n]["mean"] for n in names],
-    yerr=[cells[n]["std"] for n in names],
-    capsize=3,
-  )
+  report.cells_bars(ax, result["depth_benefit"])
   ax.axhline(0.0, color="k", lw=0.8)
-  ax.set_xticks(range(len(names)), names, rotation=45, ha="right")
   ax.set_ylabel("depth benefit: loss(shallow) - loss(deep) (nats/byte)")
   ax.set_title("depth benefit per scheme (mean ± std; > 0: deeper is better)")
 
@@ -372,17 +361,17 @@ def main(argv: Sequence[str] | None = None) -> dict:
     }
     for s in schemes
   }
-  runs = pathlib.Path(args.runs)
-  table = runs / "grid.jsonl"
+  folder = pathlib.Path(args.runs)
+  table = folder / "grid.jsonl"
   rates = (
     {}
     if tiers.tier(args) == "quick"
     else {name: LEARNING_RATES for name in deep_cells}
   )
-  unigram = data_lib.load_text(base.data).unigram_entropy()
+  unigram = runs.chance_loss(base)
 
   def compute() -> dict:
-    with rd.compilation_cache(runs / "xla_cache"):
+    with rd.compilation_cache(folder / "xla_cache"):
       lines, tuned = grid.tuned_grid(table, base, deep_cells, seeds, rates)
       variants = dict(tuned["variants"])
       shallow_cells = {
@@ -395,7 +384,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
         for s in schemes
       }
       variants.update(shallow_cells)
-      lines += rd.fixed_rate_grid(table, base, shallow_cells, seeds)
+      lines += grid.fixed_rate_grid(table, base, shallow_cells, seeds)
     derived = benefit_lines(lines, schemes, shapes)
     return {
       "schemes": list(schemes),
@@ -443,7 +432,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
       "",
       f"## Learning rates (swept at {deep}; seed 0, final training loss)",
       "",
-      *rd.sweep_rows(result["sweeps"]),
+      *report.sweep_rows(result["sweeps"]),
       "",
       f"The {shallow} cells train at their scheme's rate.",
       "",

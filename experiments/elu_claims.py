@@ -203,10 +203,6 @@ def mlp_factory(base: config_lib.TrainConfig):
   return make
 
 
-def _trained(lines: list[dict], variant: str) -> bool:
-  return salunet_claims.above_chance(lines, variant)
-
-
 def main(argv: Sequence[str] | None = None) -> dict:
   """Runs both tuned grids (skipping finished runs) and writes the report."""
   args = tiers.parser(__doc__, NAME).parse_args(argv)
@@ -233,32 +229,23 @@ def main(argv: Sequence[str] | None = None) -> dict:
       rates,
       model=salunet_claims.model_factory(cnn, CNN_VARIANTS, CNN_SWAPPED),
     )
-    recs = [
-      grid.runner_record(
-        mlp_lines,
-        claim,
-        mlp,
-        mlp_tuned["variants"],
-        baseline_trained=_trained(mlp_lines, claim.b),
-        reason=None
-        if _trained(mlp_lines, claim.b)
-        else f"{claim.b} ends at or below 20% accuracy",
-      )
-      for claim in MLP_CLAIMS
-    ]
-    recs += [
-      grid.runner_record(
-        cnn_lines,
-        claim,
-        cnn,
-        cnn_tuned["variants"],
-        baseline_trained=_trained(cnn_lines, claim.b),
-        reason=None
-        if _trained(cnn_lines, claim.b)
-        else f"{claim.b} ends at or below 20% accuracy",
-      )
-      for claim in CNN_CLAIMS
-    ]
+    recs = []
+    for lines, cfg, tuned, the_claims in (
+      (mlp_lines, mlp, mlp_tuned, MLP_CLAIMS),
+      (cnn_lines, cnn, cnn_tuned, CNN_CLAIMS),
+    ):
+      for claim in the_claims:
+        why = salunet_claims.untrained(lines, claim.b)
+        recs.append(
+          grid.runner_record(
+            lines,
+            claim,
+            cfg,
+            tuned["variants"],
+            baseline_trained=why is None,
+            reason=why,
+          )
+        )
     return {
       "claims": recs,
       "sweeps": {**mlp_tuned["sweeps"], **cnn_tuned["sweeps"]},

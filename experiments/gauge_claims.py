@@ -219,15 +219,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
   def figure(result: dict, path: pathlib.Path) -> None:
     plt = report.pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.8))
-    cells = result["agreement"]
-    names = list(cells)
-    axes[0].bar(
-      range(len(names)),
-      [cells[n]["mean"] for n in names],
-      yerr=[cells[n]["std"] for n in names],
-      capsize=3,
-    )
-    axes[0].set_xticks(range(len(names)), names)
+    report.cells_bars(axes[0], result["agreement"], rotation=0)
     axes[0].set_ylim(0, 1)
     axes[0].set_ylabel("cross-run agreement (mean |corr| per coordinate)")
     axes[0].set_title("embeddings of two runs, mean ± std over pairs")

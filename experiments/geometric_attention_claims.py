@@ -50,8 +50,7 @@ import pathlib
 from collections.abc import Sequence
 from typing import Any
 
-from experiments import attention_claims
-from experiments._harness import grid, report, tiers
+from experiments._harness import grid, report, runs, tiers
 from jaxnorm.training import claims
 from jaxnorm.training import config as config_lib
 
@@ -122,14 +121,13 @@ def main(argv: Sequence[str] | None = None) -> dict:
 
   def compute() -> dict:
     lines, tuned = grid.tuned_grid(table, base, arms, seeds, rates)
-    failed = attention_claims.untrained(lines, SOFTMAX, base.data)
-    record = grid.runner_record(
+    (record,) = runs.runner_records(
       lines,
-      CLAIM,
+      [CLAIM],
       base,
       tuned["variants"],
-      baseline_trained=failed is None,
-      reason=failed,
+      runs.chance_loss(base),
+      what="the unigram entropy",
     )
     return {
       "claims": [record],
@@ -163,11 +161,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     lines += grid.markdown_table(result["val_loss"], "val loss", SOFTMAX)
     lines += ["", "## Claims", ""]
     lines += grid.verdict_table(result["claims"])
-    lines += ["", "Why each verdict:", ""]
-    lines += [
-      f"- {r['a']} vs {r['b']} ({r['metric']}): {r['why']}"
-      for r in result["claims"]
-    ]
+    lines += report.why_lines(result["claims"])
     return lines
 
   return report.run(NAME, args, compute, figure, markdown)

@@ -44,12 +44,11 @@ d=80) is the ``--full`` tier.
 from __future__ import annotations
 
 import argparse
-import math
 import pathlib
 from collections.abc import Sequence
 from typing import Any
 
-from experiments._harness import grid, report, tiers
+from experiments._harness import grid, report, runs, tiers
 from jaxnorm.training import claims
 from jaxnorm.training import config as config_lib
 
@@ -63,8 +62,6 @@ VARIANTS: dict[str, dict[str, Any]] = {
   "sparse+BN+noPE": {"positional": "none"},
 }
 LEARNING_RATES = dict.fromkeys(VARIANTS, (3e-4, 1e-3, 3e-3))
-# The loss of the uniform guess over PATTERN's two classes.
-CHANCE_LOSS = math.log(2)
 
 
 def _claim(text: str, b: str) -> claims.Claim:
@@ -151,12 +148,6 @@ def base_config(args: argparse.Namespace) -> config_lib.TrainConfig:
   )
 
 
-def trained(lines: Sequence[dict[str, Any]], variant: str) -> bool:
-  """Every seed of ``variant`` ends below the uniform guess's loss."""
-  values = [ln["val_loss"] for ln in lines if ln["variant"] == variant]
-  return bool(values) and all(v is not None and v < CHANCE_LOSS for v in values)
-
-
 def main(argv: Sequence[str] | None = None) -> dict:
   """Runs the tuned grid (skipping finished runs) and writes the report."""
   args = tiers.parser(__doc__, NAME).parse_args(argv)
@@ -168,16 +159,14 @@ def main(argv: Sequence[str] | None = None) -> dict:
 
   def compute() -> dict:
     lines, tuned = grid.tuned_grid(table, base, VARIANTS, seeds, rates)
-    records = [
-      grid.runner_record(
-        lines,
-        claim,
-        base,
-        tuned["variants"],
-        baseline_trained=trained(lines, claim.b),
-      )
-      for claim in CLAIMS
-    ]
+    records = runs.runner_records(
+      lines,
+      CLAIMS,
+      base,
+      tuned["variants"],
+      runs.chance_loss(base),  # ln 2: two classes.
+      what="the uniform guess's loss",
+    )
     return {
       "claims": records,
       "sweeps": tuned["sweeps"],

@@ -50,7 +50,7 @@ import numpy as np
 from flax import nnx
 
 from experiments import _lm
-from experiments._harness import grid, report, tiers
+from experiments._harness import grid, report, runs, tiers
 from jaxnorm import quant, sharding
 from jaxnorm.nn import layers
 from jaxnorm.nn import quant as nn_quant
@@ -296,12 +296,12 @@ def main(argv: Sequence[str] | None = None) -> dict:
   table = pathlib.Path(args.runs) / "grid.jsonl"
 
   def compute() -> dict:
-    runs = grid.run_grid(table, base, VARIANTS, seeds)
-    trained = grid.setting(runs, base, VARIANTS, "lm")
+    lms = grid.run_grid(table, base, VARIANTS, seeds)
+    trained = grid.setting(lms, base, VARIANTS, "lm")
     batches = _lm.val_batches(base)
     lines = []
     for seed in seeds:
-      model = _lm.trained(table, base, VARIANTS["lm"], "lm", seed)
+      model = runs.trained(table, base, VARIANTS["lm"], "lm", seed)
       lines += measure(model, batches, seed, base.width)
     settings = {
       arm(act, mode): {
@@ -317,7 +317,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
       "gain": GAIN,
       "threshold": THRESHOLD,
     }
-    runner = {ln["seed"]: ln["val_loss"] for ln in runs}
+    runner = {ln["seed"]: ln["val_loss"] for ln in lms}
     return {
       "claims": records(lines, settings, config),
       # The evaluation reproduces the runner's own validation loss.
@@ -326,7 +326,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
         for ln in lines
         if ln["variant"] == arm("clean", "none")
       ),
-      "runs": runs,
+      "runs": lms,
       "lines": lines,
       "val_loss": grid.cells(lines, "val_loss"),
       "routed_fraction": grid.cells(

@@ -53,7 +53,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from experiments import attention_claims
-from experiments._harness import grid, report, tiers
+from experiments._harness import grid, report, runs, tiers
 from jaxnorm import attention as attn
 from jaxnorm.training import claims
 from jaxnorm.training import config as config_lib
@@ -210,12 +210,7 @@ def lm_qkv(
   tokens: jax.Array,
 ) -> tuple[jax.Array, ...]:
   """The q, k, v of every layer of one trained LM, stacked on the batch."""
-  cfg = dataclasses.replace(base, seed=line["seed"])
-  model = attention_claims.trained_model(
-    cfg,
-    grid.run_dir(table.parent, line["variant"], line["seed"]),
-    data_lib.BYTE_VOCAB,
-  )
+  model = runs.trained(table, base, {}, line["variant"], line["seed"])
   qkv = attention_claims.probe(model, tokens, gated=False)["qkv"]
   return tuple(jnp.concatenate(xs, axis=0) for xs in zip(*qkv))
 
@@ -229,14 +224,14 @@ def main(argv: Sequence[str] | None = None) -> dict:
   random_shape = (32, 2, 32) if tiers.tier(args) == "quick" else (256, 4, 64)
 
   def compute() -> dict:
-    runs = grid.run_grid(table, base, {"softmax": {}}, seeds)
+    lm_lines = grid.run_grid(table, base, {"softmax": {}}, seeds)
     text = data_lib.load_text(base.data)
     batch = data_lib.eval_windows(
       text.val, base.seq_len, batch_size=base.batch_size, max_batches=1
     )[0]
     tokens = jnp.asarray(batch[:, :-1])
     lines, outliers = [], {m: [] for m in SOURCES}
-    for run in sorted(runs, key=lambda ln: ln["seed"]):
+    for run in sorted(lm_lines, key=lambda ln: ln["seed"]):
       seed = run["seed"]
       sources = {
         "error_random": random_qkv(seed, *random_shape),
@@ -253,7 +248,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
             **{m: found[m][name] for m in SOURCES},
           }
         )
-    lm_setting = grid.setting(runs, base, {"softmax": {}}, "softmax")
+    lm_setting = grid.setting(lm_lines, base, {"softmax": {}}, "softmax")
     records = [
       grid.claim_record(
         lines,
@@ -279,7 +274,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     return {
       "claims": records,
       "lines": lines,
-      "lm_lines": runs,
+      "lm_lines": lm_lines,
       "cells": {m: grid.cells(lines, m) for m in SOURCES},
       "qk_outlier_ratio": {
         m: np.mean(np.asarray(v), axis=0).tolist() for m, v in outliers.items()
@@ -291,14 +286,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     fig, axes = plt.subplots(1, 3, figsize=(20, 7))
     names = list(SETTINGS)
     for ax, (metric, label) in zip(axes, SOURCES.items()):
-      cells = result["cells"][metric]
-      ax.bar(
-        range(len(names)),
-        [cells[n]["mean"] for n in names],
-        yerr=[cells[n]["std"] for n in names],
-        capsize=3,
-      )
-      ax.set_xticks(range(len(names)), names, rotation=45, ha="right")
+      report.cells_bars(ax, result["cells"][metric], names)
       ax.set_ylim(bottom=0)
       ax.set_ylabel("relative error of the attention output")
       ax.set_title(f"{label} (mean ± std over {len(seeds)} seeds)")
@@ -337,11 +325,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
       lines.append("")
     lines += ["## Claims", ""]
     lines += grid.verdict_table(result["claims"])
-    lines += ["", "Why each verdict:", ""]
-    lines += [
-      f"- {r['a']} vs {r['b']} ({r['metric']}): {r['why']}"
-      for r in result["claims"]
-    ]
+    lines += report.why_lines(result["claims"])
     return lines
 
   return report.run(NAME, args, compute, figure, markdown)

@@ -49,7 +49,7 @@ import jax
 import numpy as np
 
 from experiments import _lm
-from experiments._harness import grid, report, tiers
+from experiments._harness import grid, report, runs, tiers
 from jaxnorm import analysis
 from jaxnorm.training import claims
 from jaxnorm.training import config as config_lib
@@ -206,13 +206,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     lines, tuned = grid.tuned_grid(table, base, widths, seeds, rates)
     batches = _lm.val_batches(base)
     for ln in lines:
-      model = _lm.trained(
-        table,
-        base,
-        tuned["variants"][ln["variant"]],
-        ln.get("run", ln["variant"]),
-        ln["seed"],
-      )
+      model = runs.trained_line(table, base, tuned["variants"], ln)
       ln.update(probe(model, batches))
     gate = grid.runner_record(
       lines, regime, base, tuned["variants"], baseline_trained=True

@@ -84,7 +84,7 @@ import numpy as np
 import optax
 from flax import nnx
 
-from experiments._harness import grid, report, tiers
+from experiments._harness import grid, report, runs, tiers
 from jaxnorm import sharding
 from jaxnorm.training import build, claims, metrics, tasks, trainer
 from jaxnorm.training import config as config_lib
@@ -380,16 +380,6 @@ def with_update_times(
   ]
 
 
-def trained(
-  lines: Sequence[Mapping[str, Any]], variant: str, baseline_loss: float
-) -> bool:
-  """Every seed of ``variant`` ends below ``baseline_loss`` (and finite)."""
-  values = [ln["val_loss"] for ln in lines if ln["variant"] == variant]
-  return bool(values) and all(
-    v is not None and math.isfinite(v) and v < baseline_loss for v in values
-  )
-
-
 def records(
   lines: Sequence[Mapping[str, Any]],
   base: config_lib.TrainConfig,
@@ -402,13 +392,10 @@ def records(
     if claim.metric == "log_update_ms":
       ok, why = True, "step time does not depend on training"
     else:
-      ok = trained(lines, claim.b, baseline_loss)
-      why = (
-        None
-        if ok
-        else f"{claim.b} did not train: a seed ends at or above the "
-        f"unigram entropy {baseline_loss:.3f} nats"
+      why = runs.untrained(
+        lines, claim.b, baseline_loss, what="the unigram entropy"
       )
+      ok = why is None
     out.append(
       grid.runner_record(
         lines,
@@ -440,7 +427,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     lines, tuned = grid.tuned_grid(table, base, VARIANTS, seeds, rates)
     lines = with_steps_to_target(diverged(lines), table, base)
     lines = with_update_times(lines, base, tuned["variants"], **timing)
-    baseline_loss = tasks.make_task(base).baseline
+    baseline_loss = runs.chance_loss(base)
     return {
       "claims": records(lines, base, tuned["variants"], baseline_loss),
       "sweeps": tuned["sweeps"],
@@ -535,13 +522,6 @@ def main(argv: Sequence[str] | None = None) -> dict:
     return lines
 
   return report.run(NAME, args, compute, figure, markdown)
-
-
-def final_state(run_dir: pathlib.Path) -> dict[str, Any]:
-  """`experiments.adamp_claims.final_state` (attention_claims imports it)."""
-  from experiments import adamp_claims
-
-  return adamp_claims.final_state(run_dir)
 
 
 if __name__ == "__main__":

@@ -58,10 +58,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from experiments import norms_bytelm
-from experiments._harness import grid, report, tiers
+from experiments._harness import grid, report, runs, tiers
 from jaxnorm.training import claims
 from jaxnorm.training import config as config_lib
-from jaxnorm.training import data as data_lib
 
 NAME = "powernorm_claims"
 MARGIN = 0.0
@@ -125,22 +124,6 @@ def variants(base: config_lib.TrainConfig) -> dict[str, dict[str, Any]]:
   }
 
 
-def trained(
-  lines: Sequence[Mapping[str, Any]],
-  base: config_lib.TrainConfig,
-  variant: str,
-) -> tuple[bool, str | None]:
-  """Whether ``variant`` beat the unigram entropy on every seed, and why not."""
-  unigram = data_lib.load_text(base.data).unigram_entropy()
-  losses = [ln["val_loss"] for ln in lines if ln["variant"] == variant]
-  if all(v is not None and v < unigram for v in losses):
-    return True, None
-  return False, (
-    f"{variant}'s validation loss {losses} is not below the unigram "
-    f"entropy {unigram:.3f} on every seed"
-  )
-
-
 def records(
   lines: Sequence[Mapping[str, Any]],
   base: config_lib.TrainConfig,
@@ -149,8 +132,12 @@ def records(
   """The claims' records; the regime decides whether the gated ones test."""
   out = []
   present, why = True, None
+  unigram = runs.chance_loss(base)
   for claim in CLAIMS:
-    ok, not_trained = trained(lines, base, claim.b)
+    not_trained = runs.untrained(
+      lines, claim.b, unigram, what="the unigram entropy"
+    )
+    ok = not_trained is None
     gated = claim in GATED and not present
     out.append(
       grid.runner_record(

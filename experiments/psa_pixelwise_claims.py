@@ -58,8 +58,7 @@ from flax import nnx
 from experiments import cnn_attention_claims as cac
 from experiments import complex_common
 from experiments._harness import grid, report, tiers
-from jaxnorm.nn import decay
-from jaxnorm.training import build, claims, optimizers
+from jaxnorm.training import build, claims
 from jaxnorm.training import config as config_lib
 from jaxnorm.training import data as data_lib
 
@@ -172,29 +171,14 @@ def make_train(images: data_lib.ImageSplits):
   """
   train_labels = pixel_labels(images.train_x, images.train_y)
   val_labels = pixel_labels(images.val_x, images.val_y)
-  txs: dict[Any, optax.GradientTransformation] = {}
+  tx = complex_common.shared_optimizer()
 
   def train(model: SegCNN, cfg: config_lib.TrainConfig) -> dict[str, Any]:
     n = min(len(images.val_x), cfg.eval_batches * cfg.batch_size)
-    key = (
-      nnx.graphdef(model),
-      *(getattr(cfg, f) for f in _OPTIMIZER_FIELDS),
-    )
-    if key not in txs:
-      txs[key] = optimizers.build_optimizer(
-        cfg.optimizer,
-        learning_rate=cfg.learning_rate,
-        weight_decay=cfg.weight_decay,
-        warmup_steps=cfg.warmup_steps,
-        total_steps=cfg.steps,
-        schedule=cfg.schedule,
-        clip_norm=cfg.clip_norm,
-        mask=decay.decay_mask(model),
-      )
     hist = complex_common.fit(
       model,
       seg_loss,
-      txs[key],
+      tx(model, cfg),
       batches(images.train_x, train_labels, cfg.batch_size, cfg.seed),
       cfg.steps,
       evaluate=lambda m: scores(
@@ -224,17 +208,6 @@ def make_train(images: data_lib.ImageSplits):
     }
 
   return train
-
-
-_OPTIMIZER_FIELDS = (
-  "optimizer",
-  "learning_rate",
-  "weight_decay",
-  "warmup_steps",
-  "steps",
-  "schedule",
-  "clip_norm",
-)
 
 
 def base_config(args) -> config_lib.TrainConfig:

@@ -76,14 +76,13 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 from flax import nnx
 
 from experiments import complex_common
 from experiments._harness import grid, report, tiers
-from jaxnorm.nn import decay, layers
+from jaxnorm.nn import layers
 from jaxnorm.nn import norms as nn_norms
-from jaxnorm.training import claims, optimizers
+from jaxnorm.training import claims
 from jaxnorm.training import config as config_lib
 from jaxnorm.training import data as data_lib
 
@@ -287,17 +286,6 @@ def scores(
   }
 
 
-_OPTIMIZER_FIELDS = (
-  "optimizer",
-  "learning_rate",
-  "weight_decay",
-  "warmup_steps",
-  "steps",
-  "schedule",
-  "clip_norm",
-)
-
-
 def make_train(
   images: data_lib.ImageSplits,
   eval_set: tuple[np.ndarray, np.ndarray],
@@ -314,28 +302,17 @@ def make_train(
   per (architecture, optimizer settings), so the seeds of a variant share
   the jitted step.
   """
-  txs: dict[Any, optax.GradientTransformation] = {}
+  tx = complex_common.shared_optimizer()
 
   def train(model: InpaintNet, cfg: config_lib.TrainConfig) -> dict[str, Any]:
-    key = (nnx.graphdef(model), *(getattr(cfg, f) for f in _OPTIMIZER_FIELDS))
-    if key not in txs:
-      txs[key] = optimizers.build_optimizer(
-        cfg.optimizer,
-        learning_rate=cfg.learning_rate,
-        weight_decay=cfg.weight_decay,
-        warmup_steps=cfg.warmup_steps,
-        total_steps=cfg.steps,
-        schedule=cfg.schedule,
-        clip_norm=cfg.clip_norm,
-        mask=decay.decay_mask(model),
-      )
     data = (
       (jnp.asarray(x), jnp.asarray(m))
       for x, m in batches(images.train_x, cfg.batch_size, cfg.seed)
     )
-    loss = np.asarray(
-      complex_common.fit(model, inpaint_loss, txs[key], data, cfg.steps)["loss"]
+    hist = complex_common.fit(
+      model, inpaint_loss, tx(model, cfg), data, cfg.steps
     )
+    loss = np.asarray(hist["loss"])
     target, holes = eval_set
     filled = composite(model, target, holes, cfg.batch_size)
     n = len(filled)

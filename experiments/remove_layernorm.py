@@ -59,7 +59,7 @@ import numpy as np
 from flax import nnx
 
 from experiments import _lm, convert_prenorm
-from experiments._harness import grid, report, tiers
+from experiments._harness import grid, report, runs, tiers
 from jaxnorm.nn import convert, fakeln
 from jaxnorm.training import claims, metrics
 from jaxnorm.training import config as config_lib
@@ -176,8 +176,9 @@ def main(argv: Sequence[str] | None = None) -> dict:
   base = convert_prenorm.base_config(args)
   ft_base = finetune_config(args, base)
   seeds = tiers.seeds(args)
-  runs = pathlib.Path(args.runs)
-  parents_table, ft_table = runs / "parents.jsonl", runs / "finetune.jsonl"
+  folder = pathlib.Path(args.runs)
+  parents_table = folder / "parents.jsonl"
+  ft_table = folder / "finetune.jsonl"
   events = schedule(args, base.depth)
   start, gap = SCHEDULE[tiers.tier(args)]
   rates = {} if tiers.tier(args) == "quick" else LEARNING_RATES
@@ -186,7 +187,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
 
   def parent(seed: int) -> nnx.Module:
     if seed not in parents:
-      model = _lm.trained(
+      model = runs.trained(
         parents_table,
         base,
         {},
@@ -227,7 +228,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
       lines.append(
         {"variant": KEPT, "seed": seed, "val_loss": ft[KEPT]["val_loss"]}
       )
-      fake = _lm.trained(
+      fake = runs.trained(
         ft_table,
         ft_base,
         tuned["variants"][FAKE],
@@ -357,15 +358,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     ax.set_ylim(bottom=0)
     ax.set_title("fine-tuning over the removal schedule")
     ax.legend(fontsize=7)
-    cells = result["val_loss"]
-    names = list(cells)
-    axes[1].bar(
-      range(len(names)),
-      [cells[n]["mean"] for n in names],
-      yerr=[cells[n]["std"] for n in names],
-      capsize=3,
-    )
-    axes[1].set_xticks(range(len(names)), names, rotation=30, ha="right")
+    report.cells_bars(axes[1], result["val_loss"], rotation=30)
     axes[1].set_ylim(bottom=0)
     axes[1].set_ylabel("validation loss (nats/byte), mean ± std")
     axes[1].set_title("every arm, paired by the parent's seed")

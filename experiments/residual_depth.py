@@ -6,10 +6,10 @@ Shakespeare bytes) with one residual scheme of
 (default; ``--full`` 32) and, where a claim is about depth itself, a
 shallow one ``S`` = 4 (``--full`` 8). After training, one held-out batch
 goes through the model of the run's final checkpoint (restored by the
-runner, `trained_model`) and gives the RMS of the residual stream after the
-embedding and after every layer, its growth ``g = log(RMS(h_L) /
-RMS(h_0))`` (``log_rms_growth``) and the gradient norm of each layer's
-attention and MLP weights.
+runner, `experiments._harness.runs.trained`) and gives the RMS of the
+residual stream after the embedding and after every layer, its growth
+``g = log(RMS(h_L) / RMS(h_0))`` (``log_rms_growth``) and the gradient
+norm of each layer's attention and MLP weights.
 
 Claims (each fixed before running; paired by seed; loss metric: validation
 loss in nats per byte, lower is better, margin
@@ -84,10 +84,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
-import json
 import pathlib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
@@ -97,8 +95,8 @@ import optax
 from flax import nnx
 from jax.experimental.compilation_cache import compilation_cache as jax_cache
 
-from experiments._harness import grid, report, tiers
-from jaxnorm.training import build, claims, metrics, trainer
+from experiments._harness import grid, report, runs, tiers
+from jaxnorm.training import claims
 from jaxnorm.training import config as config_lib
 from jaxnorm.training import data as data_lib
 
@@ -280,7 +278,7 @@ def compilation_cache(folder: pathlib.Path):
 
 
 # ---------------------------------------------------------------------------
-# Grids: tuned arms, and arms at another arm's learning rate.
+# The shallow arms' rate and the probes' batch.
 
 
 def learning_rate(
@@ -292,61 +290,6 @@ def learning_rate(
   return float(tuned[name].get("learning_rate", base.learning_rate))
 
 
-def fixed_rate_grid(
-  table: pathlib.Path,
-  base: config_lib.TrainConfig,
-  arms: Mapping[str, Mapping[str, Any]],
-  seeds: Sequence[int],
-  *,
-  model: Callable[[str, int], Any] | None = None,
-) -> list[dict[str, Any]]:
-  """Arms whose changes fix ``learning_rate``, named as `tuned_grid`'s.
-
-  Each arm runs as ``<arm>@lr=<rate>`` (so another rate is another run);
-  the lines come back named by the arm, ``run`` the run's name.
-  """
-  runs, names = {}, {}
-  for name, changes in arms.items():
-    run = f"{name}@lr={changes['learning_rate']:g}"
-    runs[run], names[run] = dict(changes), name
-  lines = grid.run_grid(
-    table,
-    base,
-    runs,
-    seeds,
-    model=None if model is None else lambda r, s: model(names[r], s),
-  )
-  return [
-    {**ln, "variant": names[ln["variant"]], "run": ln["variant"]}
-    for ln in lines
-    if ln["variant"] in names and ln["seed"] in seeds
-  ]
-
-
-def trained_model(
-  cfg: config_lib.TrainConfig,
-  run_dir: pathlib.Path,
-  model: nnx.Module | None = None,
-) -> nnx.Module:
-  """The model of a finished run, restored by the runner itself.
-
-  The runner resumes the run (``resume=True``, same config) at its final
-  checkpoint, trains no step and leaves the restored state in ``model``
-  (built from ``cfg`` when ``None``), in eval mode.
-  """
-  if model is None:
-    model = build.build_model(
-      cfg,
-      {"vocab_size": data_lib.BYTE_VOCAB, "max_len": cfg.seq_len},
-      rngs=nnx.Rngs(cfg.seed),
-    )
-  trainer.train(
-    dataclasses.replace(cfg, out_dir=str(run_dir), resume=True, progress=False),
-    model=model,
-  )
-  return model
-
-
 def probe_batch(base: config_lib.TrainConfig) -> jax.Array:
   """The first held-out evaluation batch (``batch_size`` windows)."""
   text = data_lib.load_text(base.data)
@@ -354,40 +297,6 @@ def probe_batch(base: config_lib.TrainConfig) -> jax.Array:
     data_lib.eval_windows(
       text.val, base.seq_len, batch_size=base.batch_size, max_batches=1
     )[0]
-  )
-
-
-def probed(
-  lines: Sequence[Mapping[str, Any]],
-  path: pathlib.Path,
-  probe: Callable[[Mapping[str, Any]], dict[str, Any]],
-) -> list[dict[str, Any]]:
-  """Each line with ``probe(line)`` added, cached by (run, seed) in ``path``.
-
-  A rerun reads the probes of runs already probed (a JSON-lines file, like
-  the grid's table) and probes only the new ones.
-  """
-  cache = {(p["run"], p["seed"]): p for p in grid.read_table(path)}
-  out = []
-  for ln in lines:
-    key = (ln.get("run", ln["variant"]), ln["seed"])
-    if key not in cache:
-      found = {"run": key[0], "seed": key[1], **probe(ln)}
-      with path.open("a") as f:
-        f.write(json.dumps(found) + "\n")
-      cache[key] = found
-    extra = {k: v for k, v in cache[key].items() if k not in ("run", "seed")}
-    out.append({**ln, **extra})
-  return out
-
-
-def trains(
-  lines: Sequence[Mapping[str, Any]], variant_name: str, unigram: float
-) -> bool:
-  """Every seed of ``variant_name`` ends below the unigram entropy."""
-  values = [ln["val_loss"] for ln in lines if ln["variant"] == variant_name]
-  return bool(values) and all(
-    v is not None and np.isfinite(v) and v < unigram for v in values
   )
 
 
@@ -453,13 +362,8 @@ def records(
   """The claims' records; the curse of depth gates `GATED`."""
   out = {}
   for key, claim in the_claims.items():
-    trained = trains(lines, claim.b, unigram)
-    why = (
-      None
-      if trained
-      else f"{claim.b}'s validation loss is not below the unigram entropy "
-      f"{unigram:.3f} in every seed"
-    )
+    why = runs.untrained(lines, claim.b, unigram, what="the unigram entropy")
+    trained = why is None
     testable, reason = True, why
     if key in GATED:
       curse = out["curse"]
@@ -486,19 +390,6 @@ def _mean_curve(
 ) -> np.ndarray | None:
   rows = [ln[key] for ln in lines if ln["variant"] == name and key in ln]
   return np.mean(np.asarray(rows), axis=0) if rows else None
-
-
-def sweep_rows(sweeps: Mapping[str, Mapping[str, Any]]) -> list[str]:
-  """The Markdown table of the learning-rate sweeps."""
-  rows = [
-    "| variant | chosen | grid: final training loss (seed 0) |",
-    "|---|---|---|",
-  ]
-  for name, sweep in sweeps.items():
-    scores = ", ".join(f"{lr}: {v:.3f}" for lr, v in sweep["grid"].items())
-    inside = "" if sweep["inside"] else " (at the grid's end)"
-    rows.append(f"| {name} | {sweep['learning_rate']:g}{inside} | {scores} |")
-  return rows
 
 
 def probe_rows(lines: Sequence[Mapping[str, Any]], names: Sequence[str]):
@@ -534,37 +425,10 @@ def probe_figure(
   ax_grad = fig.add_subplot(spec[1, 0])
   ax_claims = fig.add_subplot(spec[1, 1:])
   lines = result["lines"]
-  by_variant: dict[str, list[list[tuple[int, float]]]] = {}
-  for ln in lines:
-    log = metrics.read_log(
-      grid.run_dir(table.parent, ln.get("run", ln["variant"]), ln["seed"])
-      / "metrics.jsonl"
-    )
-    curve = [(r["step"], r["val_loss"]) for r in log if "val_loss" in r]
-    by_variant.setdefault(ln["variant"], []).append(curve)
-  for name, curves in by_variant.items():
-    n = min(len(c) for c in curves)
-    if n == 0:
-      continue
-    steps = [s for s, _ in curves[0][:n]]
-    vals = np.array([[v for _, v in c[:n]] for c in curves])
-    (line,) = ax_curve.plot(steps, vals.mean(0), label=name)
-    ax_curve.fill_between(
-      steps, vals.min(0), vals.max(0), color=line.get_color(), alpha=0.2
-    )
-  ax_curve.set_xlabel("step")
-  ax_curve.set_ylabel("validation loss (nats/byte)")
-  ax_curve.set_title("validation loss (mean, min-max over seeds)")
-  ax_curve.legend(fontsize=7)
-  cells = result["val_loss"]
-  names = list(cells)
-  ax_bar.bar(
-    range(len(names)),
-    [cells[n]["mean"] for n in names],
-    yerr=[cells[n]["std"] for n in names],
-    capsize=3,
+  report.curves_axes(
+    ax_curve, grid.val_curves(table, lines), "validation loss (nats/byte)"
   )
-  ax_bar.set_xticks(range(len(names)), names, rotation=45, ha="right")
+  report.cells_bars(ax_bar, result["val_loss"])
   ax_bar.set_ylim(bottom=0)
   ax_bar.set_ylabel("final validation loss (nats/byte)")
   ax_bar.set_title("final validation loss (mean ± std)")
@@ -600,18 +464,17 @@ def main(argv: Sequence[str] | None = None) -> dict:
   deep, shallow = depths(args)
   the_claims = make_claims(deep, shallow)
   deep_arms = {variant(s, deep): {"residual": s, "depth": deep} for s in DEEP}
-  runs = pathlib.Path(args.runs)
-  table = runs / "grid.jsonl"
+  folder = pathlib.Path(args.runs)
+  table = folder / "grid.jsonl"
   rates = (
     {}
     if tiers.tier(args) == "quick"
     else {name: LEARNING_RATES for name in deep_arms}
   )
-  text = data_lib.load_text(base.data)
-  unigram = text.unigram_entropy()
+  unigram = runs.chance_loss(base)
 
   def compute() -> dict:
-    with compilation_cache(runs / "xla_cache"):
+    with compilation_cache(folder / "xla_cache"):
       lines, tuned = grid.tuned_grid(table, base, deep_arms, seeds, rates)
       variants = dict(tuned["variants"])
       shallow_arms = {
@@ -623,19 +486,16 @@ def main(argv: Sequence[str] | None = None) -> dict:
         for s in SHALLOW
       }
       variants.update(shallow_arms)
-      lines += fixed_rate_grid(table, base, shallow_arms, seeds)
+      lines += grid.fixed_rate_grid(table, base, shallow_arms, seeds)
       batch = probe_batch(base)
 
       def probe(ln: Mapping[str, Any]) -> dict[str, Any]:
-        cfg = dataclasses.replace(
-          base, seed=ln["seed"], **variants[ln["variant"]]
-        )
-        run_dir = grid.run_dir(table.parent, ln["run"], ln["seed"])
-        found = layer_probes(trained_model(cfg, run_dir), batch)
+        model = runs.trained_line(table, base, variants, ln)
+        found = layer_probes(model, batch)
         found.pop("embedding")
         return found
 
-      lines = probed(lines, runs / "probes.jsonl", probe)
+      lines = runs.probed(lines, folder / "probes.jsonl", probe)
     return {
       "depths": {"deep": deep, "shallow": shallow},
       "unigram_entropy": unigram,
@@ -674,7 +534,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
       "",
       "## Learning rates (seed 0, final training loss)",
       "",
-      *sweep_rows(result["sweeps"]),
+      *report.sweep_rows(result["sweeps"]),
       "",
       "The shallow arms train at their deep arm's rate: "
       + ", ".join(

@@ -5,8 +5,8 @@ read out by their mean) and the single-stream Pre-Norm residual (the
 papers' "RC") train as the runner's byte LM (Shakespeare bytes) at a depth
 ``D`` = 8 layers (default; ``--full`` 32), HC also at ``S`` = 2 (``--full``
 8). After training, one held-out batch goes through the model of the run's
-final checkpoint (`experiments.residual_depth.trained_model`) and, for
-the stream schemes, gives the composite stream mixing of the whole network,
+final checkpoint (`experiments._harness.runs.trained_line`) and, for the
+stream schemes, gives the composite stream mixing of the whole network,
 ``P = H_res^(K) ... H_res^(1)`` over all ``K = 2 L`` sublayers (rows are
 target streams; the maps are per token, from each step's ``maps`` on the
 stream state the network really computes), at initialization and after
@@ -104,7 +104,7 @@ import numpy as np
 from flax import nnx
 
 from experiments import residual_depth as rd
-from experiments._harness import grid, report, tiers
+from experiments._harness import grid, report, runs, tiers
 from jaxnorm import residual
 from jaxnorm.nn import models
 from jaxnorm.training import build, claims
@@ -437,13 +437,12 @@ def records(
       )
       out[key] = _with_mlp(rec, mlp)
       continue
-    trained = claim.metric != "val_loss" or rd.trains(lines, claim.b, unigram)
-    reason = (
-      None
-      if trained
-      else f"{claim.b}'s validation loss is not below the unigram entropy "
-      f"{unigram:.3f} in every seed"
-    )
+    reason = None
+    if claim.metric == "val_loss":
+      reason = runs.untrained(
+        lines, claim.b, unigram, what="the unigram entropy"
+      )
+    trained = reason is None
     testable = True
     if key == "mhc_gain" and out["hc_gain_grows"]["verdict"] != "reproduced":
       testable = False
@@ -504,14 +503,14 @@ def main(argv: Sequence[str] | None = None) -> dict:
   }
   mlp = {variant(s, deep): mlp_by_scheme[s] for s in SCHEMES}
   mlp[variant("hc", shallow)] = mlp_by_scheme["hc"]
-  runs = pathlib.Path(args.runs)
-  table = runs / "grid.jsonl"
+  folder = pathlib.Path(args.runs)
+  table = folder / "grid.jsonl"
   rates = (
     {}
     if tiers.tier(args) == "quick"
     else {name: LEARNING_RATES for name in deep_arms}
   )
-  unigram = data_lib.load_text(base.data).unigram_entropy()
+  unigram = runs.chance_loss(base)
 
   arms: dict[str, Mapping[str, Any]] = dict(deep_arms)
 
@@ -519,7 +518,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     return build_lm(dataclasses.replace(base, **arms[name]), mlp[name], seed)
 
   def compute() -> dict:
-    with rd.compilation_cache(runs / "xla_cache"):
+    with rd.compilation_cache(folder / "xla_cache"):
       lines, tuned = grid.tuned_grid(
         table, base, deep_arms, seeds, rates, model=model
       )
@@ -535,19 +534,16 @@ def main(argv: Sequence[str] | None = None) -> dict:
       }
       arms.update(hc_shallow)
       variants.update(hc_shallow)
-      lines += rd.fixed_rate_grid(table, base, hc_shallow, seeds, model=model)
+      lines += grid.fixed_rate_grid(table, base, hc_shallow, seeds, model=model)
       batch = rd.probe_batch(base)
 
       def probe(ln: Mapping[str, Any]) -> dict[str, Any]:
-        name, seed = ln["variant"], ln["seed"]
-        cfg = dataclasses.replace(base, seed=seed, **variants[name])
-        run_dir = grid.run_dir(table.parent, ln["run"], seed)
-        trained = rd.trained_model(cfg, run_dir, model(name, seed))
-        initial = model(name, seed)
+        trained = runs.trained_line(table, base, variants, ln, model=model)
+        initial = model(ln["variant"], ln["seed"])
         initial.eval()
         return stream_probes(trained, initial, batch)
 
-      lines = rd.probed(lines, runs / "probes.jsonl", probe)
+      lines = runs.probed(lines, folder / "probes.jsonl", probe)
     stream_lines = [ln for ln in lines if "amax" in ln]
     return {
       "depths": {"deep": deep, "shallow": shallow},
@@ -572,15 +568,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
   def figure(result: dict, path: pathlib.Path) -> None:
     plt = report.pyplot()
     fig, axes = plt.subplots(1, 3, figsize=(19, 5.5))
-    cells = result["val_loss"]
-    names = list(cells)
-    axes[0].bar(
-      range(len(names)),
-      [cells[n]["mean"] for n in names],
-      yerr=[cells[n]["std"] for n in names],
-      capsize=3,
-    )
-    axes[0].set_xticks(range(len(names)), names, rotation=45, ha="right")
+    report.cells_bars(axes[0], result["val_loss"])
     axes[0].set_ylim(bottom=0)
     axes[0].set_ylabel("final validation loss (nats/byte)")
     axes[0].set_title("final validation loss (mean ± std)")
@@ -619,7 +607,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
       "",
       "## Learning rates (seed 0, final training loss)",
       "",
-      *rd.sweep_rows(result["sweeps"]),
+      *report.sweep_rows(result["sweeps"]),
       "",
       f"{variant('hc', shallow)} trains at {variant('hc', deep)}'s rate, "
       f"{result['variants'][variant('hc', shallow)]['learning_rate']:g}.",

@@ -98,14 +98,12 @@ def records(lines, base, variants) -> list[dict[str, Any]]:
     lines, CLAIMS[0], base, variants, baseline_trained=True
   )
   present = regime["verdict"] == "reproduced"
-  # Chance is 10%: a LayerNorm ViT at 20% or less did not train.
-  trained = salunet_claims.above_chance(lines, "layernorm")
+  failed = salunet_claims.untrained(lines, "layernorm")
+  trained = failed is None
   if not present:
     why = f"absent here: {CLAIMS[0].claim} is not shown ({regime['why']})"
-  elif not trained:
-    why = "layernorm ends at or below 20% accuracy"
   else:
-    why = None
+    why = failed
   claim = grid.runner_record(
     lines,
     CLAIMS[1],

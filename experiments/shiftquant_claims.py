@@ -167,15 +167,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
   def figure(result: dict, path: pathlib.Path) -> None:
     plt = report.pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.8))
-    cells = result["ms"]
-    names = list(cells)
-    axes[0].bar(
-      range(len(names)),
-      [cells[n]["mean"] for n in names],
-      yerr=[cells[n]["std"] for n in names],
-      capsize=3,
-    )
-    axes[0].set_xticks(range(len(names)), names)
+    report.cells_bars(axes[0], result["ms"], rotation=0)
     axes[0].set_ylim(bottom=0)
     axes[0].set_ylabel("forward + VJP, median ms (mean ± std over rounds)")
     axes[0].set_title(f"float layers, rows {shape[0]} x {shape[1]}")

@@ -69,8 +69,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from experiments import complex_common
-from experiments._harness import grid, report, tiers
+from experiments._harness import grid, report, runs, tiers
 from jaxnorm import activations
 from jaxnorm.nn import activations as nn_activations
 from jaxnorm.nn import layers
@@ -343,6 +342,8 @@ def model_factory(
 def with_stats(
   lines: Sequence[Mapping[str, Any]],
   table: pathlib.Path,
+  base: config_lib.TrainConfig,
+  variants: Mapping[str, Mapping[str, Any]],
   make,
   probe: jax.Array,
 ) -> list[dict[str, Any]]:
@@ -352,15 +353,16 @@ def with_stats(
   same weights) in training mode, so BatchNorm normalizes with the probe
   batch's statistics (its running ones are still 0 and 1). After training:
   the same model with the run's final checkpoint restored
-  (`experiments.complex_common.restore`; eval mode, running statistics).
+  (`experiments._harness.runs.trained_line`; eval mode, running
+  statistics). ``variants``: the grid's changes (with the tuned rates).
   Each time: the per-layer statistics, the last hidden layer's log
   variance and mean, and the drift.
   """
   out = []
   for ln in lines:
     model = make(ln["variant"], ln["seed"])
-    init = np.asarray(_layer_stats(nnx.clone(model), probe))
-    complex_common.restore(model, complex_common.run_dir(table, ln))
+    init = np.asarray(_layer_stats(model, probe))
+    model = runs.trained_line(table, base, variants, ln, model=make)
     trained_ = np.asarray(_layer_stats(model, probe))
     extra = {}
     for when, stats in zip(STATS, (init, trained_)):
@@ -372,31 +374,28 @@ def with_stats(
   return out
 
 
-def trained(lines: Sequence[Mapping[str, Any]], name: str) -> bool:
-  """Every seed's validation loss is below the uniform guess's (ln 10)."""
-  return all(
-    ln["val_loss"] is not None and ln["val_loss"] < math.log(10)
-    for ln in lines
-    if ln["variant"] == name
-  )
-
-
 def records(lines, base, tuned, shallow: int, deep: int) -> list[dict]:
   """Every claim's record; the ReLU regime gates SELU-vs-ReLU."""
   cs = make_claims(shallow, deep)
+  chance = runs.chance_loss(base)
 
   def record(role: str, **kw) -> dict[str, Any]:
     claim = cs[role]
-    # The fixed point is measured before training.
-    ok = role == "fixed_point" or trained(lines, claim.b)
     reason = kw.pop("reason", None)
-    if not ok:
-      reason = (
-        f"{claim.b} did not train: its validation loss stayed above ln 10 "
-        "(the uniform guess) on some seed at its best swept learning rate"
+    # The fixed point is measured before training.
+    failed = None
+    if role != "fixed_point":
+      failed = runs.untrained(
+        lines, claim.b, chance, what="the uniform guess's loss"
       )
     return grid.runner_record(
-      lines, claim, base, tuned, baseline_trained=ok, reason=reason, **kw
+      lines,
+      claim,
+      base,
+      tuned,
+      baseline_trained=failed is None,
+      reason=failed or reason,
+      **kw,
     )
 
   regime = record("regime")
@@ -434,7 +433,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
       table, base, variants, seeds, rates, model=make
     )
     probe = jnp.asarray(images.val_x[:STAT_IMAGES])
-    lines = with_stats(lines, table, make, probe)
+    lines = with_stats(lines, table, base, tuned["variants"], make, probe)
     return {
       "claims": records(lines, base, tuned["variants"], shallow, deep),
       "sweeps": tuned["sweeps"],

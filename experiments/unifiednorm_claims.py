@@ -63,7 +63,7 @@ import numpy as np
 from flax import nnx
 
 from experiments import powernorm_claims
-from experiments._harness import grid, report, tiers
+from experiments._harness import grid, report, runs, tiers
 from jaxnorm.nn import norms as nn_norms
 from jaxnorm.training import claims
 from jaxnorm.training import config as config_lib
@@ -197,12 +197,14 @@ def records(
   timed: tuple[int, int],
 ) -> list[dict[str, Any]]:
   """UN vs LayerNorm in the LM, then folded UN's speed per width."""
-  ok, why = powernorm_claims.trained(lines, base, MATCHES.b)
-  out = [
-    grid.runner_record(
-      lines, MATCHES, base, tuned, baseline_trained=ok, reason=why
-    )
-  ]
+  out = runs.runner_records(
+    lines,
+    [MATCHES],
+    base,
+    tuned,
+    runs.chance_loss(base),
+    what="the unigram entropy",
+  )
   rounds, reps = timed
   flat = timing_lines(timing)
   for t in timing:

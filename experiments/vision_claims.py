@@ -53,12 +53,11 @@ per-device batches of ResNets on ImageNet.
 from __future__ import annotations
 
 import argparse
-import math
 import pathlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from experiments._harness import grid, report, tiers
+from experiments._harness import grid, report, runs, tiers
 from jaxnorm.training import claims
 from jaxnorm.training import config as config_lib
 
@@ -195,23 +194,11 @@ def drops(
   ]
 
 
-def trained(lines: Sequence[Mapping[str, Any]], variant: str) -> bool:
-  """Every seed's validation loss is below the uniform guess's (ln 10)."""
-  return all(
-    ln["val_loss"] is not None and ln["val_loss"] < math.log(10)
-    for ln in lines
-    if ln["variant"] == variant
-  )
-
-
-def untrained(variant: str, ok: bool, reason: str | None) -> str | None:
-  """``reason``, or why ``variant`` counts as not trained."""
-  if ok:
-    return reason
-  return (
-    f"{variant} did not train (validation loss above ln 10, the uniform "
-    "guess's, on some seed)"
-  )
+def untrained(
+  lines: Sequence[Mapping[str, Any]], variant: str, chance: float
+) -> str | None:
+  """Why ``variant`` did not train: a seed's loss not below ``chance``."""
+  return runs.untrained(lines, variant, chance, what="the uniform guess's loss")
 
 
 def drop_record(
@@ -220,10 +207,15 @@ def drop_record(
   bases: Mapping[str, config_lib.TrainConfig],
   tuned: Mapping[str, Mapping[str, Any]],
   *,
+  chance: float,
   testable: bool = True,
   reason: str | None = None,
 ) -> dict[str, Any]:
-  """The record of a claim on the drop from the large to the small batch."""
+  """The record of a claim on the drop from the large to the small batch.
+
+  ``chance``: the uniform guess's loss (`runs.chance_loss`), which the
+  baseline must beat at both batch sizes.
+  """
 
   def arm(variant: str) -> dict[str, Any]:
     each = {
@@ -242,11 +234,12 @@ def drop_record(
       "data": f"{bases[SMALL].data} ({rates})",
     }
 
-  ok = all(trained(lines[w], claim.b) for w in bases)
+  misses = [untrained(lines[w], claim.b, chance) for w in bases]
+  failed = "; ".join(m for m in misses if m) or None
   return grid.claim_record(
     drops(lines[SMALL], lines[LARGE]),
     claim,
-    baseline_trained=ok,
+    baseline_trained=failed is None,
     config={
       w: {
         "base": config_lib.to_json(config_lib.resolve(bases[w])),
@@ -257,14 +250,15 @@ def drop_record(
     },
     setting={"a": arm(claim.a), "b": arm(claim.b)},
     testable=testable,
-    reason=untrained(claim.b, ok, reason),
+    reason=failed or reason,
   )
 
 
 def records(lines, bases, tuned) -> list[dict[str, Any]]:
   """Every claim's record; the regime gates the S0-vs-BN claims."""
   cs = batch_claims(bases[SMALL].batch_size, bases[LARGE].batch_size)
-  regime = drop_record(cs["regime"], lines, bases, tuned)
+  chance = runs.chance_loss(bases[SMALL])
+  regime = drop_record(cs["regime"], lines, bases, tuned, chance=chance)
   present = regime["verdict"] == "reproduced"
   why = (
     None
@@ -274,15 +268,15 @@ def records(lines, bases, tuned) -> list[dict[str, Any]]:
   )
 
   def at(which: str, claim: claims.Claim, **kw) -> dict[str, Any]:
-    ok = trained(lines[which], claim.b)
-    reason = untrained(claim.b, ok, kw.pop("reason", None))
+    reason = kw.pop("reason", None)
+    failed = untrained(lines[which], claim.b, chance)
     return grid.runner_record(
       lines[which],
       claim,
       bases[which],
       tuned[which],
-      baseline_trained=ok,
-      reason=reason,
+      baseline_trained=failed is None,
+      reason=failed or reason,
       **kw,
     )
 
@@ -292,7 +286,13 @@ def records(lines, bases, tuned) -> list[dict[str, Any]]:
     at(SMALL, cs["s0_gn"]),
     at(SMALL, cs["s0_bn"], testable=present, reason=why),
     drop_record(
-      cs["s0_drop"], lines, bases, tuned, testable=present, reason=why
+      cs["s0_drop"],
+      lines,
+      bases,
+      tuned,
+      chance=chance,
+      testable=present,
+      reason=why,
     ),
   ]
 
@@ -303,10 +303,10 @@ def main(argv: Sequence[str] | None = None) -> dict:
   bases = base_configs(args)
   seeds = tiers.seeds(args)
   quick = tiers.tier(args) == "quick"
-  runs = pathlib.Path(args.runs) / tiers.tier(args)
+  folder = pathlib.Path(args.runs) / tiers.tier(args)
   # One folder per batch size: the run directories of a table live beside it.
   tables = {
-    w: runs / f"batch{bases[w].batch_size}" / "grid.jsonl" for w in bases
+    w: folder / f"batch{bases[w].batch_size}" / "grid.jsonl" for w in bases
   }
   variants = {w: {n: VARIANTS[n] for n in NORMS[w]} for w in bases}
   # --quick checks the pipeline at the base rate.

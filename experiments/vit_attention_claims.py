@@ -79,7 +79,7 @@ import numpy as np
 import optax
 from flax import nnx
 
-from experiments._harness import grid, report, tiers
+from experiments._harness import grid, report, runs, tiers
 from jaxnorm.nn import decay as nn_decay
 from jaxnorm.nn import models
 from jaxnorm.training import build, claims, optimizers
@@ -403,15 +403,6 @@ def time_lines(lines: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
   ]
 
 
-def trained(lines: Sequence[Mapping[str, Any]], variant: str) -> bool:
-  """Whether ``variant`` beat chance (loss ln 10) on every seed."""
-  return all(
-    ln["val_loss"] is not None and ln["val_loss"] < math.log(10)
-    for ln in lines
-    if ln["variant"] == variant
-  )
-
-
 def records(
   lines: Sequence[Mapping[str, Any]],
   base: config_lib.TrainConfig,
@@ -419,19 +410,7 @@ def records(
   timing: Mapping[str, Any],
 ) -> list[dict[str, Any]]:
   """The accuracy claims' records, then the step-time claims'."""
-  out = []
-  for claim in CLAIMS:
-    ok = trained(lines, claim.b)
-    out.append(
-      grid.runner_record(
-        lines,
-        claim,
-        base,
-        tuned,
-        baseline_trained=ok,
-        reason=None if ok else f"{claim.b} stayed at chance (loss >= ln 10)",
-      )
-    )
+  out = runs.runner_records(lines, CLAIMS, base, tuned, runs.chance_loss(base))
   hi = max(timing["vits"])
   setting = {
     name: {

@@ -85,10 +85,22 @@ def test_batchnorm_regime_gates_powernorm_vs_batchnorm(hurts):
 
 def test_a_baseline_above_the_unigram_entropy_did_not_train():
   base = pc.base_config(_args())
-  lines = _lines({"layernorm": [2.1, 2.1, 2.1], "batchnorm": [9.0, 9.1, 9.2]})
-  ok, why = pc.trained(lines, base, "batchnorm")
-  assert not ok and "unigram" in why
-  assert pc.trained(lines, base, "layernorm") == (True, None)
+  lines = _lines(
+    {
+      "layernorm": [2.1, 2.1, 2.1],
+      "batchnorm": [9.0, 9.1, 9.2],
+      "powernorm": [2.0, 2.0, 2.0],
+    }
+  )
+  recs = pc.records(lines, base, pc.variants(base))
+  by_b = {}
+  for r in recs:
+    by_b.setdefault(r["b"], []).append(r)
+  assert all(
+    not r["baseline_trained"] and "unigram entropy" in r["why"]
+    for r in by_b["batchnorm"]
+  )
+  assert all(r["baseline_trained"] for r in by_b["layernorm"])
 
 
 def test_fold_reproduces_un_and_times_every_form():

@@ -13,7 +13,7 @@ import json
 import pytest
 
 from experiments import graph_transformer as gt
-from experiments._harness import tiers
+from experiments._harness import runs, tiers
 from jaxnorm.training import build, claims
 from jaxnorm.training import config as config_lib
 
@@ -44,9 +44,12 @@ def test_claims_compare_the_main_arm_with_one_ablation_each():
   assert all(
     c.kind == "superior" and c.arxiv == "2012.09699" for c in gt.CLAIMS
   )
+  args = tiers.parser(gt.__doc__, gt.NAME).parse_args([])
+  chance = runs.chance_loss(gt.base_config(args))
+  assert chance == pytest.approx(0.693, abs=1e-3)  # ln 2: two classes.
   lines = [{"variant": "x", "val_loss": 0.6}, {"variant": "x", "val_loss": 0.7}]
-  assert not gt.trained(lines, "x")  # log 2 = 0.693
-  assert gt.trained(lines[:1], "x")
+  assert "0.700" in runs.untrained(lines, "x", chance)
+  assert runs.untrained(lines[:1], "x", chance) is None
 
 
 @pytest.mark.slow

@@ -1,4 +1,7 @@
-"""The trained-LM helpers of the claims scripts (`experiments._lm`)."""
+"""The trained-LM helpers of the claims scripts (`experiments._lm`).
+
+The trained models come back through `experiments._harness.runs.trained`.
+"""
 
 import jax
 import numpy as np
@@ -6,7 +9,7 @@ import pytest
 from flax import nnx
 
 from experiments import _lm, convert_prenorm, grpo, llm_int8, remove_layernorm
-from experiments._harness import grid
+from experiments._harness import grid, runs
 from jaxnorm.nn import convert, fakeln
 from jaxnorm.training import config as config_lib
 
@@ -51,7 +54,7 @@ def test_trained_restores_the_model_the_run_trained(parents):
   table, lines, built = parents
   for line in lines:
     seed = line["seed"]
-    model = _lm.trained(
+    model = runs.trained(
       table, BASE, {}, "pre-ln", seed, model=lambda s=seed: _lm.pre_ln(BASE, s)
     )
     for got, want in zip(_leaves(model), _leaves(built[seed]), strict=True):

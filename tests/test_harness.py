@@ -2,17 +2,24 @@
 
 The runner is replaced by a synthetic one whose training loss is a known
 function of the learning rate, so the sweep's choice and extensions are
-checked exactly; RESULTS.md is rendered from hand-made records.
+checked exactly; RESULTS.md is rendered from hand-made records. `runs`
+(restoring a run's model, probe caches, "did the baseline train") is
+checked on the same fake runner and, in the slow set, on a tiny real run.
 """
 
 import argparse
+import dataclasses
 import json
 import math
 
+import jax
+import numpy as np
 import pytest
+from flax import nnx
 
-from experiments._harness import grid, report, results, tiers
-from jaxnorm.training import claims
+from experiments import _lm
+from experiments._harness import grid, report, results, runs, tiers
+from jaxnorm.training import build, claims, tasks
 from jaxnorm.training import config as config_lib
 
 BASE = config_lib.TrainConfig(
@@ -250,3 +257,203 @@ def test_tuned_grid_sweeps_a_loop_outside_the_runner(tmp_path):
     grid.run_grid(
       args[0], BASE, {}, (0,), model=lambda *a: None, train=train_one
     )
+
+
+# ---------------------------------------------------------------------------
+# Arms at fixed rates, and `runs`.
+
+
+def test_fixed_rate_grid_names_runs_by_rate_and_reuses_tuned_runs(
+  tmp_path, fake_runner
+):
+  table = tmp_path / "t.jsonl"
+  lines, _ = grid.tuned_grid(
+    table, BASE, {"ln": {"norm": "layernorm"}}, (0, 1), {"ln": [3e-3, 1e-2]}
+  )
+  assert {ln["run"] for ln in lines} == {"ln@lr=0.01"}
+  n = len(fake_runner)
+  built = []
+
+  def model(name, seed):
+    built.append((name, seed))
+
+  arms = {
+    "ln": {"norm": "layernorm", "learning_rate": 1e-2},
+    "rms": {"norm": "rmsnorm"},
+  }
+  fixed = grid.fixed_rate_grid(table, BASE, arms, (0, 1, 2), model=model)
+  # ln at 1e-2 is the tuned grid's run: only its seed 2 trains; an arm
+  # without a rate runs under its own name.
+  assert len(fake_runner) == n + 4
+  assert sorted(built) == [("ln", 2), ("rms", 0), ("rms", 1), ("rms", 2)]
+  assert sorted((ln["variant"], ln["run"], ln["seed"]) for ln in fixed) == [
+    ("ln", "ln@lr=0.01", s) for s in range(3)
+  ] + [("rms", "rms", s) for s in range(3)]  # fmt: skip
+  assert grid.fixed_rate_grid(table, BASE, arms, (1,)) == [
+    ln for ln in fixed if ln["seed"] == 1
+  ]
+
+
+def _lines(values, metric="val_loss"):
+  return [
+    {"variant": v, "seed": s, metric: x}
+    for v, xs in values.items()
+    for s, x in enumerate(xs)
+  ]
+
+
+def test_untrained_needs_every_seed_past_the_bar():
+  lines = _lines({"a": [2.0, 3.5], "b": [2.0, 2.9], "c": [2.0, None]})
+  assert runs.untrained(lines, "b", 3.0) is None
+  why = runs.untrained(lines, "a", 3.0, what="the unigram entropy")
+  assert why == (
+    "a did not train: val_loss 2.000, 3.500 not below the unigram entropy "
+    "(3.000) in every seed"
+  )
+  assert "missing" in runs.untrained(lines, "c", 3.0)
+  assert runs.untrained(_lines({"d": [math.nan]}), "d", 3.0) is not None
+  assert runs.untrained(lines, "e", 3.0) == "e did not train: it has no line"
+  acc = _lines({"a": [0.5, 0.15]}, "val_accuracy")
+  assert runs.untrained(acc, "a", 0.1, metric="val_accuracy", higher=True) is (
+    None
+  )
+  why = runs.untrained(acc, "a", 0.2, metric="val_accuracy", higher=True)
+  assert "val_accuracy 0.500, 0.150 not above chance (0.200)" in why
+
+
+def test_untrained_can_also_need_accuracy_above_chance():
+  chance = math.log(10)
+  good = {"variant": "a", "seed": 0, "val_loss": 1.0, "val_accuracy": 0.6}
+  bad = {"variant": "a", "seed": 1, "val_loss": 2.0, "val_accuracy": 0.09}
+  assert runs.untrained([good], "a", chance, accuracy=0.1) is None
+  # Its loss beats chance; its accuracy does not.
+  assert runs.untrained([good, bad], "a", chance) is None
+  why = runs.untrained([good, bad], "a", chance, accuracy=0.1)
+  assert why == (
+    "a did not train: val_accuracy 0.600, 0.090 not above chance (0.100) "
+    "in every seed"
+  )
+
+
+def test_runner_records_judge_each_claims_baseline(tmp_path, fake_runner):
+  variants = {"ln": {"norm": "layernorm"}, "rms": {"norm": "rmsnorm"}}
+  lines = grid.run_grid(tmp_path / "t.jsonl", BASE, variants, (0, 1, 2))
+  claim = claims.Claim(
+    paper="RMSNorm",
+    arxiv="1910.07467",
+    claim="RMSNorm is better than LayerNorm",
+    metric="val_loss",
+    direction="lower",
+    kind="superior",
+    margin=0.0,
+    a="rms",
+    b="ln",
+  )
+  bar = max(ln["val_loss"] for ln in lines if ln["variant"] == "ln")
+  (ok,) = runs.runner_records(lines, [claim], BASE, variants, bar + 0.01)
+  (bad,) = runs.runner_records(lines, [claim], BASE, variants, bar, what="x")
+  claims.check_records([ok, bad])
+  assert ok["baseline_trained"] and ok["setting"]["b"]["params"] == 1000
+  assert not bad["baseline_trained"] and bad["verdict"] != "reproduced"
+  assert "ln did not train: val_loss" in bad["why"] and "below x" in bad["why"]
+
+
+def test_chance_loss_is_the_runners_trivial_predictor():
+  text = dataclasses.replace(BASE, eval_batches=1)
+  assert runs.chance_loss(text) == pytest.approx(
+    tasks.make_task(text).baseline, rel=1e-12
+  )
+  assert 2.0 < runs.chance_loss(text) < math.log(256)
+  images = dataclasses.replace(BASE, model="cnn", data="digits")
+  assert runs.chance_loss(images) == pytest.approx(math.log(10))
+  assert runs.chance_loss(images) == pytest.approx(
+    tasks.make_task(images).baseline
+  )
+  graphs = dataclasses.replace(BASE, model="graph", data="cluster")
+  assert runs.chance_loss(graphs) == pytest.approx(math.log(6))
+
+
+def test_probed_measures_each_run_once(tmp_path):
+  path = tmp_path / "cache" / "probes.jsonl"
+  lines = [
+    {"variant": "a", "run": "a@lr=0.01", "seed": 0, "val_loss": 1.0},
+    {"variant": "a", "run": "a@lr=0.01", "seed": 1, "val_loss": 1.1},
+    {"variant": "b", "seed": 0, "val_loss": 2.0},
+  ]
+  calls = []
+
+  def probe(ln):
+    calls.append((grid.run_name(ln), ln["seed"]))
+    return {"rms": [1.0, 2.0 + ln["seed"]]}
+
+  out = runs.probed(lines, path, probe)
+  assert calls == [("a@lr=0.01", 0), ("a@lr=0.01", 1), ("b", 0)]
+  assert [ln["rms"] for ln in out] == [[1.0, 2.0], [1.0, 3.0], [1.0, 2.0]]
+  assert all(ln.items() <= o.items() for ln, o in zip(lines, out))
+  # A rerun reads the cache; only a new run is probed.
+  new = {"variant": "b", "seed": 1, "val_loss": 2.1}
+  again = runs.probed([*lines, new], path, probe)
+  assert calls[3:] == [("b", 1)] and again[:3] == out
+  assert len(grid.read_table(path)) == 4
+
+
+def test_trained_resumes_a_finished_run_without_training(tmp_path, fake_runner):
+  table = tmp_path / "t.jsonl"
+  seen = []
+
+  def make():
+    seen.append("built")
+    return "module"
+
+  # No checkpoint yet: refused before the runner is called.
+  with pytest.raises(ValueError, match=r"checkpoint at step None of 10"):
+    runs.trained(table, BASE, {"norm": "rmsnorm"}, "rms", 0, model=make)
+  assert fake_runner == [] and seen == []
+  out_dir = grid.run_dir(tmp_path, "rms@lr=0.01", 1)
+  (out_dir / "checkpoints" / "5").mkdir(parents=True)
+  variants = {"rms": {"norm": "rmsnorm", "learning_rate": 1e-2}}
+  line = {"variant": "rms", "run": "rms@lr=0.01", "seed": 1}
+  with pytest.raises(ValueError, match=r"step 5 of 10; rerun the grid"):
+    runs.trained_line(table, BASE, variants, line)
+  (out_dir / "checkpoints" / "10").mkdir()
+  factory = []
+
+  def grid_model(variant, seed):
+    factory.append((variant, seed))
+    return "module"
+
+  got = runs.trained_line(table, BASE, variants, line, model=grid_model)
+  assert got == "module" and factory == [("rms", 1)]
+  assert fake_runner == [(str(out_dir), 1e-2, 1)]
+
+
+@pytest.mark.slow  # Trains a tiny LM through the runner.
+def test_trained_restores_the_run_the_runner_trained(tmp_path):
+  base = dataclasses.replace(
+    BASE,
+    steps=4,
+    eval_every=4,
+    log_every=4,
+    eval_batches=2,
+    warmup_steps=1,
+    checkpoint_every=10**9,
+  )
+  table = tmp_path / "t.jsonl"
+  variants = {"ln": {"norm": "layernorm"}}
+  (line,) = grid.run_grid(table, base, variants, (3,))
+  log = grid.run_dir(tmp_path, "ln", 3) / "metrics.jsonl"
+  before = log.read_text()
+  model = runs.trained_line(table, base, variants, line)
+  # The runner's own evaluation of the restored model: its val_loss.
+  loss, _ = _lm.evaluate(model, _lm.val_batches(base))
+  np.testing.assert_allclose(loss, line["val_loss"], rtol=1e-5)
+  cfg = dataclasses.replace(base, seed=3, **variants["ln"])
+  fresh = build.build_model(
+    cfg, tasks.make_task(cfg).model_kwargs, rngs=nnx.Rngs(3)
+  )
+  leaves = [jax.tree.leaves(nnx.state(m, nnx.Param)) for m in (model, fresh)]
+  assert any(not np.allclose(a, b) for a, b in zip(*leaves, strict=True))
+  # A config that asks for more steps is refused: nothing trains.
+  with pytest.raises(ValueError, match="step 4 of 8"):
+    runs.trained_line(table, dataclasses.replace(base, steps=8), variants, line)
+  assert log.read_text() == before

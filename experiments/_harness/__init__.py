@@ -5,6 +5,9 @@
   (`jaxnorm.training.trainer.train`, what ``jaxnorm-train`` runs) into a
   resumable JSON-lines table; cells, seed pairing and claim records
   (`jaxnorm.training.claims`: paired intervals, kinds, margins);
+* `runs`: what the scripts read back from a finished grid: a run's
+  trained model (restored by the runner's resume), probes cached by run,
+  the trivial predictor's loss and whether a baseline trained;
 * `report`: a script's result files (JSON with its ``claims`` and ``run``
   provenance, Markdown, figure) and the one spread convention (mean and
   sample standard deviation, ``ddof=1``);

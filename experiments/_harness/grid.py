@@ -52,6 +52,11 @@ def run_dir(out: pathlib.Path, variant: str, seed: int) -> pathlib.Path:
   return out / "runs" / variant / f"seed{seed}"
 
 
+def run_name(line: Mapping[str, Any]) -> str:
+  """A grid line's run: its ``run`` (`fixed_rate_grid`), else its variant."""
+  return line.get("run", line["variant"])
+
+
 def run_grid(
   table: pathlib.Path,
   base: config_lib.TrainConfig,
@@ -129,10 +134,6 @@ def run_grid(
   return lines
 
 
-def _at(variant: str, lr: float) -> str:
-  return f"{variant}@lr={lr:g}"
-
-
 def tuned_grid(
   table: pathlib.Path,
   base: config_lib.TrainConfig,
@@ -195,16 +196,11 @@ def tuned_grid(
       continue
 
     def score(lr: float, name: str = name, changes=changes) -> float:
-      run = {_at(name, lr): {**changes, "learning_rate": lr}}
-      lines = run_grid(
-        table,
-        base,
-        run,
-        seeds[:1],
-        model=_renamed(model),
-        train=_renamed(train),
+      arm = {name: {**changes, "learning_rate": lr}}
+      lines = fixed_rate_grid(
+        table, base, arm, seeds[:1], model=model, train=train
       )
-      return _score(lines, _at(name, lr), seeds[0], select)
+      return _score(lines, name, seeds[0], select)
 
     chosen[name] = {
       **sweep(score, rates, extend=extend, who=f"tuned_grid: {name!r}"),
@@ -212,19 +208,46 @@ def tuned_grid(
     }
     best = chosen[name]["learning_rate"]
     tuned[name] = {**changes, "learning_rate": best}
+  out = fixed_rate_grid(table, base, tuned, seeds, model=model, train=train)
+  return out, {"variants": tuned, "sweeps": chosen}
+
+
+def fixed_rate_grid(
+  table: pathlib.Path,
+  base: config_lib.TrainConfig,
+  arms: Mapping[str, Mapping[str, Any]],
+  seeds: Sequence[int],
+  *,
+  model: Callable[[str, int], Any] | None = None,
+  train: Callable[[str, config_lib.TrainConfig], Mapping[str, Any]]
+  | None = None,
+) -> list[dict[str, Any]]:
+  """`run_grid` of arms at fixed rates, run and named as `tuned_grid`'s.
+
+  An arm whose changes set ``learning_rate`` runs as ``<arm>@lr=<rate>``
+  (so another rate is another run, and a `tuned_grid` run at that rate is
+  reused); an arm without one runs under its own name. The lines of
+  ``seeds`` come back named by the arm, ``run`` the run's name; ``model``
+  and ``train`` are called with the arm's name.
+  """
   runs, names = {}, {}
-  for name, changes in tuned.items():
-    run = _at(name, chosen[name]["learning_rate"]) if name in chosen else name
-    runs[run], names[run] = changes, name
+  for name, changes in arms.items():
+    rate = changes.get("learning_rate")
+    run = name if rate is None else f"{name}@lr={rate:g}"
+    runs[run], names[run] = dict(changes), name
   lines = run_grid(
-    table, base, runs, seeds, model=_renamed(model), train=_renamed(train)
+    table,
+    base,
+    runs,
+    seeds,
+    model=None if model is None else lambda r, s: model(names[r], s),
+    train=None if train is None else lambda r, cfg: train(names[r], cfg),
   )
-  out = [
+  return [
     {**ln, "variant": names[ln["variant"]], "run": ln["variant"]}
     for ln in lines
     if ln["variant"] in names and ln["seed"] in seeds
   ]
-  return out, {"variants": tuned, "sweeps": chosen}
 
 
 def sweep(
@@ -288,15 +311,6 @@ def sweep(
     "grid": {f"{lr:g}": scores[lr] for lr in sorted(scores)},
     "inside": min(scores) < best < max(scores),
   }
-
-
-def _renamed(
-  fn: Callable[[str, Any], Any] | None,
-) -> Callable[[str, Any], Any] | None:
-  """``fn`` called with the variant's name without ``@lr=...``."""
-  if fn is None:
-    return None
-  return lambda name, arg: fn(name.split("@lr=")[0], arg)
 
 
 def _score(
@@ -372,6 +386,20 @@ def markdown_table(
   return rows
 
 
+def val_curves(
+  table: pathlib.Path, lines: Sequence[Mapping[str, Any]]
+) -> dict[str, list[list[tuple[int, float]]]]:
+  """Each variant's ``(step, val_loss)`` logs (`report.curves_axes`)."""
+  out: dict[str, list[list[tuple[int, float]]]] = {}
+  for ln in lines:
+    log = metrics.read_log(
+      run_dir(table.parent, run_name(ln), ln["seed"]) / "metrics.jsonl"
+    )
+    curve = [(r["step"], r["val_loss"]) for r in log if "val_loss" in r]
+    out.setdefault(ln["variant"], []).append(curve)
+  return out
+
+
 def figure(
   table: pathlib.Path,
   lines: Sequence[Mapping[str, Any]],
@@ -390,37 +418,8 @@ def figure(
   panels = 3 if records else 2
   fig, axes = plt.subplots(1, panels, figsize=(6 * panels, 4.8))
   ax_curve, ax_bar = axes[0], axes[1]
-  by_variant: dict[str, list[list[tuple[int, float]]]] = {}
-  for ln in lines:
-    run = ln.get("run", ln["variant"])  # `tuned_grid`'s run name.
-    log = metrics.read_log(
-      run_dir(table.parent, run, ln["seed"]) / "metrics.jsonl"
-    )
-    curve = [(r["step"], r["val_loss"]) for r in log if "val_loss" in r]
-    by_variant.setdefault(ln["variant"], []).append(curve)
-  for name, curves in by_variant.items():
-    n = min(len(c) for c in curves)
-    if n == 0:
-      continue
-    steps = [s for s, _ in curves[0][:n]]
-    vals = np.array([[v for _, v in c[:n]] for c in curves])
-    (line,) = ax_curve.plot(steps, vals.mean(0), label=name)
-    ax_curve.fill_between(
-      steps, vals.min(0), vals.max(0), color=line.get_color(), alpha=0.2
-    )
-  ax_curve.set_xlabel("step")
-  ax_curve.set_ylabel("validation loss (nats)")
-  ax_curve.set_title("validation loss (mean, min-max over seeds)")
-  ax_curve.legend(fontsize=7)
-  grid = cells(lines, metric)
-  names = list(grid)
-  ax_bar.bar(
-    range(len(names)),
-    [grid[n]["mean"] for n in names],
-    yerr=[grid[n]["std"] for n in names],
-    capsize=3,
-  )
-  ax_bar.set_xticks(range(len(names)), names, rotation=45, ha="right")
+  _report.curves_axes(ax_curve, val_curves(table, lines))
+  _report.cells_bars(ax_bar, cells(lines, metric))
   ax_bar.set_ylabel(f"final {metric}")
   ax_bar.set_ylim(bottom=0)
   ax_bar.set_title(f"final {metric} (mean ± std)")

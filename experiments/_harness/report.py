@@ -79,6 +79,59 @@ def claims_axes(ax: Any, records: Sequence[Mapping[str, Any]]) -> None:
   ax.set_title("paired difference, one-sided bounds at each claim's level")
 
 
+def curves_axes(
+  ax: Any,
+  curves: Mapping[str, Sequence[Sequence[tuple[int, float]]]],
+  ylabel: str = "validation loss (nats)",
+) -> None:
+  """Per variant, the mean curve over seeds and its min-max band.
+
+  ``curves`` maps a variant to one ``[(step, value), ...]`` per seed (e.g.
+  `grid.val_curves`); the seeds are cut to the shortest curve.
+  """
+  for name, runs in curves.items():
+    n = min(len(c) for c in runs)
+    if n == 0:
+      continue
+    steps = [s for s, _ in runs[0][:n]]
+    vals = np.array([[v for _, v in c[:n]] for c in runs])
+    (line,) = ax.plot(steps, vals.mean(0), label=name)
+    ax.fill_between(
+      steps, vals.min(0), vals.max(0), color=line.get_color(), alpha=0.2
+    )
+  ax.set_xlabel("step")
+  ax.set_ylabel(ylabel)
+  ax.set_title("validation loss (mean, min-max over seeds)")
+  ax.legend(fontsize=7)
+
+
+def cells_bars(
+  ax: Any,
+  cells: Mapping[str, Mapping[str, Any]],
+  names: Sequence[str] | None = None,
+  *,
+  rotation: float = 45,
+) -> None:
+  """One bar per cell (`grid.cells`): its mean, one-std error bars.
+
+  ``names``: the cells shown, in order (default: all); each labels its
+  bar, turned by ``rotation`` degrees.
+  """
+  names = list(cells) if names is None else list(names)
+  ax.bar(
+    range(len(names)),
+    [cells[n]["mean"] for n in names],
+    yerr=[cells[n]["std"] for n in names],
+    capsize=3,
+  )
+  ax.set_xticks(
+    range(len(names)),
+    names,
+    rotation=rotation,
+    ha="right" if rotation else "center",
+  )
+
+
 def cite(paper: Mapping[str, Any]) -> str:
   """``"DyT (arXiv:2503.10622)"``, or the source of a paper without one."""
   where = (
@@ -87,6 +140,16 @@ def cite(paper: Mapping[str, Any]) -> str:
     else paper.get("source", "no arXiv id")
   )
   return f"{paper['name']} ({where})"
+
+
+def why_lines(records: Sequence[Mapping[str, Any]]) -> list[str]:
+  """Markdown after a verdict table: each record's arms, metric and why."""
+  return [
+    "",
+    "Why each verdict:",
+    "",
+    *(f"- {r['a']} vs {r['b']} ({r['metric']}): {r['why']}" for r in records),
+  ]
 
 
 def runner_lines(base: Any, seeds: Sequence[int]) -> list[str]:
@@ -106,11 +169,9 @@ def runner_lines(base: Any, seeds: Sequence[int]) -> list[str]:
   ]
 
 
-def sweep_lines(sweeps: Mapping[str, Mapping[str, Any]]) -> list[str]:
+def sweep_rows(sweeps: Mapping[str, Mapping[str, Any]]) -> list[str]:
   """A Markdown table of `grid.tuned_grid`'s learning-rate sweeps."""
   out = [
-    "## Learning rates (seed 0, chosen by the final training loss)",
-    "",
     "| variant | chosen | grid: final training loss |",
     "|---|---|---|",
   ]
@@ -118,7 +179,17 @@ def sweep_lines(sweeps: Mapping[str, Mapping[str, Any]]) -> list[str]:
     scores = ", ".join(f"{lr}: {v:.3f}" for lr, v in sweep["grid"].items())
     inside = "" if sweep["inside"] else " (at the grid's end)"
     out.append(f"| {name} | {sweep['learning_rate']:g}{inside} | {scores} |")
-  return out + [""]
+  return out
+
+
+def sweep_lines(sweeps: Mapping[str, Mapping[str, Any]]) -> list[str]:
+  """`sweep_rows` under its heading, then a blank line."""
+  return [
+    "## Learning rates (seed 0, chosen by the final training loss)",
+    "",
+    *sweep_rows(sweeps),
+    "",
+  ]
 
 
 def mean_spread(values: Any) -> tuple[float, float]:

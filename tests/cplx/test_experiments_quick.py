@@ -26,6 +26,7 @@ from experiments import (
   complex_e5_pct,
 )
 from experiments._harness import grid, tiers
+from experiments._harness import runs as harness_runs
 from jaxnorm.nn import cplx as ncplx
 from jaxnorm.training import claims
 
@@ -233,8 +234,6 @@ def test_gated_records_follow_the_regime():
   )
   assert absent[1]["verdict"] == claims.NOT_TESTABLE
   assert "not testable at this scale (no (" in absent[1]["why"]
-  assert complex_common.trained(lines, "a", 1.5)
-  assert not complex_common.trained(lines, "b", 1.5)
 
 
 def _check(out: pathlib.Path, name: str) -> None:
@@ -271,8 +270,8 @@ def test_quick_fairy2i_fine_tunes_the_trained_parent(tmp_path):
   args.quick = True
   parent = complex_e3_fairy2i.parent_config(args)
   models = complex_e3_fairy2i.Models(parent, runs / "parents" / "grid.jsonl")
-  lm = complex_common.restore(
-    models.lm(0), grid.run_dir(runs / "parents", "parent", 0)
+  lm = harness_runs.trained(
+    models.parents, parent, {}, "parent", 0, model=lambda: models.lm(0)
   )
   fresh = models.lm(0)
   a, b = (nnx.state(m, nnx.Param)["head"]["kernel"][...] for m in (lm, fresh))
