@@ -101,7 +101,6 @@ def _other_software_and_bad_bytes(step_dir):
       p.write_bytes(p.read_bytes()[:10])
 
 
-@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 @pytest.mark.parametrize(
   "damage,match",
   [
@@ -167,7 +166,6 @@ def _bad_position(step_dir):
   (step_dir / "position" / "metadata").write_text("{")
 
 
-@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 @pytest.mark.parametrize(
   "damage", [_truncate_state, _wrong_fingerprint, _bad_position]
 )

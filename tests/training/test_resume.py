@@ -304,10 +304,6 @@ def _empty(step_dir: pathlib.Path) -> None:
   step_dir.mkdir()
 
 
-# A failed array read leaves orbax's pending reads to finish on a closed
-# event loop; Python reports those as unraisable (the restore itself failed
-# cleanly and the previous checkpoint was used).
-@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 @pytest.mark.parametrize("damage", [_flip, _truncate, _no_metadata, _empty])
 def test_corrupt_newest_checkpoint_falls_back(tmp_path, reference, damage):
   run = runs.copy_run(reference((1, 1, 1)), tmp_path / "run")
