@@ -42,6 +42,7 @@ def test_patch_labels_and_miou():
   )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("norm", ["layernorm", "clsnorm"])
 def test_vit_tokens_match_the_model(norm):
   config = models.ViTConfig(
@@ -100,6 +101,7 @@ def test_elu_mlp_is_he_normal_without_dropout():
   assert float(jnp.var(k) * k.shape[0]) == pytest.approx(2.0, rel=0.5)
 
 
+@pytest.mark.slow
 def test_nap_keeps_the_hidden_kernels_norm():
   s = nap_claims.SETTINGS["quick"]
   # optax mixes Python floats and int32 counts (report.run does the same).

@@ -199,6 +199,7 @@ def test_int8_dense_is_a_drop_in():
     )
 
 
+@pytest.mark.slow
 def test_swap_dense_on_the_lm():
   cfg = models.LMConfig(
     width=16, depth=1, num_heads=2, max_len=8, tie_embeddings=False
@@ -249,6 +250,7 @@ def test_errors():
     nn_quant.quantized_matmul(x, w, quant_mode="int4")
 
 
+@pytest.mark.slow
 def test_lm_quant_flag_swaps_every_dense():
   cfg = models.LMConfig(
     width=32, depth=1, num_heads=2, max_len=8, tie_embeddings=False

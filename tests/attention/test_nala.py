@@ -290,5 +290,6 @@ def test_nala_core_errors():
     m(jnp.ones((1, 12, D)))
 
 
+@pytest.mark.slow
 def test_vit_builds_the_nala_layer_and_trains():
   _common.check_vit_builds_the_map_layer_and_trains("nala")

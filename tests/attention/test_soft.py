@@ -387,6 +387,7 @@ def test_soft_core_errors():
     nn_attn.make_attention("soft", D, N, grid_shape=(4,), rngs=nnx.Rngs(0))
 
 
+@pytest.mark.slow
 def test_vit_builds_the_soft_layer_and_trains():
   _common.check_vit_builds_the_map_layer_and_trains("soft")
 

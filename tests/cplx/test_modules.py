@@ -262,6 +262,7 @@ def test_complex_lm_is_causal(parts, tokens):
   assert not np.allclose(y[:, -1], x[:, -1], atol=1e-4)
 
 
+@pytest.mark.slow
 def test_complex_lm_born_logits_and_training_step(tokens):
   model = ncplx.ComplexLM(ncplx.ComplexLMConfig(**TINY), rngs=nnx.Rngs(0))
   z = model.amplitudes(tokens)

@@ -70,6 +70,7 @@ def _cnet_params(m: ncplx.ComplexLM) -> dict:
   }
 
 
+@pytest.mark.slow
 def test_cnet_official_matches_build_lm():
   e, n, depth, vocab = 8, 6, 2, 11
   m = ncplx.ComplexLM(
@@ -94,6 +95,7 @@ def test_cnet_official_matches_build_lm():
   np.testing.assert_allclose(jax.nn.softmax(logits), probs, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_cnet_official_shapes_counts_and_init():
   vocab = 65
   cfg = ncplx.ComplexLMConfig.cnet_official(vocab)
@@ -179,6 +181,7 @@ def _pct_params(m: ncplx.ComplexLM) -> dict:
   }
 
 
+@pytest.mark.slow
 def test_pct_official_matches_transformer_cell():
   heads, dim_head, n, vocab = 2, 4, 7, 13
   cfg = ncplx.ComplexLMConfig.pct_official(
@@ -197,6 +200,7 @@ def test_pct_official_matches_transformer_cell():
   np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.slow
 def test_pct_official_counts_and_init():
   vocab, d, depth, heads, hd, n = 16, 128, 4, 4, 32, 32
   cfg = ncplx.ComplexLMConfig.pct_official(vocab, max_len=n)
@@ -241,6 +245,7 @@ def test_pct_official_counts_and_init():
   assert y.shape == (2, n, vocab) and y.dtype == jnp.float32 and c.finite(y)
 
 
+@pytest.mark.slow
 def test_pct_official_gates_and_other_attention():
   relu = ncplx.ComplexLMConfig.pct_official(
     8, width=8, depth=1, num_heads=2, head_dim=4, max_len=5, gate="relu"
@@ -320,6 +325,7 @@ def test_fourier_hadamard_conv_module_matches_functions():
     ncplx.FourierHadamardConv(0, rngs=nnx.Rngs(0))
 
 
+@pytest.mark.slow
 def test_layer_init_options():
   act = ncplx.ModReLU(5, power=2, per_feature=False, rngs=nnx.Rngs(0))
   act.bias[...] = jnp.float32(-0.5)

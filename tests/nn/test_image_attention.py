@@ -99,6 +99,7 @@ def test_decay_mask_follows_the_spec(name):
     assert mask[path] is want, (name, path)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", IMAGES)
 def test_one_training_step_in_the_cnn(key, name):
   """A finite loss, and the attention's parameters move after one step."""

@@ -60,6 +60,7 @@ def test_fused_reference_equals_unfused(key, norm):
   helpers.assert_close(nnx.state(g1), nnx.state(g2), atol=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("norm", ["rmsnorm", "layernorm"])
 def test_fused_pallas_kernel_equals_unfused(key, norm, interpreted_kernels):
   x = jax.random.normal(key, (2, 5, D))

@@ -78,6 +78,7 @@ def fake_gpu(monkeypatch):
   return calls
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", NAMES)
 def test_none_picks_the_kernel_on_an_accelerator(fake_gpu, name, key):
   fn, args, kw = _args(name, key)
@@ -239,6 +240,7 @@ def test_attention_none_is_the_reference_on_cpu(name, key, attention_kernels):
     np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ATTENTION)
 def test_attention_pallas_runs_the_interpreted_kernel(
   name, key, attention_kernels

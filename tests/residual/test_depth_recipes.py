@@ -167,7 +167,9 @@ def _lm(scheme, layers, *, tie):
 
 
 @pytest.mark.parametrize("scheme", SCHEMES)
-@pytest.mark.parametrize("layers", [2, 24, 40])
+@pytest.mark.parametrize(
+  "layers", [2, 24, pytest.param(40, marks=pytest.mark.slow)]
+)
 def test_per_parameter_lr_and_eps_match_depthbench_groups(scheme, layers):
   model = _lm(scheme, layers, tie=False)
   rule = optimizers.depth_adam_rule(
@@ -192,7 +194,9 @@ def test_per_parameter_lr_and_eps_match_depthbench_groups(scheme, layers):
 
 
 @pytest.mark.parametrize("scheme", SCHEMES)
-@pytest.mark.parametrize("layers", [3, 24, 48])
+@pytest.mark.parametrize(
+  "layers", [3, 24, pytest.param(48, marks=pytest.mark.slow)]
+)
 def test_per_parameter_lr_and_eps_match_completep_nanogpt(scheme, layers):
   # CompleteP's own code (width multiplier 1) gives the same groups.
   model = _lm(scheme, layers, tie=True)

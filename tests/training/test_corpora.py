@@ -259,6 +259,7 @@ def test_process_rows_make_up_each_global_batch():
     data.process_batches(elements, batch_size=8, start=0, rows=(3, 3))
 
 
+@pytest.mark.slow
 def test_lm_trains_on_token_shards_with_their_vocabulary(tmp_path):
   rng = np.random.default_rng(0)
   folder = _shards(

@@ -227,6 +227,7 @@ def test_tensorboard_sink(tmp_path):
   assert list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
 
 
+@pytest.mark.slow
 def test_backward_state_is_trained_like_a_hand_written_step(tmp_path):
   # PowerNorm's grad_ema is a BackwardStat: only the backward pass updates
   # it. One runner step must equal nnx.grad over BACKWARD_DIFF plus
