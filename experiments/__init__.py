@@ -1,9 +1,12 @@
 """Runnable experiments: ``python -m experiments.<name> --help``.
 
-* `experiments.convert_prenorm`: Pre-LN -> Pre-RMSNorm -> Pre-CRMSNorm on
-  a trained LM (maximum logit difference, validation losses).
-* `experiments.remove_layernorm`: LayerNorm removal by FakeLN fine-tuning
-  (validation loss before and after, plot over the removal schedule).
-
-Results of the recorded runs are in ``experiments/RESULTS.md``.
+Each module reproduces one paper's headline claims (``*_claims``, and the
+named studies such as `experiments.convert_prenorm` or
+`experiments.depthbench`): it trains the arms through the runner, states
+each claim's kind and margin before running, and writes a ``claims`` record
+to ``experiments/results/<name>.json`` beside its report. The shared
+machinery (tiers, grids, the paired statistics, provenance) is
+`experiments._harness`. ``python -m experiments._harness.results``
+collects the records into ``experiments/RESULTS.md`` and the README's
+headline table.
 """

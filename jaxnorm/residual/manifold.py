@@ -495,7 +495,7 @@ def mhc_static_init(
   rows of :math:`H^{res}` sum to 1 and :math:`\sum_i H^{pre}_i = 1`. With
   the uniform read it stays so through training: every stream gets the same
   gradient, so the streams never separate and the mixing is never used
-  (measured by `experiments.residual_depth`: stream spread 0). The focused
+  (measured by `experiments.residual_streams`: stream spread 0). The focused
   read keeps the same function at init, but the backward pass reaches
   each stream with a different weight, so the streams separate as HC's do.
 
