@@ -300,8 +300,11 @@ def test_runner_adamw_steps_match_torch_adamw_groups(scheme, grad_scale):
       )
   for p, got in moved.items():
     want = ref[p][0] - np.asarray(flat0[p][...], np.float64)
+    # float32 updates: an entry where decay and the Adam step nearly cancel
+    # keeps the round-off of its largest neighbours (1.5e-4 relative at
+    # 5.5e-6 beside 1.7e-2 under jax 0.12.1), hence the floor.
     np.testing.assert_allclose(
-      got, want, rtol=1e-4, atol=1e-10, err_msg=names[p]
+      got, want, rtol=1e-4, atol=1e-6 * np.abs(want).max(), err_msg=names[p]
     )
 
 
