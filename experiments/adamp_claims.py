@@ -58,6 +58,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import math
 import pathlib
 from collections.abc import Mapping, Sequence
@@ -92,12 +93,7 @@ LEARNING_RATES: Mapping[str, tuple[float, ...]] = {
 }
 PAIRS = (("adamp", "adamw"), ("sgdp", "sgd"))
 
-PAPER = ("AdamP", "2006.08217")
-
-
-def _claim(**fields: Any) -> claims.Claim:
-  return claims.Claim(paper=PAPER[0], arxiv=PAPER[1], **fields)
-
+_claim = functools.partial(claims.Claim, paper="AdamP", arxiv="2006.08217")
 
 LABEL = {"adamw": "AdamW", "adamp": "AdamP", "sgd": "SGD", "sgdp": "SGDP"}
 REGIME = {
@@ -413,8 +409,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     )
 
   def markdown(result: dict) -> list[str]:
-    lines = [f"# {__doc__.splitlines()[0]}", ""]
-    lines += [
+    lines = [
       f"Runner config: CNN width {base.width}, {base.depth} sandwich "
       f"blocks with BatchNorm, batch {base.batch_size}, {base.steps} steps "
       f"of {base.data} (cosine, warm-up {base.warmup_steps}, no weight "
@@ -446,11 +441,9 @@ def main(argv: Sequence[str] | None = None) -> dict:
         f"{grid.fmt(result['val_loss'][name])} | "
         f"{grid.fmt(result['val_accuracy'][name])} |"
       )
-    lines += ["", "## Claims", ""]
-    lines += grid.verdict_table(result["claims"])
     return lines
 
-  return report.run(NAME, args, compute, figure, markdown)
+  return report.run(NAME, __doc__, args, compute, figure, markdown)
 
 
 if __name__ == "__main__":

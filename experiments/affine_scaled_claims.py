@@ -36,12 +36,11 @@ cosine decay, 512K bytes, ``W_a`` with the default dense init and no bias
 
 from __future__ import annotations
 
-import pathlib
 from collections.abc import Sequence
 from typing import Any
 
 from experiments import attention_claims
-from experiments._harness import grid, report, runs, tiers
+from experiments._harness import runs, study, tiers
 from jaxnorm.training import claims
 
 NAME = "affine_scaled_claims"
@@ -78,52 +77,25 @@ def main(argv: Sequence[str] | None = None) -> dict:
   """Runs the tuned grid (skipping finished runs) and writes the report."""
   args = tiers.parser(__doc__, NAME).parse_args(argv)
   base = attention_claims.base_config(args)
-  seeds = tiers.seeds(args)
-  table = pathlib.Path(args.runs) / "grid.jsonl"
-  # --quick checks the pipeline at the base rate.
-  rates = {} if tiers.tier(args) == "quick" else LEARNING_RATES
-
-  def compute() -> dict:
-    lines, tuned = grid.tuned_grid(table, base, VARIANTS, seeds, rates)
-    records = runs.runner_records(
+  return study.tuned(
+    NAME,
+    __doc__,
+    args,
+    base,
+    VARIANTS,
+    LEARNING_RATES,
+    lambda lines, tuned: runs.runner_records(
       lines,
       CLAIMS,
       base,
-      tuned["variants"],
+      tuned,
       runs.chance_loss(base),
       what="the unigram entropy",
-    )
-    return {
-      "claims": records,
-      "sweeps": tuned["sweeps"],
-      "variants": tuned["variants"],
-      "lines": lines,
-      "val_loss": grid.cells(lines, "val_loss"),
-    }
-
-  def figure(result: dict, path: pathlib.Path) -> None:
-    grid.figure(
-      table,
-      result["lines"],
-      "val_loss",
-      path,
-      f"byte LM, {base.depth} layers of width {base.width}, {base.steps} "
-      f"steps: Affine-Scaled Attention ({len(seeds)} seeds)",
-      result["claims"],
-    )
-
-  def markdown(result: dict) -> list[str]:
-    lines = [f"# {__doc__.splitlines()[0]}", ""]
-    lines += report.runner_lines(base, seeds)
-    lines += report.sweep_lines(result["sweeps"])
-    lines += ["## Validation loss (nats/byte)", ""]
-    lines += grid.markdown_table(result["val_loss"], "val loss", SOFTMAX)
-    lines += ["", "## Claims", ""]
-    lines += grid.verdict_table(result["claims"])
-    lines += report.why_lines(result["claims"])
-    return lines
-
-  return report.run(NAME, args, compute, figure, markdown)
+    ),
+    title=f"byte LM, {base.depth} layers of width {base.width}, "
+    f"{base.steps} steps: Affine-Scaled Attention",
+    baseline=SOFTMAX,
+  )
 
 
 if __name__ == "__main__":

@@ -80,6 +80,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import math
 import pathlib
 from collections.abc import Mapping, Sequence
@@ -114,141 +115,126 @@ MATCHED = (GATED,)
 # Centred on softmax's best at this size (1e-2 of 1e-3..3e-2, seed 0).
 LEARNING_RATES = {name: (3e-3, 1e-2, 3e-2) for name in ATTENTIONS}
 
-SINKS = ("Attention sinks (gpt-oss)", "2508.10925")
-GATED_PAPER = ("Gated attention", "2505.06708")
-UNIFIED = ("A Unified View of Attention and Residual Sinks", "2601.22966")
-
-
-def _claim(paper, claim, metric, direction, kind, margin, a, b):
-  return claims.Claim(
-    paper=paper[0],
-    arxiv=paper[1],
-    claim=claim,
-    metric=metric,
-    direction=direction,
-    kind=kind,
-    margin=margin,
-    a=a,
-    b=b,
-  )
-
-
-SINK_REGIME = _claim(
-  ("Attention sinks (StreamingLLM)", "2309.17453"),
-  "softmax attention allocates a large share of attention to the initial "
-  "token (an attention sink): here, at least twice the uniform share",
-  "log_first_token_mass",
-  "higher",
-  "superior",
-  SINK_BAR,
-  SOFTMAX,
-  UNIFORM,
+_sinks_claim = functools.partial(
+  claims.Claim, paper="Attention sinks (gpt-oss)", arxiv="2508.10925"
 )
-MASSIVE_REGIME = _claim(
-  ("Massive activations", "2402.17762"),
-  "a few activations are massive, orders of magnitude above the median "
+_gated_claim = functools.partial(
+  claims.Claim, paper="Gated attention", arxiv="2505.06708"
+)
+
+SINK_REGIME = claims.Claim(
+  paper="Attention sinks (StreamingLLM)",
+  arxiv="2309.17453",
+  claim="softmax attention allocates a large share of attention to the "
+  "initial token (an attention sink): here, at least twice the uniform share",
+  metric="log_first_token_mass",
+  direction="higher",
+  kind="superior",
+  margin=SINK_BAR,
+  a=SOFTMAX,
+  b=UNIFORM,
+)
+MASSIVE_REGIME = claims.Claim(
+  paper="Massive activations",
+  arxiv="2402.17762",
+  claim="a few activations are massive, orders of magnitude above the median "
   "(here: the largest absolute activation above 100x the median)",
-  "log_max_over_median",
-  "higher",
-  "superior",
-  MASSIVE_BAR,
-  SOFTMAX,
-  MEDIAN,
+  metric="log_max_over_median",
+  direction="higher",
+  kind="superior",
+  margin=MASSIVE_BAR,
+  a=SOFTMAX,
+  b=MEDIAN,
 )
 # (claim, gate): the regime that must hold in the baseline, or None.
 CLAIMS: tuple[tuple[claims.Claim, str | None], ...] = (
   (SINK_REGIME, None),
   (MASSIVE_REGIME, None),
   (
-    _claim(
-      SINKS,
-      "a learned per-head sink logit takes the attention mass the first "
-      "token otherwise absorbs",
-      "log_first_token_mass",
-      "lower",
-      "superior",
-      0.0,
-      SINK,
-      SOFTMAX,
+    _sinks_claim(
+      claim="a learned per-head sink logit takes the attention mass the "
+      "first token otherwise absorbs",
+      metric="log_first_token_mass",
+      direction="lower",
+      kind="superior",
+      margin=0.0,
+      a=SINK,
+      b=SOFTMAX,
     ),
     "sink",
   ),
   (
-    _claim(
-      SINKS,
-      "a learned sink logit lowers the largest activation",
-      "log_max_activation",
-      "lower",
-      "superior",
-      0.0,
-      SINK,
-      SOFTMAX,
+    _sinks_claim(
+      claim="a learned sink logit lowers the largest activation",
+      metric="log_max_activation",
+      direction="lower",
+      kind="superior",
+      margin=0.0,
+      a=SINK,
+      b=SOFTMAX,
     ),
     "massive",
   ),
   (
-    _claim(
-      SINKS,
-      "the learned sink costs no loss",
-      "val_loss",
-      "lower",
-      "non_inferior",
-      MARGIN,
-      SINK,
-      SOFTMAX,
+    _sinks_claim(
+      claim="the learned sink costs no loss",
+      metric="val_loss",
+      direction="lower",
+      kind="non_inferior",
+      margin=MARGIN,
+      a=SINK,
+      b=SOFTMAX,
     ),
     None,
   ),
   (
-    _claim(
-      GATED_PAPER,
-      "a sigmoid gate after SDPA removes the attention sink",
-      "log_first_token_mass",
-      "lower",
-      "superior",
-      0.0,
-      GATED,
-      SOFTMAX,
+    _gated_claim(
+      claim="a sigmoid gate after SDPA removes the attention sink",
+      metric="log_first_token_mass",
+      direction="lower",
+      kind="superior",
+      margin=0.0,
+      a=GATED,
+      b=SOFTMAX,
     ),
     "sink",
   ),
   (
-    _claim(
-      GATED_PAPER,
-      "a sigmoid gate after SDPA removes the massive activations",
-      "log_max_activation",
-      "lower",
-      "superior",
-      0.0,
-      GATED,
-      SOFTMAX,
+    _gated_claim(
+      claim="a sigmoid gate after SDPA removes the massive activations",
+      metric="log_max_activation",
+      direction="lower",
+      kind="superior",
+      margin=0.0,
+      a=GATED,
+      b=SOFTMAX,
     ),
     "massive",
   ),
   (
-    _claim(
-      GATED_PAPER,
-      "a sigmoid gate after SDPA consistently improves performance",
-      "val_loss",
-      "lower",
-      "superior",
-      0.0,
-      GATED,
-      SOFTMAX,
+    _gated_claim(
+      claim="a sigmoid gate after SDPA consistently improves performance",
+      metric="val_loss",
+      direction="lower",
+      kind="superior",
+      margin=0.0,
+      a=GATED,
+      b=SOFTMAX,
     ),
     None,
   ),
   (
-    _claim(
-      UNIFIED,
-      "outliers can be mitigated via explicit gated rescaling, leading to "
-      "improved training performance (attention side: gated attention)",
-      "val_loss",
-      "lower",
-      "superior",
-      0.0,
-      GATED,
-      SOFTMAX,
+    claims.Claim(
+      paper="A Unified View of Attention and Residual Sinks",
+      arxiv="2601.22966",
+      claim="outliers can be mitigated via explicit gated rescaling, leading "
+      "to improved training performance (attention side: gated attention)",
+      metric="val_loss",
+      direction="lower",
+      kind="superior",
+      margin=0.0,
+      a=GATED,
+      b=SOFTMAX,
     ),
     "outliers",
   ),
@@ -554,8 +540,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     )
 
   def markdown(result: dict) -> list[str]:
-    lines = [f"# {__doc__.splitlines()[0]}", ""]
-    lines += report.runner_lines(base, seeds)
+    lines = report.runner_lines(base, seeds)
     lines += [
       "Arms: "
       + "; ".join(
@@ -596,12 +581,9 @@ def main(argv: Sequence[str] | None = None) -> dict:
         lines.append(
           f"| {name} | " + " | ".join(f"{m:.3f}" for m in means) + " |"
         )
-    lines += ["", "## Claims", ""]
-    lines += grid.verdict_table(result["claims"])
-    lines += report.why_lines(result["claims"])
     return lines
 
-  return report.run(NAME, args, compute, figure, markdown)
+  return report.run(NAME, __doc__, args, compute, figure, markdown)
 
 
 if __name__ == "__main__":

@@ -405,8 +405,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     )
 
   def markdown(result: dict) -> list[str]:
-    out = [f"# {__doc__.splitlines()[0]}", ""]
-    out += report.runner_lines(base, seeds)
+    out = report.runner_lines(base, seeds)
     out += report.sweep_lines(result["sweeps"])
     labels = {
       "val_accuracy": "validation accuracy",
@@ -420,11 +419,9 @@ def main(argv: Sequence[str] | None = None) -> dict:
       out += [""]
     fg = np.mean([ln["foreground_fraction"] for ln in result["lines"]])
     out += [f"Foreground patches in the probe's test set: {fg:.1%}.", ""]
-    out += ["## Claims", ""]
-    out += grid.verdict_table(result["claims"])
     return out
 
-  return report.run(NAME, args, compute, figure, markdown)
+  return report.run(NAME, __doc__, args, compute, figure, markdown)
 
 
 if __name__ == "__main__":

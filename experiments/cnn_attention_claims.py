@@ -286,8 +286,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     )
 
   def markdown(result: dict) -> list[str]:
-    lines = [f"# {__doc__.splitlines()[0]}", ""]
-    lines += report.runner_lines(base, seeds)
+    lines = report.runner_lines(base, seeds)
     lines += [
       "Gates after every residual branch (before the addition); a gated "
       "CNN starts from the plain CNN's weights at the same width and seed. "
@@ -314,14 +313,10 @@ def main(argv: Sequence[str] | None = None) -> dict:
       "",
       "Images/s is the median training-step throughput on this shared "
       "machine (indicative only).",
-      "",
-      "## Claims",
-      "",
     ]
-    lines += grid.verdict_table(result["claims"])
     return lines
 
-  return report.run(NAME, args, compute, figure, markdown)
+  return report.run(NAME, __doc__, args, compute, figure, markdown)
 
 
 if __name__ == "__main__":

@@ -312,8 +312,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     )
 
   def markdown(result: dict) -> list[str]:
-    lines = [f"# {__doc__.splitlines()[0]}", ""]
-    lines += report.runner_lines(base, seeds)
+    lines = report.runner_lines(base, seeds)
     w = result["widths"]
     lines += [
       f"Widths: CV-CNN {w['cvcnn']} (complex), CNN {w['cnn']}, CNNx2 "
@@ -327,11 +326,9 @@ def main(argv: Sequence[str] | None = None) -> dict:
     lines += grid.markdown_table(
       result["val_accuracy"], "val accuracy", "cnnx2"
     )
-    lines += ["", "## Claims", ""]
-    lines += grid.verdict_table(result["claims"])
     return lines
 
-  return report.run(NAME, args, compute, figure, markdown)
+  return report.run(NAME, __doc__, args, compute, figure, markdown)
 
 
 if __name__ == "__main__":

@@ -354,8 +354,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     )
 
   def markdown(result: dict) -> list[str]:
-    lines = [f"# {__doc__.splitlines()[0]}", ""]
-    lines += report.runner_lines(base, seeds)
+    lines = report.runner_lines(base, seeds)
     lines += [
       f"Arms built here and trained by the runner (`model=`): CNet's "
       f"official LM at complex width {base.width} (`born`, "
@@ -369,11 +368,9 @@ def main(argv: Sequence[str] | None = None) -> dict:
     lines += report.sweep_lines(result["sweeps"])
     lines += ["## Validation loss", ""]
     lines += grid.markdown_table(result["val_loss"], "val loss", SOFTMAX)
-    lines += ["", "## Claims", ""]
-    lines += grid.verdict_table(result["claims"])
     return lines
 
-  return report.run(NAME, args, compute, figure, markdown)
+  return report.run(NAME, __doc__, args, compute, figure, markdown)
 
 
 if __name__ == "__main__":

@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import math
 import pathlib
 from collections.abc import Callable, Sequence
@@ -68,7 +69,6 @@ from jaxnorm.training import config as config_lib
 from jaxnorm.training import data as data_lib
 
 NAME = "complex_e3_fairy2i"
-PAPER = dict(paper="Fairy2i", arxiv="2512.02901")
 PARENT = "parent"
 QUANTIZERS: dict[str, Callable[[jax.Array], jax.Array] | None] = {
   "fp": None,
@@ -82,44 +82,46 @@ LEARNING_RATES = dict.fromkeys(VARIANTS, (1e-4, 3e-4, 1e-3))
 _FULL_PRECISION = ("embed", "pos")
 
 
-def _claim(text: str, a: str, b: str, kind: str = "superior") -> claims.Claim:
-  margin = 0.0 if kind == "superior" else claims.MARGINS["nats_per_byte"]
-  return claims.Claim(
-    **PAPER,
-    claim=text,
-    metric="val_loss",
-    direction="lower",
-    kind=kind,
-    margin=margin,
-    a=a,
-    b=b,
-  )
-
+_claim = functools.partial(
+  claims.Claim,
+  paper="Fairy2i",
+  arxiv="2512.02901",
+  metric="val_loss",
+  direction="lower",
+)
 
 REGIME = _claim(
-  "regime: 1-bit quantization costs loss here (full-precision fine-tuning "
-  "beats binary quantization-aware fine-tuning)",
-  "fp",
-  "binary",
+  claim="regime: 1-bit quantization costs loss here (full-precision "
+  "fine-tuning beats binary quantization-aware fine-tuning)",
+  kind="superior",
+  margin=0.0,
+  a="fp",
+  b="binary",
 )
 CLAIMS = (
   _claim(
-    "Fairy2i at 2 bits (two residual {±1, ±i} stages) significantly "
+    claim="Fairy2i at 2 bits (two residual {±1, ±i} stages) significantly "
     "outperforms real binary quantization",
-    "w2",
-    "binary",
+    kind="superior",
+    margin=0.0,
+    a="w2",
+    b="binary",
   ),
   _claim(
-    "Fairy2i at 2 bits significantly outperforms real ternary quantization",
-    "w2",
-    "ternary",
+    claim="Fairy2i at 2 bits significantly outperforms real ternary "
+    "quantization",
+    kind="superior",
+    margin=0.0,
+    a="w2",
+    b="ternary",
   ),
   _claim(
-    "one Fairy2i stage (1 bit per real weight) is at least as good as real "
-    "binary quantization",
-    "w1",
-    "binary",
+    claim="one Fairy2i stage (1 bit per real weight) is at least as good as "
+    "real binary quantization",
     kind="non_inferior",
+    margin=claims.MARGINS["nats_per_byte"],
+    a="w1",
+    b="binary",
   ),
 )
 
@@ -285,8 +287,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     )
 
   def markdown(result: dict) -> list[str]:
-    lines = [f"# {__doc__.splitlines()[0]}", ""]
-    lines += report.runner_lines(parent, seeds)
+    lines = report.runner_lines(parent, seeds)
     p = result["parent_val_loss"][PARENT]
     lines += [
       f"Parents (the config above, untied head): validation loss "
@@ -300,11 +301,9 @@ def main(argv: Sequence[str] | None = None) -> dict:
     lines += report.sweep_lines(result["sweeps"])
     lines += ["## Validation loss after quantization-aware fine-tuning", ""]
     lines += grid.markdown_table(result["val_loss"], "val loss", "fp")
-    lines += ["", "## Claims", ""]
-    lines += grid.verdict_table(result["claims"])
     return lines
 
-  return report.run(NAME, args, compute, figure, markdown)
+  return report.run(NAME, __doc__, args, compute, figure, markdown)
 
 
 if __name__ == "__main__":

@@ -184,8 +184,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     )
 
   def markdown(result: dict) -> list[str]:
-    lines = [f"# {__doc__.splitlines()[0]}", ""]
-    lines += report.runner_lines(base, seeds)
+    lines = report.runner_lines(base, seeds)
     lines += [
       "Sanity check: CMHA with `delta = 1`, `phase_bias = 0` and scale "
       "`1/sqrt(H)` swapped into the initialized `rope` LM of seed 0 gives "
@@ -198,11 +197,9 @@ def main(argv: Sequence[str] | None = None) -> dict:
     lines += report.sweep_lines(result["sweeps"])
     lines += ["## Validation loss", ""]
     lines += grid.markdown_table(result["val_loss"], "val loss", "rope")
-    lines += ["", "## Claims", ""]
-    lines += grid.verdict_table(result["claims"])
     return lines
 
-  return report.run(NAME, args, compute, figure, markdown)
+  return report.run(NAME, __doc__, args, compute, figure, markdown)
 
 
 if __name__ == "__main__":

@@ -65,6 +65,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import pathlib
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -81,7 +82,6 @@ from jaxnorm.training import claims
 from jaxnorm.training import config as config_lib
 
 NAME = "complex_e5_pct"
-PAPER = dict(paper="Phase-Coherent Transformer", arxiv="2605.10123")
 KEYS, VALUES, FILLER = (0, 32), (32, 64), (64, 96)
 VOCAB = 96
 CHANCE = 1 / (VALUES[1] - VALUES[0])
@@ -98,36 +98,38 @@ LEARNING_RATES = dict.fromkeys(VARIANTS, (3e-3, 1e-2, 3e-2))
 TEST_SEQUENCES = 512
 METRIC = "query_accuracy"
 
-
-def _claim(text: str, a: str, b: str, kind: str) -> claims.Claim:
-  return claims.Claim(
-    **PAPER,
-    claim=text,
-    metric=METRIC,
-    direction="higher",
-    kind=kind,
-    margin=0.0 if kind == "superior" else MARGIN,
-    a=a,
-    b=b,
-  )
-
+_claim = functools.partial(
+  claims.Claim,
+  paper="Phase-Coherent Transformer",
+  arxiv="2605.10123",
+  metric=METRIC,
+  direction="higher",
+)
 
 CLAIMS = (
   _claim(
-    "the sigmoid gate on L2-normalised complex similarities is at least as "
-    "good as complex softmax attention",
-    SIGMOID,
-    SOFTMAX,
-    "non_inferior",
+    claim="the sigmoid gate on L2-normalised complex similarities is at "
+    "least as good as complex softmax attention",
+    kind="non_inferior",
+    margin=MARGIN,
+    a=SIGMOID,
+    b=SOFTMAX,
   ),
   _claim(
-    "gates that delete negatively aligned phases (relu) collapse on "
+    claim="gates that delete negatively aligned phases (relu) collapse on "
     "long-range retrieval",
-    SIGMOID,
-    RELU,
-    "superior",
+    kind="superior",
+    margin=0.0,
+    a=SIGMOID,
+    b=RELU,
   ),
-  _claim("no collapse with depth", DEEP, SIGMOID, "non_inferior"),
+  _claim(
+    claim="no collapse with depth",
+    kind="non_inferior",
+    margin=MARGIN,
+    a=DEEP,
+    b=SIGMOID,
+  ),
 )
 
 
@@ -391,8 +393,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     )
 
   def markdown(result: dict) -> list[str]:
-    lines = [f"# {__doc__.splitlines()[0]}", ""]
-    lines += report.runner_lines(base, seeds)
+    lines = report.runner_lines(base, seeds)
     lines += [
       f"MQAR: {t.pairs} pairs and {t.pairs} queries in {t.seq_len} tokens "
       f"(vocabulary {VOCAB}), {t.steps * t.batch} training sequences (one "
@@ -407,11 +408,9 @@ def main(argv: Sequence[str] | None = None) -> dict:
     lines += grid.markdown_table(result[METRIC], "query accuracy", SOFTMAX)
     lines += ["", "## Validation loss (every next token)", ""]
     lines += grid.markdown_table(result["val_loss"], "val loss", SOFTMAX)
-    lines += ["", "## Claims", ""]
-    lines += grid.verdict_table(result["claims"])
     return lines
 
-  return report.run(NAME, args, compute, figure, markdown)
+  return report.run(NAME, __doc__, args, compute, figure, markdown)
 
 
 if __name__ == "__main__":

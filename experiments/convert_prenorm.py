@@ -38,6 +38,7 @@ less cost).
 from __future__ import annotations
 
 import argparse
+import functools
 import pathlib
 import time
 from collections.abc import Callable, Sequence
@@ -64,30 +65,21 @@ EQUIVALENCE_MARGIN = 1e-4
 # Timing: rounds per parent, calls per measurement (the median is kept).
 ROUNDS, CALLS = 5, 5
 
-_PAPER = ("Pre-CRMSNorm", "2305.14858")
-
-
-def _claim(text, metric, kind, margin, a) -> claims.Claim:
-  return claims.Claim(
-    paper=_PAPER[0],
-    arxiv=_PAPER[1],
-    claim=text,
-    metric=metric,
-    direction="lower",
-    kind=kind,
-    margin=margin,
-    a=a,
-    b=PARENT,
-  )
-
+_claim = functools.partial(
+  claims.Claim,
+  paper="Pre-CRMSNorm",
+  arxiv="2305.14858",
+  direction="lower",
+  b=PARENT,
+)
 
 EQUIVALENCE = tuple(
   _claim(
-    f"a trained Pre-LN Transformer converts exactly to {name}",
-    "rel_logit_dev",
-    "equivalent",
-    EQUIVALENCE_MARGIN,
-    arm,
+    claim=f"a trained Pre-LN Transformer converts exactly to {name}",
+    metric="rel_logit_dev",
+    kind="equivalent",
+    margin=EQUIVALENCE_MARGIN,
+    a=arm,
   )
   for arm, name in (
     ("pre-rmsnorm", "Pre-RMSNorm"),
@@ -96,11 +88,11 @@ EQUIVALENCE = tuple(
 )
 SPEED = tuple(
   _claim(
-    f"{name} {what} is faster than Pre-LN's (CPU time)",
-    metric,
-    "superior",
-    0.0,
-    arm,
+    claim=f"{name} {what} is faster than Pre-LN's (CPU time)",
+    metric=metric,
+    kind="superior",
+    margin=0.0,
+    a=arm,
   )
   for arm, name in (
     ("pre-rmsnorm", "Pre-RMSNorm"),
@@ -351,8 +343,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     plt.close(fig)
 
   def markdown(result: dict) -> list[str]:
-    out = [f"# {__doc__.splitlines()[0]}", ""]
-    out += report.runner_lines(base, seeds)
+    out = report.runner_lines(base, seeds)
     out += [
       "No learning-rate sweep: the conversions add no training (each arm "
       "is its parent's exact conversion).",
@@ -391,11 +382,9 @@ def main(argv: Sequence[str] | None = None) -> dict:
           f"{np.exp(m - tc[metric][PARENT]['mean']):.3f}x",
         ]
       out.append(f"| {name} | " + " | ".join(cells) + " |")
-    out += ["", "## Claims", ""]
-    out += grid.verdict_table(result["claims"])
     return out
 
-  return report.run(NAME, args, compute, figure, markdown)
+  return report.run(NAME, __doc__, args, compute, figure, markdown)
 
 
 if __name__ == "__main__":

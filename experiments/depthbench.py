@@ -419,8 +419,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
 
   def markdown(result: dict) -> list[str]:
     params = result["params"]
-    out = [f"# {__doc__.splitlines()[0]}", ""]
-    out += [
+    out = [
       f"Runner config: shapes {shallow} and {deep} (MLP 4 d), "
       f"{base.num_heads} heads, {base.seq_len}-byte windows, batch "
       f"{base.batch_size}, {base.steps} AdamW steps (cosine, warm-up "
@@ -454,10 +453,9 @@ def main(argv: Sequence[str] | None = None) -> dict:
       b = result["depth_benefit"].get(scheme)
       row.append("" if b is None else grid.fmt(b))
       out.append(f"| {scheme} | " + " | ".join(row) + " |")
-    out += ["", "## Claims", "", *grid.verdict_table(result["claims"])]
     return out
 
-  return report.run(NAME, args, compute, figure, markdown)
+  return report.run(NAME, __doc__, args, compute, figure, markdown)
 
 
 if __name__ == "__main__":

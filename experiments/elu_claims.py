@@ -49,6 +49,7 @@ the paper's 11- and 18-layer plain CNNs; no dropout.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import pathlib
 from collections.abc import Sequence
@@ -80,64 +81,49 @@ CNN_SWAPPED = {"elu": "identity"}
 RATES = (1e-3, 3e-3, 1e-2)
 LEARNING_RATES = {n: RATES for n in (*MLP_VARIANTS, *CNN_VARIANTS)}
 
-_PAPER = ("ELU", "1511.07289")
-
-
-def _claim(text, metric, direction, kind, margin, a, b) -> claims.Claim:
-  return claims.Claim(
-    paper=_PAPER[0],
-    arxiv=_PAPER[1],
-    claim=text,
-    metric=metric,
-    direction=direction,
-    kind=kind,
-    margin=margin,
-    a=a,
-    b=b,
-  )
-
+_claim = functools.partial(claims.Claim, paper="ELU", arxiv="1511.07289")
 
 MLP_CLAIMS = (
   _claim(
-    "ELUs lead to faster learning than ReLUs in networks with more than 5 "
-    "layers",
-    "train_loss",
-    "lower",
-    "superior",
-    0.0,
-    "elu-mlp",
-    "relu-mlp",
+    claim="ELUs lead to faster learning than ReLUs in networks with more "
+    "than 5 layers",
+    metric="train_loss",
+    direction="lower",
+    kind="superior",
+    margin=0.0,
+    a="elu-mlp",
+    b="relu-mlp",
   ),
   _claim(
-    "ELUs generalize significantly better than ReLUs in networks with "
+    claim="ELUs generalize significantly better than ReLUs in networks with "
     "more than 5 layers",
-    "val_accuracy",
-    "higher",
-    "superior",
-    0.0,
-    "elu-mlp",
-    "relu-mlp",
+    metric="val_accuracy",
+    direction="higher",
+    kind="superior",
+    margin=0.0,
+    a="elu-mlp",
+    b="relu-mlp",
   ),
 )
 CNN_CLAIMS = (
   _claim(
-    "ELU networks significantly outperform ReLU networks with batch "
+    claim="ELU networks significantly outperform ReLU networks with batch "
     "normalization",
-    "val_accuracy",
-    "higher",
-    "superior",
-    0.0,
-    "elu",
-    "relu-bn",
+    metric="val_accuracy",
+    direction="higher",
+    kind="superior",
+    margin=0.0,
+    a="elu",
+    b="relu-bn",
   ),
   _claim(
-    "batch normalization does not improve ELU networks",
-    "val_accuracy",
-    "higher",
-    "non_inferior",
-    MARGIN,
-    "elu",
-    "elu-bn",
+    claim="batch normalization does not improve ELU networks",
+    metric="val_accuracy",
+    direction="higher",
+    kind="non_inferior",
+    margin=MARGIN,
+    a="elu",
+    b="elu-bn",
   ),
 )
 
@@ -280,8 +266,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     )
 
   def markdown(result: dict) -> list[str]:
-    out = [f"# {__doc__.splitlines()[0]}", ""]
-    out += ["MLP. " + report.runner_lines(mlp, seeds)[0], ""]
+    out = ["MLP. " + report.runner_lines(mlp, seeds)[0], ""]
     out += ["CNN. " + report.runner_lines(cnn, seeds)[0], ""]
     out += [
       f"`elu` (CNN) is the BatchNorm CNN with its norms removed "
@@ -296,11 +281,9 @@ def main(argv: Sequence[str] | None = None) -> dict:
       out += [f"## {part.upper()}: {metric}", ""]
       out += grid.markdown_table(cells, metric, ref)
       out += [""]
-    out += ["## Claims", ""]
-    out += grid.verdict_table(result["claims"])
     return out
 
-  return report.run(NAME, args, compute, figure, markdown)
+  return report.run(NAME, __doc__, args, compute, figure, markdown)
 
 
 if __name__ == "__main__":

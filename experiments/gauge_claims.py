@@ -233,7 +233,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     plt.close(fig)
 
   def markdown(result: dict) -> list[str]:
-    out = [f"# {__doc__.splitlines()[0]}", ""]
+    out = []
     r2 = [ln["r2"] for ln in result["lines"] if ln["variant"] == RAW]
     out += [
       f"Setting: inputs of {s.dim}, rank {s.rank} (true spectrum "
@@ -252,11 +252,9 @@ def main(argv: Sequence[str] | None = None) -> dict:
         ", ".join(f"{v:.3g}" for v in lam) for lam in ln["spectra"]
       )
       out.append(f"- pair {ln['seed']}: {spectra}")
-    out += ["", "## Claims", ""]
-    out += grid.verdict_table(result["claims"])
     return out
 
-  return report.run(NAME, args, compute, figure, markdown)
+  return report.run(NAME, __doc__, args, compute, figure, markdown)
 
 
 if __name__ == "__main__":

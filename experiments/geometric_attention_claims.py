@@ -46,11 +46,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import pathlib
 from collections.abc import Sequence
 from typing import Any
 
-from experiments._harness import grid, report, runs, tiers
+from experiments._harness import runs, study, tiers
 from jaxnorm.training import claims
 from jaxnorm.training import config as config_lib
 
@@ -113,58 +112,30 @@ def main(argv: Sequence[str] | None = None) -> dict:
   """Runs the tuned grid (skipping finished runs) and writes the report."""
   args = tiers.parser(__doc__, NAME).parse_args(argv)
   base = base_config(args)
-  seeds = tiers.seeds(args)
-  table = pathlib.Path(args.runs) / "grid.jsonl"
-  arms = variants(args)
-  # --quick checks the pipeline at the base rate.
-  rates = {} if tiers.tier(args) == "quick" else LEARNING_RATES
-
-  def compute() -> dict:
-    lines, tuned = grid.tuned_grid(table, base, arms, seeds, rates)
-    (record,) = runs.runner_records(
+  return study.tuned(
+    NAME,
+    __doc__,
+    args,
+    base,
+    variants(args),
+    LEARNING_RATES,
+    lambda lines, tuned: runs.runner_records(
       lines,
       [CLAIM],
       base,
-      tuned["variants"],
+      tuned,
       runs.chance_loss(base),
       what="the unigram entropy",
-    )
-    return {
-      "claims": [record],
-      "sweeps": tuned["sweeps"],
-      "variants": tuned["variants"],
-      "lines": lines,
-      "val_loss": grid.cells(lines, "val_loss"),
-    }
-
-  def figure(result: dict, path: pathlib.Path) -> None:
-    grid.figure(
-      table,
-      result["lines"],
-      "val_loss",
-      path,
-      f"byte LM, {base.depth} layers of width {base.width}, {base.steps} "
-      f"steps: Sinkhorn against row anchoring ({len(seeds)} seeds)",
-      result["claims"],
-    )
-
-  def markdown(result: dict) -> list[str]:
-    lines = [f"# {__doc__.splitlines()[0]}", ""]
-    lines += report.runner_lines(base, seeds)
-    lines += [
+    ),
+    title=f"byte LM, {base.depth} layers of width {base.width}, "
+    f"{base.steps} steps: Sinkhorn against row anchoring",
+    baseline=SOFTMAX,
+    notes=[
       f"Sinkhorn arm: causal prefix plans, {ITERS[tiers.tier(args)]} "
       "iterations and a final row step.",
       "",
-    ]
-    lines += report.sweep_lines(result["sweeps"])
-    lines += ["## Validation loss (nats/byte)", ""]
-    lines += grid.markdown_table(result["val_loss"], "val loss", SOFTMAX)
-    lines += ["", "## Claims", ""]
-    lines += grid.verdict_table(result["claims"])
-    lines += report.why_lines(result["claims"])
-    return lines
-
-  return report.run(NAME, args, compute, figure, markdown)
+    ],
+  )
 
 
 if __name__ == "__main__":

@@ -44,17 +44,16 @@ d=80) is the ``--full`` tier.
 from __future__ import annotations
 
 import argparse
-import pathlib
+import functools
 from collections.abc import Sequence
 from typing import Any
 
-from experiments._harness import grid, report, runs, tiers
+from experiments._harness import runs, study, tiers
 from jaxnorm.training import claims
 from jaxnorm.training import config as config_lib
 
 NAME = "graph_transformer"
 MAIN = "sparse+BN+LapPE"
-PAPER = dict(paper="Graph Transformer", arxiv="2012.09699")
 VARIANTS: dict[str, dict[str, Any]] = {
   MAIN: {},
   "sparse+LN+LapPE": {"norm": "layernorm"},
@@ -63,28 +62,28 @@ VARIANTS: dict[str, dict[str, Any]] = {
 }
 LEARNING_RATES = dict.fromkeys(VARIANTS, (3e-4, 1e-3, 3e-3))
 
-
-def _claim(text: str, b: str) -> claims.Claim:
-  return claims.Claim(
-    **PAPER,
-    claim=text,
-    metric="val_accuracy",
-    direction="higher",
-    kind="superior",
-    margin=0.0,
-    a=MAIN,
-    b=b,
-  )
-
+_claim = functools.partial(
+  claims.Claim,
+  paper="Graph Transformer",
+  arxiv="2012.09699",
+  metric="val_accuracy",
+  direction="higher",
+  kind="superior",
+  margin=0.0,
+  a=MAIN,
+)
 
 CLAIMS = (
   _claim(
-    "attention restricted to the graph's neighbours beats attention over "
-    "every node",
-    "full+BN+LapPE",
+    claim="attention restricted to the graph's neighbours beats attention "
+    "over every node",
+    b="full+BN+LapPE",
   ),
-  _claim("Laplacian positional encodings help", "sparse+BN+noPE"),
-  _claim("BatchNorm gives better results than LayerNorm", "sparse+LN+LapPE"),
+  _claim(claim="Laplacian positional encodings help", b="sparse+BN+noPE"),
+  _claim(
+    claim="BatchNorm gives better results than LayerNorm",
+    b="sparse+LN+LapPE",
+  ),
 )
 
 # Sizes and steps per tier.
@@ -152,60 +151,40 @@ def main(argv: Sequence[str] | None = None) -> dict:
   """Runs the tuned grid (skipping finished runs) and writes the report."""
   args = tiers.parser(__doc__, NAME).parse_args(argv)
   base = base_config(args)
-  seeds = tiers.seeds(args)
-  table = pathlib.Path(args.runs) / "grid.jsonl"
-  # --quick checks the pipeline at the base rate.
-  rates = {} if tiers.tier(args) == "quick" else LEARNING_RATES
-
-  def compute() -> dict:
-    lines, tuned = grid.tuned_grid(table, base, VARIANTS, seeds, rates)
-    records = runs.runner_records(
+  sizes = base.graph_sizes or "the benchmark's"
+  blocks = base.graph_blocks or "the benchmark's 5-34"
+  return study.tuned(
+    NAME,
+    __doc__,
+    args,
+    base,
+    VARIANTS,
+    LEARNING_RATES,
+    lambda lines, tuned: runs.runner_records(
       lines,
       CLAIMS,
       base,
-      tuned["variants"],
+      tuned,
       runs.chance_loss(base),  # ln 2: two classes.
       what="the uniform guess's loss",
-    )
-    return {
-      "claims": records,
-      "sweeps": tuned["sweeps"],
-      "lines": lines,
-      "val_accuracy": grid.cells(lines, "val_accuracy"),
-    }
-
-  def figure(result: dict, path: pathlib.Path) -> None:
-    grid.figure(
-      table,
-      result["lines"],
-      "val_accuracy",
-      path,
-      f"Graph Transformer on PATTERN, L={base.depth}, d={base.width}, "
-      f"{base.steps} steps: ablations ({len(seeds)} seeds)",
-      result["claims"],
-    )
-
-  def markdown(result: dict) -> list[str]:
-    sizes = base.graph_sizes or "the benchmark's"
-    blocks = base.graph_blocks or "the benchmark's 5-34"
-    lines = [f"# {__doc__.splitlines()[0]}", ""]
-    lines += report.runner_lines(base, seeds)
-    lines += [
+    ),
+    title=f"Graph Transformer on PATTERN, L={base.depth}, d={base.width}, "
+    f"{base.steps} steps: ablations",
+    baseline=MAIN,
+    tables=(
+      study.Table(
+        "val_accuracy", "Validation weighted accuracy", "val accuracy"
+      ),
+    ),
+    notes=[
       f"PATTERN: train/val/test graphs {sizes}, SBM blocks {blocks} "
       f"(`--graph-blocks`, exclusive maximum); LapPE k={base.pe_dim} with "
       f"random sign flips, logits clamped to [-{base.logit_clip:g}, "
       f"{base.logit_clip:g}]. Accuracy: weighted (class-averaged) accuracy "
       "of the validation split, chance 0.5.",
       "",
-    ]
-    lines += report.sweep_lines(result["sweeps"])
-    lines += ["## Validation weighted accuracy", ""]
-    lines += grid.markdown_table(result["val_accuracy"], "val accuracy", MAIN)
-    lines += ["", "## Claims", ""]
-    lines += grid.verdict_table(result["claims"])
-    return lines
-
-  return report.run(NAME, args, compute, figure, markdown)
+    ],
+  )
 
 
 if __name__ == "__main__":

@@ -77,53 +77,43 @@ MARGIN = claims.MARGINS["accuracy_fraction"]
 
 _CORR = ("CorrGRPO", "2609.36820")
 _GDPO = ("GDPO", "2601.05242")
-
-
-def _claim(paper, text, metric, kind, margin, a, b) -> claims.Claim:
-  return claims.Claim(
-    paper=paper[0],
-    arxiv=paper[1],
-    claim=text,
-    metric=metric,
-    direction="higher",
-    kind=kind,
-    margin=margin,
-    a=a,
-    b=b,
-  )
-
-
-REGIME = _claim(
-  _CORR,
-  "correlated large-scale rewards dominate GRPO's normalization and "
+REGIME = claims.Claim(
+  paper=_CORR[0],
+  arxiv=_CORR[1],
+  claim="correlated large-scale rewards dominate GRPO's normalization and "
   "suppress a small-scale reward's signal",
-  "match",
-  "superior",
-  0.0,
-  "grpo:r1",
-  "grpo:r3",
+  metric="match",
+  direction="higher",
+  kind="superior",
+  margin=0.0,
+  a="grpo:r1",
+  b="grpo:r3",
 )
 CLAIMS = tuple(
   c
-  for paper, arm in ((_CORR, "corrgrpo"), (_GDPO, "gdpo"))
+  for (paper, arxiv), arm in ((_CORR, "corrgrpo"), (_GDPO, "gdpo"))
   for c in (
-    _claim(
-      paper,
-      f"{paper[0]} raises the small-scale reward over GRPO",
-      "r3",
-      "superior",
-      0.0,
-      arm,
-      "grpo",
+    claims.Claim(
+      paper=paper,
+      arxiv=arxiv,
+      claim=f"{paper} raises the small-scale reward over GRPO",
+      metric="r3",
+      direction="higher",
+      kind="superior",
+      margin=0.0,
+      a=arm,
+      b="grpo",
     ),
-    _claim(
-      paper,
-      f"{paper[0]} keeps GRPO's large-scale reward",
-      "r1",
-      "non_inferior",
-      MARGIN,
-      arm,
-      "grpo",
+    claims.Claim(
+      paper=paper,
+      arxiv=arxiv,
+      claim=f"{paper} keeps GRPO's large-scale reward",
+      metric="r1",
+      direction="higher",
+      kind="non_inferior",
+      margin=MARGIN,
+      a=arm,
+      b="grpo",
     ),
   )
 )
@@ -363,8 +353,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
 
   def markdown(result: dict) -> list[str]:
     cells = result["cells"]
-    out = [f"# {__doc__.splitlines()[0]}", ""]
-    out += [
+    out = [
       f"Tabular policy, {PROMPTS} prompts x {POSITIONS} positions x "
       f"{SYMBOLS} symbols, G={GROUP}, {steps} on-policy Adam updates, clip "
       f"0.2, no KL, seeds {list(seeds)}. Rewards r1 = 10 match(0-3), r2 = "
@@ -406,14 +395,10 @@ def main(argv: Sequence[str] | None = None) -> dict:
       "components), so within a group it only rescales GRPO's advantages "
       "by one factor; GDPO normalizes each component before summing, which "
       "reweights r3 within the group.",
-      "",
-      "## Claims",
-      "",
     ]
-    out += grid.verdict_table(result["claims"])
     return out
 
-  return report.run(NAME, args, compute, figure, markdown)
+  return report.run(NAME, __doc__, args, compute, figure, markdown)
 
 
 if __name__ == "__main__":

@@ -40,6 +40,7 @@ batches, so the arms are paired by seed and there is no per-arm training
 
 from __future__ import annotations
 
+import functools
 import pathlib
 from collections.abc import Sequence
 from typing import Any
@@ -79,52 +80,44 @@ def arm(activations: str, mode: str) -> str:
   return f"{activations}/{LABELS[mode]}"
 
 
-_PAPER = ("LLM.int8()", "2208.07339")
-
-
-def _claim(text, kind, margin, a, b) -> claims.Claim:
-  return claims.Claim(
-    paper=_PAPER[0],
-    arxiv=_PAPER[1],
-    claim=text,
-    metric="val_loss",
-    direction="lower",
-    kind=kind,
-    margin=margin,
-    a=a,
-    b=b,
-  )
-
+_claim = functools.partial(
+  claims.Claim,
+  paper="LLM.int8()",
+  arxiv="2208.07339",
+  metric="val_loss",
+  direction="lower",
+)
 
 REGIME = _claim(
-  "vector-wise int8 degrades the model once outlier features appear",
-  "superior",
-  0.0,
-  arm("outliers", "none"),
-  arm("outliers", "vector"),
+  claim="vector-wise int8 degrades the model once outlier features appear",
+  kind="superior",
+  margin=0.0,
+  a=arm("outliers", "none"),
+  b=arm("outliers", "vector"),
 )
 CLEAN = _claim(
-  "without outlier features, vector-wise int8 keeps full-precision quality",
-  "non_inferior",
-  MARGIN,
-  arm("clean", "vector"),
-  arm("clean", "none"),
+  claim="without outlier features, vector-wise int8 keeps full-precision "
+  "quality",
+  kind="non_inferior",
+  margin=MARGIN,
+  a=arm("clean", "vector"),
+  b=arm("clean", "none"),
 )
 OUTLIER_CLAIMS = (
   _claim(
-    "with outliers, the mixed-precision decomposition keeps "
+    claim="with outliers, the mixed-precision decomposition keeps "
     "full-precision quality",
-    "non_inferior",
-    MARGIN,
-    arm("outliers", "mixed"),
-    arm("outliers", "none"),
+    kind="non_inferior",
+    margin=MARGIN,
+    a=arm("outliers", "mixed"),
+    b=arm("outliers", "none"),
   ),
   _claim(
-    "with outliers, LLM.int8() is better than vector-wise int8",
-    "superior",
-    0.0,
-    arm("outliers", "mixed"),
-    arm("outliers", "vector"),
+    claim="with outliers, LLM.int8() is better than vector-wise int8",
+    kind="superior",
+    margin=0.0,
+    a=arm("outliers", "mixed"),
+    b=arm("outliers", "vector"),
   ),
 )
 
@@ -372,8 +365,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
   def markdown(result: dict) -> list[str]:
     cells = result["val_loss"]
     routed = result["routed_fraction"]
-    lines = [f"# {__doc__.splitlines()[0]}", ""]
-    lines += report.runner_lines(base, seeds)
+    lines = report.runner_lines(base, seeds)
     lines += [
       "No learning-rate sweep: every arm evaluates the same trained model "
       "of a seed (the arms differ only at inference).",
@@ -403,14 +395,10 @@ def main(argv: Sequence[str] | None = None) -> dict:
       f"{base.width} dims are outliers by construction on the Q/K/V and "
       "MLP-in inputs (the MLP-down inputs have none), and the clean model "
       "routes what its own activations put above the threshold.",
-      "",
-      "## Claims",
-      "",
     ]
-    lines += grid.verdict_table(result["claims"])
     return lines
 
-  return report.run(NAME, args, compute, figure, markdown)
+  return report.run(NAME, __doc__, args, compute, figure, markdown)
 
 
 if __name__ == "__main__":

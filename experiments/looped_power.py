@@ -79,21 +79,12 @@ LEARNING_RATES = (3e-3, 1e-2, 3e-2)
 SELECT_SEED = 1000
 RATIO = claims.MARGINS["log_ratio"]
 
-_PAPER = ("Looped LN power method", "2606.00605")
-
-
-def _claim(text, metric, kind, margin, a, b) -> claims.Claim:
-  return claims.Claim(
-    paper=_PAPER[0],
-    arxiv=_PAPER[1],
-    claim=text,
-    metric=metric,
-    direction="lower",
-    kind=kind,
-    margin=margin,
-    a=a,
-    b=b,
-  )
+_claim = functools.partial(
+  claims.Claim,
+  paper="Looped LN power method",
+  arxiv="2606.00605",
+  direction="lower",
+)
 
 
 def e1(norm: str, loops: int) -> str:
@@ -106,33 +97,33 @@ CLAIMS = tuple(
   for norm in CLAIM_NORMS
   for c in (
     _claim(
-      f"E1 ({norm}): trained with {T} loops on the final direction, the "
-      "loops keep converging when run longer (power iterations)",
-      "log_err",
-      "superior",
-      0.0,
-      e1(norm, EVAL_LOOPS[-1]),
-      e1(norm, EVAL_LOOPS[0]),
+      claim=f"E1 ({norm}): trained with {T} loops on the final direction, "
+      "the loops keep converging when run longer (power iterations)",
+      metric="log_err",
+      kind="superior",
+      margin=0.0,
+      a=e1(norm, EVAL_LOOPS[-1]),
+      b=e1(norm, EVAL_LOOPS[0]),
     ),
     _claim(
-      f"E1 ({norm}): the trained loops match the power method at "
+      claim=f"E1 ({norm}): the trained loops match the power method at "
       f"{EVAL_LOOPS[-1]} loops",
-      "log_err",
-      "non_inferior",
-      RATIO,
-      e1(norm, EVAL_LOOPS[-1]),
-      e1("power", EVAL_LOOPS[-1]),
+      metric="log_err",
+      kind="non_inferior",
+      margin=RATIO,
+      a=e1(norm, EVAL_LOOPS[-1]),
+      b=e1("power", EVAL_LOOPS[-1]),
     ),
   )
 ) + tuple(
   _claim(
-    f"E2 ({norm}): with the norm the per-loop power iterates are "
+    claim=f"E2 ({norm}): with the norm the per-loop power iterates are "
     "learnable, without it they are not",
-    "log_layerwise",
-    "superior",
-    0.0,
-    f"e2/{norm}",
-    "e2/none",
+    metric="log_layerwise",
+    kind="superior",
+    margin=0.0,
+    a=f"e2/{norm}",
+    b="e2/none",
   )
   for norm in CLAIM_NORMS
 )
@@ -421,8 +412,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     plt.close(fig)
 
   def markdown(res: dict) -> list[str]:
-    out = [f"# {__doc__.splitlines()[0]}", ""]
-    out += [
+    out = [
       f"d={D}, n={N}, lambda = {np.round(LAM, 3).tolist()}, fresh rotation "
       f"per problem; T={T} training loops, {res['steps']} Adam steps of "
       f"batch {BATCH} with cosine decay, init N(0, 0.01^2), seeds "
@@ -465,11 +455,9 @@ def main(argv: Sequence[str] | None = None) -> dict:
       "",
     ]
     out += grid.markdown_table(res["cells"]["layerwise"], "layerwise loss")
-    out += ["", "## Claims", ""]
-    out += grid.verdict_table(res["claims"])
     return out
 
-  return report.run(NAME, args, compute, figure, markdown)
+  return report.run(NAME, __doc__, args, compute, figure, markdown)
 
 
 if __name__ == "__main__":

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import itertools
 import pathlib
 from collections.abc import Mapping, Sequence
@@ -91,7 +92,6 @@ SETTINGS: dict[str, dict[str, Any]] = {
   for parts in itertools.combinations(PARTS, n)
 }
 
-PAPER = ("MXAttention", "2607.24377")
 STATEMENTS = {
   "rotation": "the Hadamard rotation of Q and K spreads outliers across a "
   "block and lowers the MXFP4 attention error",
@@ -102,40 +102,41 @@ STATEMENTS = {
 }
 
 
-def _claim(claim: str, metric: str, a: str, b: str) -> claims.Claim:
-  return claims.Claim(
-    paper=PAPER[0],
-    arxiv=PAPER[1],
-    claim=f"{claim} ({SOURCES[metric]})",
-    metric=metric,
-    direction="lower",
-    kind="superior",
-    margin=0.0,
-    a=a,
-    b=b,
-  )
-
+_claim = functools.partial(
+  claims.Claim,
+  paper="MXAttention",
+  arxiv="2607.24377",
+  direction="lower",
+  kind="superior",
+  margin=0.0,
+)
 
 CLAIMS = tuple(
   claim
-  for metric in SOURCES
+  for metric, source in SOURCES.items()
   for claim in (
     _claim(
-      "MXAttention (rotation + UOS + PNQ) lowers the error of OCP MXFP4 "
-      "attention",
-      metric,
-      FULL,
-      OCP,
-    ),
-    *(
-      _claim(f"{STATEMENTS[part]}: alone", metric, part, OCP) for part in PARTS
+      claim="MXAttention (rotation + UOS + PNQ) lowers the error of OCP "
+      f"MXFP4 attention ({source})",
+      metric=metric,
+      a=FULL,
+      b=OCP,
     ),
     *(
       _claim(
-        f"{STATEMENTS[part]}: within the full method",
-        metric,
-        FULL,
-        setting_name([p for p in PARTS if p != part]),
+        claim=f"{STATEMENTS[part]}: alone ({source})",
+        metric=metric,
+        a=part,
+        b=OCP,
+      )
+      for part in PARTS
+    ),
+    *(
+      _claim(
+        claim=f"{STATEMENTS[part]}: within the full method ({source})",
+        metric=metric,
+        a=FULL,
+        b=setting_name([p for p in PARTS if p != part]),
       )
       for part in PARTS
     ),
@@ -297,8 +298,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     plt.close(fig)
 
   def markdown(result: dict) -> list[str]:
-    lines = [f"# {__doc__.splitlines()[0]}", ""]
-    lines += report.runner_lines(base, seeds)
+    lines = report.runner_lines(base, seeds)
     head_dim = base.width // base.num_heads
     lines += [
       f"The LM (learning rate {base.learning_rate:g}, head dim {head_dim}) "
@@ -323,12 +323,9 @@ def main(argv: Sequence[str] | None = None) -> dict:
       ]
       lines += grid.markdown_table(result["cells"][metric], "error", OCP)
       lines.append("")
-    lines += ["## Claims", ""]
-    lines += grid.verdict_table(result["claims"])
-    lines += report.why_lines(result["claims"])
     return lines
 
-  return report.run(NAME, args, compute, figure, markdown)
+  return report.run(NAME, __doc__, args, compute, figure, markdown)
 
 
 if __name__ == "__main__":

@@ -457,8 +457,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     plt.close(fig)
 
   def markdown(result: dict) -> list[str]:
-    out = [f"# {__doc__.splitlines()[0]}", ""]
-    out += [
+    out = [
       f"Setting: `NaPMLP` (64-{s.width}-{s.width}-10, LayerNorm before "
       f"ReLU), {s.tasks} tasks of {s.steps} Adam steps (batch {s.batch}) on "
       f"the first {s.images} `{s.data}` images with fresh random labels; "
@@ -490,11 +489,9 @@ def main(argv: Sequence[str] | None = None) -> dict:
         f"| {arm} | {grid.fmt(acc[arm])} | {grid.fmt(last[arm])} | "
         f"{grid.fmt(stat[arm])} |"
       )
-    out += ["", "## Claims", ""]
-    out += grid.verdict_table(result["claims"])
     return out
 
-  return report.run(NAME, args, compute, figure, markdown)
+  return report.run(NAME, __doc__, args, compute, figure, markdown)
 
 
 if __name__ == "__main__":

@@ -40,14 +40,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import pathlib
 from collections.abc import Sequence
 from typing import Any
 
 import jax.numpy as jnp
 from flax import nnx
 
-from experiments._harness import grid, report, tiers
+from experiments._harness import grid, study, tiers
 from jaxnorm.nn import models
 from jaxnorm.nn import residual as nn_residual
 from jaxnorm.training import build, claims
@@ -188,51 +187,19 @@ def main(argv: Sequence[str] | None = None) -> dict:
   """Runs the tuned grid (skipping finished runs) and writes the report."""
   args = tiers.parser(__doc__, NAME).parse_args(argv)
   base = base_config(args)
-  seeds = tiers.seeds(args)
-  table = pathlib.Path(args.runs) / "grid.jsonl"
-  # --quick checks the pipeline at the base rate (the sweep's own test is
-  # tests/test_harness.py).
-  rates = {} if tiers.tier(args) == "quick" else LEARNING_RATES
-
-  def compute() -> dict:
-    lines, tuned = grid.tuned_grid(
-      table,
-      base,
-      VARIANTS,
-      seeds,
-      rates,
-      model=model_factory(base),
-    )
-    return {
-      "claims": records(lines, base, tuned["variants"]),
-      "sweeps": tuned["sweeps"],
-      "lines": lines,
-      "val_loss": grid.cells(lines, "val_loss"),
-    }
-
-  def figure(result: dict, path: pathlib.Path) -> None:
-    grid.figure(
-      table,
-      result["lines"],
-      "val_loss",
-      path,
-      f"byte LM, {base.depth} layers of width {base.width}, "
-      f"{base.steps} steps: LayerNorm and its replacements "
-      f"({len(seeds)} seeds)",
-      result["claims"],
-    )
-
-  def markdown(result: dict) -> list[str]:
-    lines = [f"# {__doc__.splitlines()[0]}", ""]
-    lines += report.runner_lines(base, seeds)
-    lines += report.sweep_lines(result["sweeps"])
-    lines += ["## Validation loss", ""]
-    lines += grid.markdown_table(result["val_loss"], "val loss", "layernorm")
-    lines += ["", "## Claims", ""]
-    lines += grid.verdict_table(result["claims"])
-    return lines
-
-  return report.run(NAME, args, compute, figure, markdown)
+  return study.tuned(
+    NAME,
+    __doc__,
+    args,
+    base,
+    VARIANTS,
+    LEARNING_RATES,
+    lambda lines, tuned: records(lines, base, tuned),
+    title=f"byte LM, {base.depth} layers of width {base.width}, "
+    f"{base.steps} steps: LayerNorm and its replacements",
+    baseline="layernorm",
+    model=model_factory(base),
+  )
 
 
 if __name__ == "__main__":

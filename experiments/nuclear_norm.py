@@ -313,8 +313,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
 
   def markdown(result: dict) -> list[str]:
     cells, rho = result["cells"], result["spearman"]
-    out = [f"# {__doc__.splitlines()[0]}", ""]
-    out += report.runner_lines(base, seeds)
+    out = report.runner_lines(base, seeds)
     out += report.sweep_lines(result["sweeps"]) if result["sweeps"] else []
     out += [
       "## Loss, MNN and matrix entropy per width",
@@ -364,11 +363,9 @@ def main(argv: Sequence[str] | None = None) -> dict:
         f"| {d} | {ms['mnn']:.3f} | {ms['matrix-entropy']:.3f} | "
         f"{ms['matrix-entropy'] / ms['mnn']:.1f}x |"
       )
-    out += ["", "## Claims", ""]
-    out += grid.verdict_table(result["claims"])
     return out
 
-  return report.run(NAME, args, compute, figure, markdown)
+  return report.run(NAME, __doc__, args, compute, figure, markdown)
 
 
 if __name__ == "__main__":

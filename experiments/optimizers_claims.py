@@ -452,8 +452,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     )
 
   def markdown(result: dict) -> list[str]:
-    lines = [f"# {__doc__.splitlines()[0]}", ""]
-    lines += [
+    lines = [
       f"Runner config: width {base.width}, depth {base.depth}, "
       f"{base.num_heads} heads, {base.seq_len}-byte windows, batch "
       f"{base.batch_size}, {base.steps} steps (cosine, warm-up "
@@ -517,11 +516,9 @@ def main(argv: Sequence[str] | None = None) -> dict:
         np.mean(np.log(cell["values"]) - np.log(ms["muon"]["values"]))
       )
       lines.append(f"| {name} | {grid.fmt(cell, 2)} | {ratio:.3f} |")
-    lines += ["", "## Claims", ""]
-    lines += grid.verdict_table(result["claims"])
     return lines
 
-  return report.run(NAME, args, compute, figure, markdown)
+  return report.run(NAME, __doc__, args, compute, figure, markdown)
 
 
 if __name__ == "__main__":

@@ -53,47 +53,41 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import pathlib
+import functools
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from experiments import norms_bytelm
-from experiments._harness import grid, report, runs, tiers
+from experiments._harness import grid, runs, study, tiers
 from jaxnorm.training import claims
 from jaxnorm.training import config as config_lib
 
 NAME = "powernorm_claims"
 MARGIN = 0.0
-PAPER = ("PowerNorm", "2003.07845")
 
 ARMS = ("layernorm", "batchnorm", "powernorm")
 LEARNING_RATES = {name: (3e-3, 1e-2, 3e-2) for name in ARMS}
 
-
-def _claim(text: str, a: str, b: str) -> claims.Claim:
-  return claims.Claim(
-    paper=PAPER[0],
-    arxiv=PAPER[1],
-    claim=text,
-    metric="val_loss",
-    direction="lower",
-    kind="superior",
-    margin=MARGIN,
-    a=a,
-    b=b,
-  )
-
+_claim = functools.partial(
+  claims.Claim,
+  paper="PowerNorm",
+  arxiv="2003.07845",
+  metric="val_loss",
+  direction="lower",
+  kind="superior",
+  margin=MARGIN,
+)
 
 REGIME = _claim(
-  "naive batch normalization hurts a Transformer on language (the "
+  claim="naive batch normalization hurts a Transformer on language (the "
   "regime PowerNorm fixes)",
-  "layernorm",
-  "batchnorm",
+  a="layernorm",
+  b="batchnorm",
 )
 CLAIMS = (
   REGIME,
-  _claim("PowerNorm outperforms BatchNorm", "powernorm", "batchnorm"),
-  _claim("PowerNorm outperforms LayerNorm", "powernorm", "layernorm"),
+  _claim(claim="PowerNorm outperforms BatchNorm", a="powernorm", b="batchnorm"),
+  _claim(claim="PowerNorm outperforms LayerNorm", a="powernorm", b="layernorm"),
 )
 # The claims that need BatchNorm to hurt.
 GATED = {CLAIMS[1]}
@@ -163,55 +157,31 @@ def main(argv: Sequence[str] | None = None) -> dict:
   """Runs the tuned grid (skipping finished runs) and writes the report."""
   args = tiers.parser(__doc__, NAME).parse_args(argv)
   base = base_config(args)
-  seeds = tiers.seeds(args)
-  arms = variants(base)
-  table = pathlib.Path(args.runs) / "grid.jsonl"
-  # --quick checks the pipeline at the base rate.
-  rates = {} if tiers.tier(args) == "quick" else LEARNING_RATES
-
-  def compute() -> dict:
-    lines, tuned = grid.tuned_grid(table, base, arms, seeds, rates)
-    return {
-      "claims": records(lines, base, tuned["variants"]),
-      "sweeps": tuned["sweeps"],
-      "lines": lines,
-      "val_loss": grid.cells(lines, "val_loss"),
-      "train_loss": grid.cells(lines, "train_loss"),
-    }
-
-  def figure(result: dict, path: pathlib.Path) -> None:
-    grid.figure(
-      table,
-      result["lines"],
-      "val_loss",
-      path,
-      f"byte LM, {base.depth} layers of width {base.width}, {base.steps} "
-      f"steps: PowerNorm, BatchNorm, LayerNorm ({len(seeds)} seeds)",
-      result["claims"],
-    )
-
-  def markdown(result: dict) -> list[str]:
-    lines = [f"# {__doc__.splitlines()[0]}", ""]
-    lines += report.runner_lines(base, seeds)
-    lines += [
+  return study.tuned(
+    NAME,
+    __doc__,
+    args,
+    base,
+    variants(base),
+    LEARNING_RATES,
+    lambda lines, tuned: records(lines, base, tuned),
+    title=f"byte LM, {base.depth} layers of width {base.width}, "
+    f"{base.steps} steps: PowerNorm, BatchNorm, LayerNorm",
+    baseline="layernorm",
+    tables=(
+      study.Table("val_loss", "Validation loss (inference mode)", "val loss"),
+      study.Table(
+        "train_loss", "Final training loss (training mode)", "train loss"
+      ),
+    ),
+    notes=[
       "Batch statistics admitted (`allow_batch_stats`); PowerNorm "
       "without warm-up (causal-safe); BatchNorm sees later tokens of the "
       "batch through its training-mode statistics, and validation runs in "
       "inference mode on running statistics (module docstring).",
       "",
-    ]
-    lines += report.sweep_lines(result["sweeps"])
-    lines += ["## Validation loss (inference mode)", ""]
-    lines += grid.markdown_table(result["val_loss"], "val loss", "layernorm")
-    lines += ["", "## Final training loss (training mode)", ""]
-    lines += grid.markdown_table(
-      result["train_loss"], "train loss", "layernorm"
-    )
-    lines += ["", "## Claims", ""]
-    lines += grid.verdict_table(result["claims"])
-    return lines
-
-  return report.run(NAME, args, compute, figure, markdown)
+    ],
+  )
 
 
 if __name__ == "__main__":

@@ -308,8 +308,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     )
 
   def markdown(result: dict) -> list[str]:
-    lines = [f"# {__doc__.splitlines()[0]}", ""]
-    lines += report.runner_lines(base, seeds)
+    lines = report.runner_lines(base, seeds)
     lines += [
       "This script's loop trains the runner config's CNN trunk with a "
       f"per-pixel head on {NUM_CLASSES} classes (background and the 10 "
@@ -335,11 +334,9 @@ def main(argv: Sequence[str] | None = None) -> dict:
         f"{grid.fmt(result['val_accuracy'][v])} | "
         f"{grid.fmt(result['val_loss'][v])} |"
       )
-    lines += ["", "## Claims", ""]
-    lines += grid.verdict_table(result["claims"])
     return lines
 
-  return report.run(NAME, args, compute, figure, markdown)
+  return report.run(NAME, __doc__, args, compute, figure, markdown)
 
 
 if __name__ == "__main__":

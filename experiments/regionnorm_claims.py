@@ -447,7 +447,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     plt.close(fig)
 
   def markdown(result: dict) -> list[str]:
-    lines = [f"# {__doc__.splitlines()[0]}", ""]
+    lines = []
     params = {ln["variant"]: ln["params"] for ln in result["lines"]}
     lines += [
       f"Setting: {base.data}, one rectangular hole per image (area "
@@ -472,11 +472,9 @@ def main(argv: Sequence[str] | None = None) -> dict:
       lines += [f"## {LABELS[metric]}", ""]
       lines += grid.markdown_table(result["cells"][metric], metric, "rn")
       lines.append("")
-    lines += ["## Claims", ""]
-    lines += grid.verdict_table(result["claims"])
     return lines
 
-  return report.run(NAME, args, compute, figure, markdown)
+  return report.run(NAME, __doc__, args, compute, figure, markdown)
 
 
 if __name__ == "__main__":

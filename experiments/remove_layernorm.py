@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import pathlib
 from collections.abc import Sequence
 from typing import Any
@@ -74,46 +75,37 @@ LEARNING_RATES = {name: (3e-4, 1e-3, 3e-3) for name in FINETUNES}
 # The removal schedule per tier: (start, gap).
 SCHEDULE = {"quick": (1, 1), "default": (20, 2), "full": (20, 2)}
 
-_PAPER = ("LayerNorm removal (FakeLN)", "2507.02559")
-
-
-def _claim(text, kind, margin, a, b) -> claims.Claim:
-  return claims.Claim(
-    paper=_PAPER[0],
-    arxiv=_PAPER[1],
-    claim=text,
-    metric="val_loss",
-    direction="lower",
-    kind=kind,
-    margin=margin,
-    a=a,
-    b=b,
-  )
-
+_claim = functools.partial(
+  claims.Claim,
+  paper="LayerNorm removal (FakeLN)",
+  arxiv="2507.02559",
+  metric="val_loss",
+  direction="lower",
+)
 
 REGIME = _claim(
-  "LayerNorm matters: removing it without fine-tuning raises the loss",
-  "superior",
-  0.0,
-  PARENT,
-  NO_FT,
+  claim="LayerNorm matters: removing it without fine-tuning raises the loss",
+  kind="superior",
+  margin=0.0,
+  a=PARENT,
+  b=NO_FT,
 )
 CLAIMS = (
   _claim(
-    "every LayerNorm can be removed by fine-tuning with only a small "
+    claim="every LayerNorm can be removed by fine-tuning with only a small "
     "increase in validation loss (vs the same fine-tune with LayerNorm)",
-    "non_inferior",
-    MARGIN,
-    FREE,
-    KEPT,
+    kind="non_inferior",
+    margin=MARGIN,
+    a=FREE,
+    b=KEPT,
   ),
   _claim(
-    "every LayerNorm can be removed by fine-tuning with only a small "
+    claim="every LayerNorm can be removed by fine-tuning with only a small "
     "increase in validation loss (vs the parent)",
-    "non_inferior",
-    MARGIN,
-    FREE,
-    PARENT,
+    kind="non_inferior",
+    margin=MARGIN,
+    a=FREE,
+    b=PARENT,
   ),
 )
 
@@ -372,8 +364,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     plt.close(fig)
 
   def markdown(result: dict) -> list[str]:
-    out = [f"# {__doc__.splitlines()[0]}", ""]
-    out += ["Parents:", ""] + report.runner_lines(base, seeds)
+    out = ["Parents:", ""] + report.runner_lines(base, seeds)
     out += [
       f"Fine-tunes: {ft_base.steps} steps from each parent, warm-up "
       f"{ft_base.warmup_steps}, the removal schedule of "
@@ -390,14 +381,10 @@ def main(argv: Sequence[str] | None = None) -> dict:
       "The LN-free export computes the FakeLN model's logits to "
       f"{result['export_vs_fake_max_abs_logit_diff']:.1e} (largest absolute "
       "difference over the validation batches and seeds).",
-      "",
-      "## Claims",
-      "",
     ]
-    out += grid.verdict_table(result["claims"])
     return out
 
-  return report.run(NAME, args, compute, figure, markdown)
+  return report.run(NAME, __doc__, args, compute, figure, markdown)
 
 
 if __name__ == "__main__":

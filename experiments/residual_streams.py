@@ -584,8 +584,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
 
   def markdown(result: dict) -> list[str]:
     params = result["params"]
-    lines = [f"# {__doc__.splitlines()[0]}", ""]
-    lines += [
+    lines = [
       f"Runner config: width {base.width}, {base.num_heads} heads, "
       f"{base.seq_len}-byte windows, batch {base.batch_size}, {base.steps} "
       f"AdamW steps (cosine, warm-up {base.warmup_steps}, weight decay "
@@ -656,14 +655,10 @@ def main(argv: Sequence[str] | None = None) -> dict:
       "## Per-layer activation RMS and gradient norms (trained, mean)",
       "",
       *rd.probe_rows(result["lines"], list(result["val_loss"])),
-      "",
-      "## Claims",
-      "",
-      *grid.verdict_table(result["claims"]),
     ]
     return lines
 
-  return report.run(NAME, args, compute, figure, markdown)
+  return report.run(NAME, __doc__, args, compute, figure, markdown)
 
 
 if __name__ == "__main__":

@@ -26,12 +26,11 @@ without scales: 1,088 fewer of about 415k, 0.3%).
 
 from __future__ import annotations
 
-import pathlib
 from collections.abc import Sequence
 from typing import Any
 
 from experiments import norms_bytelm
-from experiments._harness import grid, report, tiers
+from experiments._harness import grid, study, tiers
 from jaxnorm.training import claims
 
 NAME = "rmsnorm_variants"
@@ -98,48 +97,21 @@ def main(argv: Sequence[str] | None = None) -> dict:
   """Runs the tuned grid (skipping finished runs) and writes the report."""
   args = tiers.parser(__doc__, NAME).parse_args(argv)
   base = norms_bytelm.base_config(args)
-  seeds = tiers.seeds(args)
-  table = pathlib.Path(args.runs) / "grid.jsonl"
-  # --quick checks the pipeline at the base rate.
-  rates = {} if tiers.tier(args) == "quick" else LEARNING_RATES
-
-  def compute() -> dict:
-    lines, tuned = grid.tuned_grid(table, base, VARIANTS, seeds, rates)
-    records = [
-      grid.runner_record(
-        lines, claim, base, tuned["variants"], baseline_trained=True
-      )
+  return study.tuned(
+    NAME,
+    __doc__,
+    args,
+    base,
+    VARIANTS,
+    LEARNING_RATES,
+    lambda lines, tuned: [
+      grid.runner_record(lines, claim, base, tuned, baseline_trained=True)
       for claim in CLAIMS
-    ]
-    return {
-      "claims": records,
-      "sweeps": tuned["sweeps"],
-      "lines": lines,
-      "val_loss": grid.cells(lines, "val_loss"),
-    }
-
-  def figure(result: dict, path: pathlib.Path) -> None:
-    grid.figure(
-      table,
-      result["lines"],
-      "val_loss",
-      path,
-      f"byte LM, {base.depth} layers of width {base.width}, {base.steps} "
-      f"steps: RMSNorm's variants ({len(seeds)} seeds)",
-      result["claims"],
-    )
-
-  def markdown(result: dict) -> list[str]:
-    lines = [f"# {__doc__.splitlines()[0]}", ""]
-    lines += report.runner_lines(base, seeds)
-    lines += report.sweep_lines(result["sweeps"])
-    lines += ["## Validation loss", ""]
-    lines += grid.markdown_table(result["val_loss"], "val loss", "rmsnorm")
-    lines += ["", "## Claims", ""]
-    lines += grid.verdict_table(result["claims"])
-    return lines
-
-  return report.run(NAME, args, compute, figure, markdown)
+    ],
+    title=f"byte LM, {base.depth} layers of width {base.width}, "
+    f"{base.steps} steps: RMSNorm's variants",
+    baseline="rmsnorm",
+  )
 
 
 if __name__ == "__main__":

@@ -53,13 +53,13 @@ ViT claim (SaluNet-T) is `experiments.salunet_vit_claims`.
 from __future__ import annotations
 
 import dataclasses
-import pathlib
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from flax import nnx
 
-from experiments._harness import grid, report, runs, tiers
+from experiments._harness import grid, runs, study, tiers
 from jaxnorm.nn import activations as nn_activations
 from jaxnorm.training import build, claims
 from jaxnorm.training import config as config_lib
@@ -200,54 +200,45 @@ LEARNING_RATES = {
   "salu-batch1": (1e-4, 3e-4, 1e-3),
 }
 
-_PAPER = ("SaluNet", "2606.02927")
-
-
-def _claim(text, kind, margin, a, b) -> claims.Claim:
-  return claims.Claim(
-    paper=_PAPER[0],
-    arxiv=_PAPER[1],
-    claim=text,
-    metric="val_accuracy",
-    direction="higher",
-    kind=kind,
-    margin=margin,
-    a=a,
-    b=b,
-  )
-
+_claim = functools.partial(
+  claims.Claim,
+  paper="SaluNet",
+  arxiv="2606.02927",
+  metric="val_accuracy",
+  direction="higher",
+)
 
 CLAIMS = (
   _claim(
-    "normalization matters in this CNN: BatchNorm beats the same network "
-    "without norms",
-    "superior",
-    0.0,
-    "bn",
-    "none",
+    claim="normalization matters in this CNN: BatchNorm beats the same "
+    "network without norms",
+    kind="superior",
+    margin=0.0,
+    a="bn",
+    b="none",
   ),
   _claim(
-    "SALU replaces the normalization layers: the normalization-free "
+    claim="SALU replaces the normalization layers: the normalization-free "
     "SaluNet-C matches the BatchNorm network",
-    "non_inferior",
-    MARGIN,
-    "salu",
-    "bn",
+    kind="non_inferior",
+    margin=MARGIN,
+    a="salu",
+    b="bn",
   ),
   _claim(
-    "the normalized baseline fails at batch size 1",
-    "superior",
-    0.0,
-    "bn",
-    "bn-batch1",
+    claim="the normalized baseline fails at batch size 1",
+    kind="superior",
+    margin=0.0,
+    a="bn",
+    b="bn-batch1",
   ),
   _claim(
-    "SaluNet-C still trains at batch size 1, where the normalized "
+    claim="SaluNet-C still trains at batch size 1, where the normalized "
     "baseline fails",
-    "superior",
-    0.0,
-    "salu-batch1",
-    "bn-batch1",
+    kind="superior",
+    margin=0.0,
+    a="salu-batch1",
+    b="bn-batch1",
   ),
 )
 
@@ -307,56 +298,27 @@ def main(argv: Sequence[str] | None = None) -> dict:
   args = tiers.parser(__doc__, NAME).parse_args(argv)
   base = cnn_config(args)
   variants = variants_for(base)
-  seeds = tiers.seeds(args)
-  table = pathlib.Path(args.runs) / "grid.jsonl"
-  # --quick checks the pipeline at the base rate.
-  rates = {} if tiers.tier(args) == "quick" else LEARNING_RATES
-
-  def compute() -> dict:
-    lines, tuned = grid.tuned_grid(
-      table,
-      base,
-      variants,
-      seeds,
-      rates,
-      model=model_factory(base, variants, SWAPPED),
-    )
-    return {
-      "claims": records(lines, base, tuned["variants"]),
-      "sweeps": tuned["sweeps"],
-      "lines": lines,
-      "val_accuracy": grid.cells(lines, "val_accuracy"),
-    }
-
-  def figure(result: dict, path: pathlib.Path) -> None:
-    grid.figure(
-      table,
-      result["lines"],
-      "val_accuracy",
-      path,
-      f"CNN width {base.width}, {base.depth} blocks on {base.data}, "
-      f"{base.steps * base.batch_size} images: SALU vs BatchNorm at batch "
-      f"{base.batch_size} and 1 ({len(seeds)} seeds)",
-      result["claims"],
-    )
-
-  def markdown(result: dict) -> list[str]:
-    out = [f"# {__doc__.splitlines()[0]}", ""]
-    out += report.runner_lines(base, seeds)
-    out += [
+  return study.tuned(
+    NAME,
+    __doc__,
+    args,
+    base,
+    variants,
+    LEARNING_RATES,
+    lambda lines, tuned: records(lines, base, tuned),
+    title=f"CNN width {base.width}, {base.depth} blocks on {base.data}, "
+    f"{base.steps * base.batch_size} images: SALU vs BatchNorm at batch "
+    f"{base.batch_size} and 1",
+    baseline="bn",
+    tables=(study.VAL_ACCURACY,),
+    notes=[
       f"Batch-1 arms: {base.steps * base.batch_size} steps of one image, "
       "the same images; `none` and `salu*` are the BatchNorm CNN with its "
       "norms replaced (`swap_norms`).",
       "",
-    ]
-    out += report.sweep_lines(result["sweeps"])
-    out += ["## Validation accuracy", ""]
-    out += grid.markdown_table(result["val_accuracy"], "val accuracy", "bn")
-    out += ["", "## Claims", ""]
-    out += grid.verdict_table(result["claims"])
-    return out
-
-  return report.run(NAME, args, compute, figure, markdown)
+    ],
+    model=model_factory(base, variants, SWAPPED),
+  )
 
 
 if __name__ == "__main__":

@@ -36,12 +36,11 @@ ViT on Fashion-MNIST instead of SaluNet-T on CIFAR.
 from __future__ import annotations
 
 import dataclasses
-import pathlib
 from collections.abc import Sequence
 from typing import Any
 
 from experiments import cls_norm_claims, salunet_claims
-from experiments._harness import grid, report, tiers
+from experiments._harness import grid, study, tiers
 from jaxnorm.training import claims
 
 NAME = "salunet_vit_claims"
@@ -120,56 +119,25 @@ def main(argv: Sequence[str] | None = None) -> dict:
   """Runs the tuned grid (skipping finished runs) and writes the report."""
   args = tiers.parser(__doc__, NAME).parse_args(argv)
   base = base_config(args)
-  seeds = tiers.seeds(args)
-  table = pathlib.Path(args.runs) / "grid.jsonl"
-  # --quick checks the pipeline at the base rate.
-  rates = {} if tiers.tier(args) == "quick" else LEARNING_RATES
-
-  def compute() -> dict:
-    lines, tuned = grid.tuned_grid(
-      table,
-      base,
-      VARIANTS,
-      seeds,
-      rates,
-      model=salunet_claims.model_factory(base, VARIANTS, SWAPPED),
-    )
-    return {
-      "claims": records(lines, base, tuned["variants"]),
-      "sweeps": tuned["sweeps"],
-      "lines": lines,
-      "val_accuracy": grid.cells(lines, "val_accuracy"),
-    }
-
-  def figure(result: dict, path: pathlib.Path) -> None:
-    grid.figure(
-      table,
-      result["lines"],
-      "val_accuracy",
-      path,
-      f"ViT width {base.width}, depth {base.depth} on {base.data}, "
-      f"{base.steps} steps: SALU vs LayerNorm ({len(seeds)} seeds)",
-      result["claims"],
-    )
-
-  def markdown(result: dict) -> list[str]:
-    out = [f"# {__doc__.splitlines()[0]}", ""]
-    out += report.runner_lines(base, seeds)
-    out += [
+  return study.tuned(
+    NAME,
+    __doc__,
+    args,
+    base,
+    VARIANTS,
+    LEARNING_RATES,
+    lambda lines, tuned: records(lines, base, tuned),
+    title=f"ViT width {base.width}, depth {base.depth} on {base.data}, "
+    f"{base.steps} steps: SALU vs LayerNorm",
+    baseline="layernorm",
+    tables=(study.VAL_ACCURACY,),
+    notes=[
       "`none` and `salu` are the LayerNorm ViT with its norms replaced "
       "(`experiments.salunet_claims.swap_norms`).",
       "",
-    ]
-    out += report.sweep_lines(result["sweeps"])
-    out += ["## Validation accuracy", ""]
-    out += grid.markdown_table(
-      result["val_accuracy"], "val accuracy", "layernorm"
-    )
-    out += ["", "## Claims", ""]
-    out += grid.verdict_table(result["claims"])
-    return out
-
-  return report.run(NAME, args, compute, figure, markdown)
+    ],
+    model=salunet_claims.model_factory(base, VARIANTS, SWAPPED),
+  )
 
 
 if __name__ == "__main__":

@@ -181,7 +181,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     plt.close(fig)
 
   def markdown(result: dict) -> list[str]:
-    out = [f"# {__doc__.splitlines()[0]}", ""]
+    out = []
     ratio = np.exp(
       np.mean(
         [
@@ -216,14 +216,10 @@ def main(argv: Sequence[str] | None = None) -> dict:
       "- ShiftQuant's accuracy: negligible loss at 4 bits (ResNets, "
       "0.92%) and 6 bits (Transformers, 0.61%).",
       "- ShiftQuant's speed: more than 1.85x (CPU) / 15.3% (GPU) over FP16.",
-      "",
-      "## Claims",
-      "",
     ]
-    out += grid.verdict_table(result["claims"])
     return out
 
-  return report.run(NAME, args, compute, figure, markdown)
+  return report.run(NAME, __doc__, args, compute, figure, markdown)
 
 
 if __name__ == "__main__":

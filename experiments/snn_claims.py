@@ -516,8 +516,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     plt.close(fig)
 
   def markdown(result: dict) -> list[str]:
-    lines = [f"# {__doc__.splitlines()[0]}", ""]
-    lines += report.runner_lines(base, seeds)
+    lines = report.runner_lines(base, seeds)
     lines += [
       f"Depths {shallow} and {deep}; the runner trains the model this "
       f"script builds (config fields `activation`, `depth` and `norm` "
@@ -549,11 +548,9 @@ def main(argv: Sequence[str] | None = None) -> dict:
         + " | ".join(grid.fmt(c[name]) for c in result["stats"].values())
         + " |"
       )
-    lines += ["", "## Claims", ""]
-    lines += grid.verdict_table(result["claims"])
     return lines
 
-  return report.run(NAME, args, compute, figure, markdown)
+  return report.run(NAME, __doc__, args, compute, figure, markdown)
 
 
 if __name__ == "__main__":

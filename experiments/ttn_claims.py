@@ -49,6 +49,7 @@ here.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import pathlib
@@ -74,7 +75,6 @@ CONDITIONS = ("clean", "shifted")
 NUM_COMPONENTS = 16
 MARGIN = claims.MARGINS["accuracy_fraction"]
 TRAINING = "training"  # The table's line of each seed's trained network.
-PAPER = ("UnMix-TNS", "2401.08328")
 
 
 def arm(condition: str, method: str, stream: str) -> str:
@@ -82,53 +82,54 @@ def arm(condition: str, method: str, stream: str) -> str:
   return f"{condition}:{method}/{stream}"
 
 
-def _claim(text: str, a: str, b: str, kind: str = "superior") -> claims.Claim:
-  return claims.Claim(
-    paper=PAPER[0],
-    arxiv=PAPER[1],
-    claim=text,
-    metric="accuracy",
-    direction="higher",
-    kind=kind,
-    margin=MARGIN,
-    a=a,
-    b=b,
-  )
+_claim = functools.partial(
+  claims.Claim,
+  paper="UnMix-TNS",
+  arxiv="2401.08328",
+  metric="accuracy",
+  direction="higher",
+  margin=MARGIN,
+)
 
 
 def condition_claims(condition: str) -> dict[str, claims.Claim]:
   """The claims of one condition, by role (``collapse`` gates the others)."""
   out = {
     "collapse": _claim(
-      f"{condition}: test-batch BN (TBN) collapses on a label-sorted stream",
-      arm(condition, "tbn", "iid"),
-      arm(condition, "tbn", "sorted"),
+      claim=f"{condition}: test-batch BN (TBN) collapses on a label-sorted "
+      "stream",
+      kind="superior",
+      a=arm(condition, "tbn", "iid"),
+      b=arm(condition, "tbn", "sorted"),
     ),
     "beats_tbn": _claim(
-      f"{condition}: UnMix-TNS beats TBN on the label-sorted stream",
-      arm(condition, "unmix", "sorted"),
-      arm(condition, "tbn", "sorted"),
+      claim=f"{condition}: UnMix-TNS beats TBN on the label-sorted stream",
+      kind="superior",
+      a=arm(condition, "unmix", "sorted"),
+      b=arm(condition, "tbn", "sorted"),
     ),
     "keeps": _claim(
-      f"{condition}: UnMix-TNS keeps its i.i.d. accuracy on the "
+      claim=f"{condition}: UnMix-TNS keeps its i.i.d. accuracy on the "
       "label-sorted stream",
-      arm(condition, "unmix", "sorted"),
-      arm(condition, "unmix", "iid"),
-      "non_inferior",
+      kind="non_inferior",
+      a=arm(condition, "unmix", "sorted"),
+      b=arm(condition, "unmix", "iid"),
     ),
   }
   if condition == "shifted":
     out["adapts"] = _claim(
-      "shifted: test-batch statistics correct the covariate shift on "
+      claim="shifted: test-batch statistics correct the covariate shift on "
       "i.i.d. batches (TBN beats the source statistics)",
-      arm(condition, "tbn", "iid"),
-      arm(condition, "source", "iid"),
+      kind="superior",
+      a=arm(condition, "tbn", "iid"),
+      b=arm(condition, "source", "iid"),
     )
     out["beats_source"] = _claim(
-      "shifted: UnMix-TNS beats the source statistics on the label-sorted "
-      "stream",
-      arm(condition, "unmix", "sorted"),
-      arm(condition, "source", "sorted"),
+      claim="shifted: UnMix-TNS beats the source statistics on the "
+      "label-sorted stream",
+      kind="superior",
+      a=arm(condition, "unmix", "sorted"),
+      b=arm(condition, "source", "sorted"),
     )
   return out
 
@@ -427,8 +428,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     plt.close(fig)
 
   def markdown(result: dict) -> list[str]:
-    lines = [f"# {__doc__.splitlines()[0]}", ""]
-    lines += report.runner_lines(base, seeds)
+    lines = report.runner_lines(base, seeds)
     lines += [
       f"Test stream: the {base.data} test split in batches of "
       f"{base.batch_size}; UnMix-TNS with K = {NUM_COMPONENTS}, "
@@ -446,11 +446,9 @@ def main(argv: Sequence[str] | None = None) -> dict:
         cells, "accuracy", arm(condition, "source", "iid")
       )
       lines.append("")
-    lines += ["## Claims", ""]
-    lines += grid.verdict_table(result["claims"])
     return lines
 
-  return report.run(NAME, args, compute, figure, markdown)
+  return report.run(NAME, __doc__, args, compute, figure, markdown)
 
 
 if __name__ == "__main__":

@@ -278,8 +278,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     )
 
   def markdown(result: dict) -> list[str]:
-    lines = [f"# {__doc__.splitlines()[0]}", ""]
-    lines += report.runner_lines(base, seeds)
+    lines = report.runner_lines(base, seeds)
     warm = dict(arms["unifiednorm"]["norm_kwargs"])["warmup_iters"]
     lines += [
       f"UN's `warmup_iters` = {warm}; batch statistics admitted "
@@ -308,11 +307,9 @@ def main(argv: Sequence[str] | None = None) -> dict:
       ]
       lines += grid.markdown_table(t["cells"], "ms", "layernorm+linear")
       lines.append("")
-    lines += ["## Claims", ""]
-    lines += grid.verdict_table(result["claims"])
     return lines
 
-  return report.run(NAME, args, compute, figure, markdown)
+  return report.run(NAME, __doc__, args, compute, figure, markdown)
 
 
 if __name__ == "__main__":

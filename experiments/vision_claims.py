@@ -53,6 +53,7 @@ per-device batches of ResNets on ImageNet.
 from __future__ import annotations
 
 import argparse
+import functools
 import pathlib
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -86,68 +87,59 @@ RUNS = {
 }
 EVAL_IMAGES = {"quick": 16, "default": 2048, "full": 9984}
 
-EVONORM = ("EvoNorm", "2004.02967")
-
-
-def _claim(paper, text, metric, direction, a, b) -> claims.Claim:
-  return claims.Claim(
-    paper=paper[0],
-    arxiv=paper[1],
-    claim=text,
-    metric=metric,
-    direction=direction,
-    kind="superior",
-    margin=MARGIN,
-    a=a,
-    b=b,
-  )
+_evonorm_claim = functools.partial(
+  claims.Claim,
+  paper="EvoNorm",
+  arxiv="2004.02967",
+  kind="superior",
+  margin=MARGIN,
+)
 
 
 def batch_claims(small: int, large: int) -> dict[str, claims.Claim]:
   """The claims by role; ``regime`` gates ``s0_bn`` and ``s0_drop``."""
   drop = f"accuracy drop from batch {large} to {small}"
   return {
-    "regime": _claim(
-      ("GroupNorm", "1803.08494"),
-      f"BatchNorm degrades at a small batch where GroupNorm does not "
+    "regime": claims.Claim(
+      paper="GroupNorm",
+      arxiv="1803.08494",
+      claim=f"BatchNorm degrades at a small batch where GroupNorm does not "
       f"(GroupNorm's {drop} is smaller)",
-      "drop",
-      "lower",
-      "groupnorm",
-      "batchnorm",
+      metric="drop",
+      direction="lower",
+      kind="superior",
+      margin=MARGIN,
+      a="groupnorm",
+      b="batchnorm",
     ),
-    "b0_bn": _claim(
-      EVONORM,
-      f"EvoNorm-B0 beats BatchNorm at a large batch ({large})",
-      "val_accuracy",
-      "higher",
-      "evonormb0",
-      "batchnorm",
+    "b0_bn": _evonorm_claim(
+      claim=f"EvoNorm-B0 beats BatchNorm at a large batch ({large})",
+      metric="val_accuracy",
+      direction="higher",
+      a="evonormb0",
+      b="batchnorm",
     ),
-    "s0_gn": _claim(
-      EVONORM,
-      f"EvoNorm-S0 beats GroupNorm at a small batch ({small})",
-      "val_accuracy",
-      "higher",
-      "evonorms0",
-      "groupnorm",
+    "s0_gn": _evonorm_claim(
+      claim=f"EvoNorm-S0 beats GroupNorm at a small batch ({small})",
+      metric="val_accuracy",
+      direction="higher",
+      a="evonorms0",
+      b="groupnorm",
     ),
-    "s0_bn": _claim(
-      EVONORM,
-      f"EvoNorm-S0 beats BatchNorm at a small batch ({small})",
-      "val_accuracy",
-      "higher",
-      "evonorms0",
-      "batchnorm",
+    "s0_bn": _evonorm_claim(
+      claim=f"EvoNorm-S0 beats BatchNorm at a small batch ({small})",
+      metric="val_accuracy",
+      direction="higher",
+      a="evonorms0",
+      b="batchnorm",
     ),
-    "s0_drop": _claim(
-      EVONORM,
-      f"EvoNorm-S0 is batch-independent: its {drop} is smaller than "
+    "s0_drop": _evonorm_claim(
+      claim=f"EvoNorm-S0 is batch-independent: its {drop} is smaller than "
       "BatchNorm's",
-      "drop",
-      "lower",
-      "evonorms0",
-      "batchnorm",
+      metric="drop",
+      direction="lower",
+      a="evonorms0",
+      b="batchnorm",
     ),
   }
 
@@ -343,7 +335,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
 
   def markdown(result: dict) -> list[str]:
     small, large = bases[SMALL].batch_size, bases[LARGE].batch_size
-    lines = [f"# {__doc__.splitlines()[0]}", ""]
+    lines = []
     for w in (LARGE, SMALL):
       lines += [f"## Batch {bases[w].batch_size}", ""]
       lines += report.runner_lines(bases[w], seeds)
@@ -360,14 +352,10 @@ def main(argv: Sequence[str] | None = None) -> dict:
       "",
       f"Figures: `{NAME}.png` (batch {small}), `{NAME}_batch{large}.png`; "
       "validation on the same test images at both batch sizes.",
-      "",
-      "## Claims",
-      "",
     ]
-    lines += grid.verdict_table(result["claims"])
     return lines
 
-  return report.run(NAME, args, compute, figure, markdown)
+  return report.run(NAME, __doc__, args, compute, figure, markdown)
 
 
 if __name__ == "__main__":

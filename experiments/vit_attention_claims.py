@@ -552,7 +552,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
   def markdown(result: dict) -> list[str]:
     return report_lines(result, args, base, seeds, sweep)
 
-  return report.run(NAME, args, compute, figure, markdown)
+  return report.run(NAME, __doc__, args, compute, figure, markdown)
 
 
 def report_lines(
@@ -570,8 +570,7 @@ def report_lines(
     name: result["variants"][name].get("width", base.width)
     for name in result["variants"]
   }
-  lines = [f"# {__doc__.splitlines()[0]}", ""]
-  lines += report.runner_lines(base, seeds)
+  lines = report.runner_lines(base, seeds)
   lines += [
     f"Patch {vit.patch_size} ({grid_side}x{grid_side} patches + [CLS] = "
     f"{tokens(vit.image_shape[0], vit.patch_size)} tokens); SOFT landmark "
@@ -626,11 +625,7 @@ def report_lines(
     "",
     f"Slope: log-log slope of the step time from {prev} to {hi} tokens "
     "(1: linear, 2: quadratic).",
-    "",
-    "## Claims",
-    "",
   ]
-  lines += grid.verdict_table(result["claims"])
   if args.quick:
     lines += ["", "(--quick: toy sizes; the verdicts mean nothing.)"]
   return lines

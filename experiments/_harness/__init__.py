@@ -9,8 +9,11 @@
   trained model (restored by the runner's resume), probes cached by run,
   the trivial predictor's loss and whether a baseline trained;
 * `report`: a script's result files (JSON with its ``claims`` and ``run``
-  provenance, Markdown, figure) and the one spread convention (mean and
-  sample standard deviation, ``ddof=1``);
+  provenance; Markdown with the title, command, the script's tables, then
+  every claim's verdict and why; figure) and the one spread convention
+  (mean and sample standard deviation, ``ddof=1``);
+* `study`: the whole ``main`` of the plain claims script (one tuned grid,
+  its claims, the standard tables);
 * `results`: RESULTS.md and the README's headline table, made from every
   script's records with Holm-Bonferroni across the table.
 """

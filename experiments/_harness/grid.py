@@ -10,8 +10,7 @@ so an interrupted grid resumes where it stopped. Cells report the mean and
 the sample standard deviation (``ddof=1``) over seeds, and keep the values
 by seed. Verdicts come from `jaxnorm.training.claims`: `claim_record`
 pairs a claim's variant and baseline seed by seed and writes its record
-(paired t interval, verdict, provenance); `verdict` is the same rule
-behind the old call signature, for the scripts not yet on records. The
+(paired t interval, verdict, provenance). The
 figure has the validation loss against steps per variant (mean line,
 min-max band over seeds) and a bar chart of the final metric with
 one-standard-deviation error bars.
@@ -599,102 +598,3 @@ def runner_record(
     testable=testable,
     reason=reason,
   )
-
-
-# The old rule's vocabulary, kept by `verdict` for the scripts that combine
-# its verdicts (``optimizers_claims.both``) until they move to records.
-_LEGACY = {"contradicted": "not reproduced at this scale"}
-
-
-def verdict(
-  grid: Mapping[str, Mapping[str, Any]],
-  variant: str,
-  reference: str,
-  claim: str,
-  tolerance: float = 0.0,
-) -> tuple[str, str]:
-  """The verdict on "``variant`` is lower than / equal to ``reference``".
-
-  Transition adapter for the scripts written before `claims`: the cells
-  are matched by `paired` and judged by `claims.judge` at level 0.95 (a
-  one-sided 5% test on the paired t interval, 90% two-sided).
-  ``claim="lower"`` is a ``superior`` claim with margin 0 on a ``"lower"``
-  metric; ``claim="equal"`` an ``equivalent`` claim with margin
-  ``tolerance`` (> 0). ``contradicted`` is reported in the old words,
-  ``"not reproduced at this scale"``; one seed is ``inconclusive``.
-
-  Returns:
-    The verdict and a one-line account (mean ``a - b``, interval, n).
-
-  Raises:
-    ValueError: ``claim`` is not ``"lower"`` or ``"equal"``, ``"equal"``
-      without a positive ``tolerance``, or `paired`'s errors.
-  """
-  kinds = {"lower": ("superior", 0.0), "equal": ("equivalent", tolerance)}
-  if claim not in kinds:
-    raise ValueError(
-      f"verdict: claim must be 'lower' or 'equal', got {claim!r}"
-    )
-  kind, margin = kinds[claim]
-  if kind == "equivalent" and not margin > 0:
-    raise ValueError(
-      f"verdict: claim='equal' needs a tolerance > 0 (the equivalence "
-      f"margin), got tolerance={tolerance!r}"
-    )
-  _, a, b = paired(grid[variant], grid[reference])
-  judged = claims.judge(a, b, kind=kind, direction="lower", margin=margin)
-  iv = judged.interval
-  if iv is None:
-    why = f"{variant} - {reference}: one seed, no interval"
-  else:
-    why = (
-      f"{variant} - {reference} = {iv.mean:+.4f} [{iv.low:+.4f}, "
-      f"{iv.high:+.4f}] (90% paired t, n={iv.n})"
-    )
-  return _LEGACY.get(judged.verdict, judged.verdict), why
-
-
-def _difference(rec: Mapping[str, Any]) -> str:
-  if rec["ci"] is None:
-    return "—" if rec["mean_diff"] is None else f"{rec['mean_diff']:+.4g}"
-  lo, hi = rec["ci"]
-  pct = f"{100 * (2 * rec['level'] - 1):g}%"
-  return f"{rec['mean_diff']:+.4g} [{lo:+.4g}, {hi:+.4g}] ({pct})"
-
-
-def verdict_table(
-  verdicts: Sequence[Mapping[str, Any]], columns: Sequence[str] = ()
-) -> list[str]:
-  """Markdown rows of verdicts, the extra ``columns`` after the claim.
-
-  `claims.record` dicts get: paper, claim, columns, kind, margin, mean
-  ``a - b`` with its interval, n and the bold verdict. Other verdict dicts
-  (``claim``, ``verdict``, ``why``; the scripts not yet on records) get:
-  claim, columns, bold verdict, evidence.
-  """
-  records = bool(verdicts) and all("ci" in v for v in verdicts)
-  if records:
-    head = ["paper", "claim", *columns, "kind", "margin", "a − b", "n"]
-  else:
-    head = ["claim", *columns]
-  head += ["verdict"] if records else ["verdict", "evidence"]
-  rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-  for v in verdicts:
-    extra = [str(v[c]) for c in columns]
-    bold = f"**Verdict: {v['verdict']}**"
-    if records:
-      paper = _report.cite(v["paper"])
-      cells_ = [
-        paper,
-        f"{v['a']} vs {v['b']}: {v['claim']}",
-        *extra,
-        v["kind"],
-        f"{v['margin']:g}",
-        _difference(v),
-        str(v["n"]),
-        bold,
-      ]
-    else:
-      cells_ = [v["claim"], *extra, bold, v["why"]]
-    rows.append("| " + " | ".join(cells_) + " |")
-  return rows

@@ -142,6 +142,37 @@ def cite(paper: Mapping[str, Any]) -> str:
   return f"{paper['name']} ({where})"
 
 
+def _difference(rec: Mapping[str, Any]) -> str:
+  """A record's mean ``a - b`` with its two-sided interval and level."""
+  if rec["ci"] is None:
+    return "—" if rec["mean_diff"] is None else f"{rec['mean_diff']:+.4g}"
+  lo, hi = rec["ci"]
+  pct = f"{100 * (2 * rec['level'] - 1):g}%"
+  return f"{rec['mean_diff']:+.4g} [{lo:+.4g}, {hi:+.4g}] ({pct})"
+
+
+def verdict_table(records: Sequence[Mapping[str, Any]]) -> list[str]:
+  """Markdown rows of claim records (`jaxnorm.training.claims.record`).
+
+  Columns: paper, arms and claim, kind, margin, mean ``a - b`` with its
+  interval, n and the bold verdict.
+  """
+  head = ["paper", "claim", "kind", "margin", "a − b", "n", "verdict"]
+  rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+  for r in records:
+    cells = [
+      cite(r["paper"]),
+      f"{r['a']} vs {r['b']}: {r['claim']}",
+      r["kind"],
+      f"{r['margin']:g}",
+      _difference(r),
+      str(r["n"]),
+      f"**Verdict: {r['verdict']}**",
+    ]
+    rows.append("| " + " | ".join(cells) + " |")
+  return rows
+
+
 def why_lines(records: Sequence[Mapping[str, Any]]) -> list[str]:
   """Markdown after a verdict table: each record's arms, metric and why."""
   return [
@@ -249,6 +280,7 @@ def provenance(name: str, args: argparse.Namespace) -> dict[str, Any]:
 
 def run(
   name: str,
+  doc: str,
   args: argparse.Namespace,
   compute: Callable[[], dict],
   figure: Callable[[dict, pathlib.Path], None],
@@ -256,11 +288,13 @@ def run(
 ) -> dict:
   """Runs ``compute`` and writes ``<out>/<name>.{json,png,md}``.
 
-  ``compute`` returns the result (NumPy values are written as lists);
-  ``markdown`` returns the file's lines, a title and a blank line first
-  (the command line goes after them), and may read ``args.elapsed``. The
-  result's ``claims`` (`jaxnorm.training.claims.record` dicts), if any,
-  must pass `claims.check_records` before anything is written.
+  ``compute`` returns the result (NumPy values are written as lists). The
+  Markdown file is: the first line of ``doc`` as its title, the command
+  line, the lines ``markdown`` returns (the script's own settings and
+  tables; it may read ``args.elapsed``), then, for a result with claims,
+  the claims' verdict table and why each verdict. The result's ``claims``
+  (`jaxnorm.training.claims.record` dicts), if any, must pass
+  `claims.check_records` before anything is written.
 
   Raises:
     ValueError: a claim record's verdict or numbers do not follow from its
@@ -274,15 +308,20 @@ def run(
   with jax.numpy_dtype_promotion("standard"):
     result = compute()
   args.elapsed = time.time() - start
-  claims.check_records(result.get("claims", ()))
+  records = result.get("claims", ())
+  claims.check_records(records)
   result["run"] = provenance(name, args)
   (out / f"{name}.json").write_text(
     json.dumps(result, indent=2, default=_jsonable)
   )
   figure(result, out / f"{name}.png")
-  lines = markdown(result)
-  lines.insert(2, command_line(result["run"]))
-  lines.insert(3, "")
+  lines = [f"# {doc.splitlines()[0]}", "", command_line(result["run"]), ""]
+  lines += markdown(result)
+  while lines[-1] == "":
+    lines.pop()
+  if records:
+    lines += ["", "## Claims", "", *verdict_table(records)]
+    lines += why_lines(records)
   (out / f"{name}.md").write_text("\n".join(lines) + "\n")
   return result
 

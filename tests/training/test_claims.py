@@ -594,43 +594,15 @@ def test_grid_pairs_by_seed():
     _grid.paired({"values": [1.0, 2.0]}, {"values": [1.0]})
 
 
-def test_grid_verdict_keeps_the_old_signature():
-  base = np.array([2.0, 2.5, 3.0])
-  worse = base + 0.01 + 0.01 * math.sqrt(3) / 20 * np.array([-1.0, 0.0, 1.0])
-  lines = _lines(list(worse), "a") + _lines(list(base), "b")
-  grid = _grid.cells(lines, "val_loss")
-  # The audit's case: the old unpaired rule said inconclusive.
-  v, why = _grid.verdict(grid, "a", "b", "lower")
-  assert v == "not reproduced at this scale" and "n=3" in why
-  assert _grid.verdict(grid, "b", "a", "lower")[0] == "reproduced"
-  noisy = _grid.cells(
-    _lines([2.05, 2.45, 3.0], "a") + _lines(list(base), "b"), "val_loss"
-  )
-  assert _grid.verdict(noisy, "a", "b", "equal", 0.01)[0] == "inconclusive"
-  one = _grid.cells(_lines([1.0], "a") + _lines([2.0], "b"), "val_loss")
-  assert _grid.verdict(one, "a", "b", "lower") == (
-    "inconclusive", "a - b: one seed, no interval",
-  )  # fmt: skip
-  with pytest.raises(ValueError, match="claim must be 'lower' or 'equal'"):
-    _grid.verdict(grid, "a", "b", "higher")
-  with pytest.raises(ValueError, match="needs a tolerance > 0"):
-    _grid.verdict(grid, "a", "b", "equal")
-
-
-def test_verdict_table_renders_records_and_old_verdicts():
+def test_verdict_table_renders_records():
   rec = _record(_claim(), [1.0, 2.0, 3.0], [1.1, 2.15, 3.05])
-  rows = _grid.verdict_table([{**rec, "corpus": "kjv"}], ["corpus"])
-  assert rows[0] == (
-    "| paper | claim | corpus | kind | margin | a − b | n | verdict |"
-  )
+  rows = _report.verdict_table([rec])
+  assert rows[0] == "| paper | claim | kind | margin | a − b | n | verdict |"
   assert rows[2].startswith(
     "| DyT (arXiv:2503.10622) | dyt vs layernorm: DyT matches LayerNorm | "
-    "kjv | superior | 0 | -0.1 ["
+    "superior | 0 | -0.1 ["
   )
   assert rows[2].endswith("(90%) | 3 | **Verdict: reproduced** |")
-  old = _grid.verdict_table([{"claim": "c", "verdict": "inconclusive",
-                              "why": "w"}])  # fmt: skip
-  assert old[2] == "| c | **Verdict: inconclusive** | w |"
 
 
 def test_report_checks_claim_records_before_writing(tmp_path):
@@ -640,10 +612,11 @@ def test_report_checks_claim_records_before_writing(tmp_path):
   def run(records):
     return _report.run(
       "x",
+      "Title line.\n\nMore doc.",
       args,
       lambda: {"claims": records},
       lambda result, path: None,
-      lambda result: ["# x", ""],
+      lambda result: ["Settings.", ""],
     )
 
   with pytest.raises(ValueError, match="stored verdict 'contradicted'"):
@@ -651,7 +624,16 @@ def test_report_checks_claim_records_before_writing(tmp_path):
   assert not (tmp_path / "x.json").exists()
   run([rec])
   assert json.loads((tmp_path / "x.json").read_text())["claims"] == [rec]
-  assert ", commit " in (tmp_path / "x.md").read_text()
+  md = (tmp_path / "x.md").read_text().splitlines()
+  assert md[0] == "# Title line." and ", commit " in md[2]
+  assert md[4:9] == [
+    "Settings.",
+    "",
+    "## Claims",
+    "",
+    _report.verdict_table([rec])[0],
+  ]
+  assert md[-1].startswith("- dyt vs layernorm (val_loss): ")
 
 
 # --- jaxnorm-sweep --seeds --------------------------------------------------
