@@ -85,6 +85,7 @@ CLAIMS = (
 # Each experiment script end to end in --quick mode: CI runs them (-m slow).
 pytestmark = pytest.mark.slow
 
+
 def _check(out, name):
   md = (out / f"{name}.md").read_text()
   assert "## Claims" in md and "**Verdict" in md
