@@ -457,3 +457,23 @@ def test_trained_restores_the_run_the_runner_trained(tmp_path):
   with pytest.raises(ValueError, match="step 4 of 8"):
     runs.trained_line(table, dataclasses.replace(base, steps=8), variants, line)
   assert log.read_text() == before
+
+
+def test_trained_runs_count_each_grid_line_once(tmp_path, fake_runner):
+  lines = grid.run_grid(tmp_path / "t.jsonl", BASE, {"ln": {}}, (0, 1))
+  assert {ln["commit"]["sha"] for ln in lines} == {claims.commit()["sha"]}
+  # A line from before lines recorded their time and commit.
+  old = {"variant": "old", "seed": 0, "changes": {}, "val_loss": 1.0}
+  result = {
+    "lines": lines,
+    "cells": {"probed": [{**lines[0], "probe": 0.5}]},
+    "parents": [old],
+  }
+  trained = report.trained_runs(result)
+  assert trained == {
+    "runs": 3,
+    "seconds": round(sum(ln["seconds"] for ln in lines), 1),
+    "untimed": 1,
+    "commits": sorted({claims.commit()["sha"], "unrecorded"}),
+  }
+  assert report.trained_text(trained).startswith("3 runs, ")

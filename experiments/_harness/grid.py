@@ -5,15 +5,15 @@ The claims experiments are thin layers over the experiment engine
 variant is a set of `TrainConfig` changes, run once per seed from the same
 base config. Every finished run appends one line to ``<name>.jsonl``
 (variant, seed, changes, final losses, accuracy, tokens/s, parameters,
-steps, early stop); a rerun skips the (variant, seed) pairs already there,
-so an interrupted grid resumes where it stopped. Cells report the mean and
-the sample standard deviation (``ddof=1``) over seeds, and keep the values
-by seed. Verdicts come from `jaxnorm.training.claims`: `claim_record`
-pairs a claim's variant and baseline seed by seed and writes its record
-(paired t interval, verdict, provenance). The
-figure has the validation loss against steps per variant (mean line,
-min-max band over seeds) and a bar chart of the final metric with
-one-standard-deviation error bars.
+steps, early stop, wall time, commit); a rerun skips the (variant, seed)
+pairs already there, so an interrupted grid resumes where it stopped.
+Cells report the mean and the sample standard deviation (``ddof=1``) over
+seeds, and keep the values by seed. Verdicts come from
+`jaxnorm.training.claims`: `claim_record` pairs a claim's variant and
+baseline seed by seed and writes its record (paired t interval, verdict,
+provenance). The figure has the validation loss against steps per variant
+(mean line, min-max band over seeds) and a bar chart of the final metric
+with one-standard-deviation error bars.
 """
 
 from __future__ import annotations
@@ -68,8 +68,9 @@ def run_grid(
 ) -> list[dict[str, Any]]:
   """Trains every (variant, seed) not yet in ``table``; returns all lines.
 
-  Each line also holds ``seconds``, the run's wall time (lines written
-  before this field existed lack it).
+  Each line also holds ``seconds``, the run's wall time, and ``commit``,
+  the code it trained with (`claims.commit`); lines written before these
+  fields existed lack them.
 
   Args:
     table: the JSON-lines file; its folder also holds the run directories.
@@ -104,6 +105,7 @@ def run_grid(
   table.parent.mkdir(parents=True, exist_ok=True)
   lines = read_table(table)
   done = {(ln["variant"], ln["seed"]) for ln in lines}
+  code = claims.commit()
   for name, cfg in configs.items():
     for seed in seeds:
       if (name, seed) in done:
@@ -126,6 +128,7 @@ def run_grid(
         "changes": {k: _plain(v) for k, v in variants[name].items()},
         **fields,
         "seconds": round(time.time() - start, 1),
+        "commit": code,
       }
       with table.open("a") as f:
         f.write(json.dumps(line) + "\n")

@@ -8,7 +8,7 @@ import os
 import pathlib
 import platform
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -244,14 +244,31 @@ def median_ms(fn: Callable[[Any], Any], x: Any, reps: int) -> float:
   return 1e3 * float(np.median(times))
 
 
+def trained_text(trained: Mapping[str, Any]) -> str:
+  """`trained_runs` in words: runs, training time, their commits."""
+  untimed = f", {trained['untimed']} untimed" if trained["untimed"] else ""
+  commits = ", ".join(c[:12] for c in trained["commits"])
+  return (
+    f"{trained['runs']} runs, {trained['seconds'] / 60:.0f} min of "
+    f"training{untimed}, at {commits}"
+  )
+
+
 def command_line(run: Mapping[str, Any]) -> str:
-  """The Markdown line of a `provenance`: command, seconds, host, commit."""
+  """The Markdown line of a `provenance`: command, seconds, host, commit.
+
+  With the runs behind it (``run["trained"]``, `trained_runs`) when the
+  result has grid lines.
+  """
   code = run["commit"]
   dirty = ", uncommitted changes" if code["dirty"] else ""
+  trained = run.get("trained") or {}
+  runs = f" Runs: {trained_text(trained)}." if trained.get("runs") else ""
   return (
     f"Command: `{run['command']}` ({run['seconds']:.0f} s on "
     f"{run['machine']} with {run['cpus']} CPUs, load {run['load_average']}, "
     f"jax {run['jax']}, {run['date']}, commit {code['sha'][:12]}{dirty})."
+    f"{runs}"
   )
 
 
@@ -275,6 +292,49 @@ def provenance(name: str, args: argparse.Namespace) -> dict[str, Any]:
     "jax": jax.__version__,
     "date": time.strftime("%Y-%m-%d", time.gmtime()),
     "commit": claims.commit(),
+  }
+
+
+def _grid_lines(x: Any) -> Iterator[Mapping[str, Any]]:
+  """Every grid line in a result: a dict with a variant, seed and changes."""
+  if isinstance(x, Mapping):
+    if {"variant", "seed", "changes"} <= x.keys():
+      yield x
+    else:
+      for v in x.values():
+        yield from _grid_lines(v)
+  elif isinstance(x, list | tuple):
+    for v in x:
+      yield from _grid_lines(v)
+
+
+def trained_runs(result: Mapping[str, Any]) -> dict[str, Any]:
+  """The training behind a result: its grid lines (`grid.run_grid`).
+
+  A grid skips finished runs, so a result can be written at a later commit
+  than its runs trained at; this is what the runs themselves recorded.
+
+  Returns:
+    ``runs`` (distinct lines), ``seconds`` (their summed wall time),
+    ``untimed`` (lines written before they recorded a time) and
+    ``commits`` (the commits they trained at, ``"unrecorded"`` for lines
+    written before they recorded one).
+  """
+  lines = {}
+  for ln in _grid_lines(result):
+    key = (ln.get("run", ln["variant"]), ln["seed"], ln.get("seconds"))
+    lines[key] = ln
+  timed = [
+    ln["seconds"] for ln in lines.values() if ln.get("seconds") is not None
+  ]
+  commits = {
+    (ln.get("commit") or {}).get("sha", "unrecorded") for ln in lines.values()
+  }
+  return {
+    "runs": len(lines),
+    "seconds": round(sum(timed), 1),
+    "untimed": len(lines) - len(timed),
+    "commits": sorted(commits),
   }
 
 
@@ -310,7 +370,7 @@ def run(
   args.elapsed = time.time() - start
   records = result.get("claims", ())
   claims.check_records(records)
-  result["run"] = provenance(name, args)
+  result["run"] = {**provenance(name, args), "trained": trained_runs(result)}
   (out / f"{name}.json").write_text(
     json.dumps(result, indent=2, default=_jsonable)
   )

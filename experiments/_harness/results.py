@@ -10,7 +10,8 @@ claims (`claims.holm`, which can only turn ``reproduced`` into
 ``inconclusive``), and renders:
 
 * ``experiments/RESULTS.md``: what was run (command, tier, seconds,
-  machine, commit of each script), how claims are judged, one row per
+  machine, commit of each script, and the runs behind it: count, training
+  time, the commits they trained at), how claims are judged, one row per
   claim, and the result files not yet on records;
 * the README's headline table (between `BEGIN` and `END`): one row per
   paper with its verdicts.
@@ -153,19 +154,23 @@ def claims_rows(rows: Sequence[tuple[str, Mapping[str, Any]]]) -> list[str]:
 
 def _run_rows(on_records: Sequence[tuple[str, Mapping[str, Any]]]) -> list:
   out = [
-    "| script | command | seconds | machine | jax | date | commit |",
-    "|---|---|---|---|---|---|---|",
+    "| script | command | seconds | machine | jax | date | commit | "
+    "trained runs |",
+    "|---|---|---|---|---|---|---|---|",
   ]
   for name, res in on_records:
     run = res.get("run") or {}
     code = run.get("commit") or {}
     sha = str(code.get("sha", "unknown"))[:12]
     dirty = " (uncommitted changes)" if code.get("dirty") else ""
+    trained = run.get("trained") or {}
+    runs = report.trained_text(trained) if trained.get("runs") else "—"
     out.append(
       f"| [{name}](results/{name}.md) | `{run.get('command', '?')}` | "
       f"{run.get('seconds', '?')} | {run.get('machine', '?')}, "
       f"{run.get('cpus', '?')} CPUs, load {run.get('load_average', '?')} | "
-      f"{run.get('jax', '?')} | {run.get('date', '?')} | {sha}{dirty} |"
+      f"{run.get('jax', '?')} | {run.get('date', '?')} | {sha}{dirty} | "
+      f"{runs} |"
     )
   return out
 
