@@ -459,17 +459,18 @@ def test_trained_restores_the_run_the_runner_trained(tmp_path):
   assert log.read_text() == before
 
 
-def test_trained_runs_count_each_grid_line_once(tmp_path, fake_runner):
+def test_trained_runs_read_every_table_under_runs(tmp_path, fake_runner):
   lines = grid.run_grid(tmp_path / "t.jsonl", BASE, {"ln": {}}, (0, 1))
   assert {ln["commit"]["sha"] for ln in lines} == {claims.commit()["sha"]}
-  # A line from before lines recorded their time and commit.
+  # A table from before lines recorded their time and commit, one level
+  # down, and a run's own log inside a run directory (not a table).
   old = {"variant": "old", "seed": 0, "changes": {}, "val_loss": 1.0}
-  result = {
-    "lines": lines,
-    "cells": {"probed": [{**lines[0], "probe": 0.5}]},
-    "parents": [old],
-  }
-  trained = report.trained_runs(result)
+  (tmp_path / "parents").mkdir()
+  (tmp_path / "parents" / "p.jsonl").write_text(json.dumps(old) + "\n")
+  log = grid.run_dir(tmp_path, "ln", 0) / "metrics.jsonl"
+  log.parent.mkdir(parents=True, exist_ok=True)
+  log.write_text(json.dumps({**old, "step": 1}) + "\n")
+  trained = report.trained_runs(tmp_path)
   assert trained == {
     "runs": 3,
     "seconds": round(sum(ln["seconds"] for ln in lines), 1),
@@ -477,3 +478,23 @@ def test_trained_runs_count_each_grid_line_once(tmp_path, fake_runner):
     "commits": sorted({claims.commit()["sha"], "unrecorded"}),
   }
   assert report.trained_text(trained).startswith("3 runs, ")
+
+
+def test_a_table_line_of_another_config_is_refused(tmp_path, fake_runner):
+  table = tmp_path / "t.jsonl"
+  (line,) = grid.run_grid(table, BASE, {"ln": {}}, (0,))
+  assert "config" not in line and "config" in json.loads(table.read_text())
+  assert grid.run_grid(table, BASE, {"ln": {}}, (0,)) == [line]
+  longer = dataclasses.replace(BASE, steps=BASE.steps + 1)
+  with pytest.raises(ValueError, match="seed 0 trained with another config"):
+    grid.run_grid(table, longer, {"ln": {}}, (0,))
+  with pytest.raises(ValueError, match="--width 16 -> 32"):
+    grid.run_grid(table, BASE, {"ln": {"width": 32}}, (0,))
+
+
+def test_each_tier_has_its_own_runs_folder():
+  p = tiers.parser("Doc.", "x")
+  assert p.parse_args([]).runs == "runs/claims/x"
+  assert p.parse_args(["--quick"]).runs == "runs/claims/x-quick"
+  assert p.parse_args(["--full"]).runs == "runs/claims/x-full"
+  assert p.parse_args(["--quick", "--runs", "r"]).runs == "r"

@@ -5,8 +5,9 @@ The claims experiments are thin layers over the experiment engine
 variant is a set of `TrainConfig` changes, run once per seed from the same
 base config. Every finished run appends one line to ``<name>.jsonl``
 (variant, seed, changes, final losses, accuracy, tokens/s, parameters,
-steps, early stop, wall time, commit); a rerun skips the (variant, seed)
-pairs already there, so an interrupted grid resumes where it stopped.
+steps, early stop, wall time, commit, config); a rerun skips the
+(variant, seed) pairs already there, so an interrupted grid resumes where
+it stopped (and refuses lines that trained another config).
 Cells report the mean and the sample standard deviation (``ddof=1``) over
 seeds, and keep the values by seed. Verdicts come from
 `jaxnorm.training.claims`: `claim_record` pairs a claim's variant and
@@ -69,8 +70,12 @@ def run_grid(
   """Trains every (variant, seed) not yet in ``table``; returns all lines.
 
   Each line also holds ``seconds``, the run's wall time, and ``commit``,
-  the code it trained with (`claims.commit`); lines written before these
-  fields existed lack them.
+  the code it trained with (`claims.commit`); the table's line also keeps
+  ``config``, the run's config less `config_lib.RUN_CONTROL`. Lines
+  written before these fields existed lack them. A table line of one of
+  ``variants`` whose ``config`` differs from the config it would train now
+  (another tier, base config or code default) is an error, not a finished
+  run.
 
   Args:
     table: the JSON-lines file; its folder also holds the run directories.
@@ -104,6 +109,8 @@ def run_grid(
     configs[name] = cfg
   table.parent.mkdir(parents=True, exist_ok=True)
   lines = read_table(table)
+  for ln in lines:
+    _check_resumed(table, ln, configs)
   done = {(ln["variant"], ln["seed"]) for ln in lines}
   code = claims.commit()
   for name, cfg in configs.items():
@@ -130,10 +137,38 @@ def run_grid(
         "seconds": round(time.time() - start, 1),
         "commit": code,
       }
+      saved = {**line, "config": _run_config(run)}
       with table.open("a") as f:
-        f.write(json.dumps(line) + "\n")
+        f.write(json.dumps(saved) + "\n")
       lines.append(line)
-  return lines
+  return [{k: v for k, v in ln.items() if k != "config"} for ln in lines]
+
+
+def _run_config(cfg: config_lib.TrainConfig) -> dict[str, Any]:
+  """What a table line keeps of its run's config: all but run control."""
+  return {
+    k: v
+    for k, v in config_lib.to_json(config_lib.resolve(cfg)).items()
+    if k not in config_lib.RUN_CONTROL
+  }
+
+
+def _check_resumed(
+  table: pathlib.Path,
+  line: Mapping[str, Any],
+  configs: Mapping[str, config_lib.TrainConfig],
+) -> None:
+  """Raises if a table's line trained another config than its variant's."""
+  saved, cfg = line.get("config"), configs.get(line["variant"])
+  if saved is None or cfg is None:
+    return
+  changed = config_lib.drift(saved, dataclasses.replace(cfg, seed=line["seed"]))
+  if changed:
+    raise ValueError(
+      f"run_grid: {table} holds variant {line['variant']!r} seed "
+      f"{line['seed']} trained with another config ({'; '.join(changed)}); "
+      "train into another table (--runs) or remove that line"
+    )
 
 
 def tuned_grid(

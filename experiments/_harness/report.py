@@ -8,7 +8,7 @@ import os
 import pathlib
 import platform
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -295,41 +295,36 @@ def provenance(name: str, args: argparse.Namespace) -> dict[str, Any]:
   }
 
 
-def _grid_lines(x: Any) -> Iterator[Mapping[str, Any]]:
-  """Every grid line in a result: a dict with a variant, seed and changes."""
-  if isinstance(x, Mapping):
-    if {"variant", "seed", "changes"} <= x.keys():
-      yield x
-    else:
-      for v in x.values():
-        yield from _grid_lines(v)
-  elif isinstance(x, list | tuple):
-    for v in x:
-      yield from _grid_lines(v)
-
-
-def trained_runs(result: Mapping[str, Any]) -> dict[str, Any]:
-  """The training behind a result: its grid lines (`grid.run_grid`).
+def trained_runs(runs: str | pathlib.Path) -> dict[str, Any]:
+  """The training behind a result: the grid tables under its ``--runs``.
 
   A grid skips finished runs, so a result can be written at a later commit
-  than its runs trained at; this is what the runs themselves recorded.
+  than its runs trained at; this is what the runs themselves recorded, for
+  every line of every JSON-lines table under ``runs`` (learning-rate
+  sweeps, parents and probes' runs included).
 
   Returns:
-    ``runs`` (distinct lines), ``seconds`` (their summed wall time),
+    ``runs`` (table lines), ``seconds`` (their summed wall time),
     ``untimed`` (lines written before they recorded a time) and
     ``commits`` (the commits they trained at, ``"unrecorded"`` for lines
     written before they recorded one).
   """
-  lines = {}
-  for ln in _grid_lines(result):
-    key = (ln.get("run", ln["variant"]), ln["seed"], ln.get("seconds"))
-    lines[key] = ln
-  timed = [
-    ln["seconds"] for ln in lines.values() if ln.get("seconds") is not None
+  root = pathlib.Path(runs)
+  # A grid's run directories (`grid.run_dir`) hold the runs' own logs.
+  tables = [
+    t
+    for t in sorted(root.rglob("*.jsonl"))
+    if "runs" not in t.relative_to(root).parts[:-1]
   ]
-  commits = {
-    (ln.get("commit") or {}).get("sha", "unrecorded") for ln in lines.values()
-  }
+  lines = [
+    json.loads(text)
+    for table in tables
+    for text in table.read_text().splitlines()
+    if text.strip()
+  ]
+  lines = [ln for ln in lines if {"variant", "seed", "changes"} <= ln.keys()]
+  timed = [ln["seconds"] for ln in lines if ln.get("seconds") is not None]
+  commits = {(ln.get("commit") or {}).get("sha", "unrecorded") for ln in lines}
   return {
     "runs": len(lines),
     "seconds": round(sum(timed), 1),
@@ -352,7 +347,9 @@ def run(
   Markdown file is: the first line of ``doc`` as its title, the command
   line, the lines ``markdown`` returns (the script's own settings and
   tables; it may read ``args.elapsed``), then, for a result with claims,
-  the claims' verdict table and why each verdict. The result's ``claims``
+  the claims' verdict table and why each verdict. The result's ``run`` is
+  its `provenance`, with the runs behind it (`trained_runs` of
+  ``args.runs``) under ``trained``. The result's ``claims``
   (`jaxnorm.training.claims.record` dicts), if any, must pass
   `claims.check_records` before anything is written.
 
@@ -370,7 +367,9 @@ def run(
   args.elapsed = time.time() - start
   records = result.get("claims", ())
   claims.check_records(records)
-  result["run"] = {**provenance(name, args), "trained": trained_runs(result)}
+  result["run"] = provenance(name, args)
+  if getattr(args, "runs", None) is not None:
+    result["run"]["trained"] = trained_runs(args.runs)
   (out / f"{name}.json").write_text(
     json.dumps(result, indent=2, default=_jsonable)
   )

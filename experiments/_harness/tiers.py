@@ -11,7 +11,8 @@
 
 Every script takes the same flags (`parser`): ``--out`` (the result files,
 ``experiments/results``), ``--runs`` (run directories and grid tables,
-``runs/claims/<name>``), ``--quick`` / ``--full`` and ``--seeds``.
+`runs_folder`: ``runs/claims/<name>``, ``-quick`` / ``-full`` at those
+tiers), ``--quick`` / ``--full`` and ``--seeds``.
 """
 
 from __future__ import annotations
@@ -55,17 +56,44 @@ FULL_LM = types.MappingProxyType(
 )
 
 
+class _Parser(argparse.ArgumentParser):
+  """`parser`'s parser: ``--runs`` defaults to the script's tier folder."""
+
+  def __init__(self, name: str, **kwargs: Any):
+    super().__init__(**kwargs)
+    self.script = name
+
+  def parse_args(self, args=None, namespace=None):
+    """`argparse.ArgumentParser.parse_args`, then the default ``--runs``."""
+    parsed = super().parse_args(args, namespace)
+    if parsed.runs is None:
+      parsed.runs = runs_folder(self.script, tier(parsed))
+    return parsed
+
+
+def runs_folder(name: str, tier_name: str) -> str:
+  """The default ``--runs`` of a script at a tier.
+
+  ``runs/claims/<name>`` for the default tier, ``runs/claims/<name>-quick``
+  and ``-full`` for the others: a grid resumes from its table, so two
+  tiers must not share one (`grid.run_grid` refuses a table whose lines
+  trained another config).
+  """
+  suffix = "" if tier_name == "default" else f"-{tier_name}"
+  return f"runs/claims/{name}{suffix}"
+
+
 def parser(doc: str, name: str) -> argparse.ArgumentParser:
   """The flags of every claims script (module docstring)."""
-  p = argparse.ArgumentParser(description=doc.splitlines()[0])
+  p = _Parser(name, description=doc.splitlines()[0])
   p.add_argument(
     "--out", default="experiments/results", help="folder of the result files"
   )
-  tier = p.add_mutually_exclusive_group()
-  tier.add_argument(
+  tier_flag = p.add_mutually_exclusive_group()
+  tier_flag.add_argument(
     "--quick", action="store_true", help="toy scale, one seed (the tests)"
   )
-  tier.add_argument(
+  tier_flag.add_argument(
     "--full", action="store_true", help="the accelerator-sized setting"
   )
   p.add_argument(
@@ -76,8 +104,10 @@ def parser(doc: str, name: str) -> argparse.ArgumentParser:
   )
   p.add_argument(
     "--runs",
-    default=f"runs/claims/{name}",
-    help="folder of the run directories and the JSON-lines tables",
+    default=None,
+    help=f"folder of the run directories and the JSON-lines tables "
+    f"(default {runs_folder(name, 'default')}, with -quick / -full at "
+    "those tiers)",
   )
   return p
 
