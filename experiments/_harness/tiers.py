@@ -2,8 +2,9 @@
 
 * ``--quick``: toy sizes and one seed, seconds; the tests run every script
   so (the pipeline, not the claim).
-* default: the setting the committed results come from, at most 20 minutes
-  per script on the project's 2-core CPU machine, `DEFAULT_SEEDS` seeds
+* default: the setting the committed results come from, about 20 minutes
+  of training per script on the project's 2-core CPU machine (the 8-layer
+  byte-LM grids of 24 runs take about 25), `DEFAULT_SEEDS` seeds
   (``--seeds N`` for more, e.g. 5 where 3 leave an interval straddling the
   margin).
 * ``--full``: the setting that would test a claim the CPU cannot reach, on
