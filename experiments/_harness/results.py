@@ -154,8 +154,8 @@ def claims_rows(rows: Sequence[tuple[str, Mapping[str, Any]]]) -> list[str]:
 
 def _run_rows(on_records: Sequence[tuple[str, Mapping[str, Any]]]) -> list:
   out = [
-    "| script | command | seconds | machine | jax | date | commit | "
-    "trained runs |",
+    "| script | command | report seconds | machine | jax | date | commit | "
+    "trained runs (grids resume: their time and commits) |",
     "|---|---|---|---|---|---|---|---|",
   ]
   for name, res in on_records:
