@@ -210,7 +210,7 @@ def _curves(arm: str, seeds: Sequence[int], lr: float, steps: int):
   )
 
 
-def tune(arm: str, steps: int, extend: int = 2) -> dict[str, Any]:
+def tune(arm: str, steps: int) -> dict[str, Any]:
   """The arm's learning rate: best mean expected match on `SELECT_SEEDS`.
 
   The score is the mean over updates and both position blocks (higher is
@@ -221,7 +221,7 @@ def tune(arm: str, steps: int, extend: int = 2) -> dict[str, Any]:
     return float(_curves(arm, SELECT_SEEDS, lr, steps)[:, 1:].mean())
 
   return {
-    **grid.sweep(score, LEARNING_RATES, extend=extend, higher=True, who="grpo"),
+    **grid.sweep(score, LEARNING_RATES, higher=True, who="grpo"),
     "select": "mean expected match over training, selection seeds",
   }
 

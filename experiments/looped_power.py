@@ -231,7 +231,7 @@ def _tail(losses: np.ndarray) -> np.ndarray:
   return losses[:, -max(losses.shape[1] // 20, 1) :].mean(1)
 
 
-def tune(norm: str, layerwise: bool, steps: int, extend: int = 2) -> dict:
+def tune(norm: str, layerwise: bool, steps: int) -> dict:
   """The arm's learning rate: lowest final training loss on `SELECT_SEED`."""
 
   def score(lr: float) -> float:
@@ -242,7 +242,7 @@ def tune(norm: str, layerwise: bool, steps: int, extend: int = 2) -> dict:
     return float(_tail(losses)[0])
 
   return {
-    **grid.sweep(score, LEARNING_RATES, extend=extend, who="looped_power"),
+    **grid.sweep(score, LEARNING_RATES, who="looped_power"),
     "select": f"final training loss, seed {SELECT_SEED}",
   }
 

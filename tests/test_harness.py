@@ -498,3 +498,24 @@ def test_each_tier_has_its_own_runs_folder():
   assert p.parse_args(["--quick"]).runs == "runs/claims/x-quick"
   assert p.parse_args(["--full"]).runs == "runs/claims/x-full"
   assert p.parse_args(["--quick", "--runs", "r"]).runs == "r"
+
+
+@pytest.mark.parametrize("steps", [1, grid.EXTEND - 1, grid.EXTEND])
+@pytest.mark.parametrize("higher", [False, True])
+def test_sweep_extends_at_most_extend_steps(steps, higher):
+  # The score's best lies `steps` x3 steps above the grid's top (or below
+  # its bottom). Up to EXTEND - 1 steps the sweep finds it with a worse
+  # rate beyond it ("inside"); at EXTEND it stops on it, at the grid's end.
+  rates = (1e-3, 3e-3, 9e-3)
+  for best in (9e-3 * 3.0**steps, 1e-3 / 3.0**steps):
+    scored = []
+
+    def score(lr, best=best, scored=scored):
+      scored.append(lr)
+      loss = (math.log(lr) - math.log(best)) ** 2
+      return -loss if higher else loss
+
+    out = grid.sweep(score, rates, higher=higher)
+    assert out["learning_rate"] == pytest.approx(best)
+    assert out["inside"] is (steps < grid.EXTEND)
+    assert len(scored) == len(rates) + min(steps + 1, grid.EXTEND)

@@ -34,6 +34,12 @@ from jaxnorm.training import build, claims, metrics, trainer
 from jaxnorm.training import config as config_lib
 
 # Summary fields copied into each table line.
+# How many geometric steps a learning-rate sweep may add beyond an end of
+# its grid (a factor of 3^4 = 81 with the scripts' x3 grids): enough for
+# the best rate of every committed grid to lie inside, or for the report to
+# say it did not.
+EXTEND = 4
+
 _FIELDS = (
   "train_loss",
   "val_loss",
@@ -179,7 +185,7 @@ def tuned_grid(
   learning_rates: Mapping[str, Sequence[float]],
   *,
   select: str = "train_loss",
-  extend: int = 2,
+  extend: int = EXTEND,
   model: Callable[[str, int], Any] | None = None,
   train: Callable[[str, config_lib.TrainConfig], Mapping[str, Any]]
   | None = None,
@@ -291,7 +297,7 @@ def sweep(
   score: Callable[[float], float],
   rates: Sequence[float],
   *,
-  extend: int = 2,
+  extend: int = EXTEND,
   higher: bool = False,
   who: str = "sweep",
 ) -> dict[str, Any]:
