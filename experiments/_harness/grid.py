@@ -33,13 +33,12 @@ from jaxnorm.nn import model_registry
 from jaxnorm.training import build, claims, metrics, trainer
 from jaxnorm.training import config as config_lib
 
-# Summary fields copied into each table line.
 # How many geometric steps a learning-rate sweep may add beyond an end of
-# its grid (a factor of 3^4 = 81 with the scripts' x3 grids): enough for
-# the best rate of every committed grid to lie inside, or for the report to
-# say it did not.
+# its grid (a factor of 3^4 = 81 with the scripts' x3 grids); a best rate
+# still at an end after them is reported as "at the grid's end".
 EXTEND = 4
 
+# Summary fields copied into each table line.
 _FIELDS = (
   "train_loss",
   "val_loss",
