@@ -59,9 +59,10 @@ embedding and tied head included) to the matrix optimizers, where the
 authors train embeddings and head with AdamW; Conda keeps the runner's
 ``b2`` 0.95 (recipe 0.99), ``scale`` 1 (recipe 0.25: the matrices at a
 quarter of the others' rate; the tuned rate absorbs it for the matrices,
-not the ratio) and ``update_proj_gap`` 2000 (the recipe's): in runs
-shorter than 2000 steps its projection basis is computed once, at the
-first step, and never refreshed (the runner cannot set the gap). The
+not the ratio) and ``update_proj_gap`` 2000 (the recipe's, kept though
+``optimizer_kwargs`` could change it): in runs shorter than 2000 steps its
+projection basis is computed once, at the first step, and never
+refreshed. The
 models are far smaller and the runs far shorter than the papers' LLaMA /
 GPT-2 pre-training.
 

@@ -72,6 +72,12 @@ SCHEDULES: tuple[str, ...] = ("cosine", "wsd", "constant")
 NONFINITE: tuple[str, ...] = ("stop", "skip")
 
 Kwargs = tuple[tuple[str, Any], ...]
+# The fields of keyword arguments, a JSON object each on the command line.
+KWARGS_FIELDS: tuple[str, ...] = (
+  "norm_kwargs",
+  "attention_kwargs",
+  "optimizer_kwargs",
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -153,6 +159,9 @@ class TrainConfig:
     clip_norm: global gradient-norm clipping threshold; 0 turns it off.
     b1: first-moment (momentum) coefficient; None keeps the optimizer's.
     b2: second-moment coefficient; None keeps the optimizer's.
+    optimizer_kwargs: further keyword arguments of the optimizer (e.g.
+      Conda's ``update_proj_gap``), the names of
+      `jaxnorm.training.optimizers.options`.
     grad_accum: batches accumulated into one update (`optax.MultiSteps`);
       ``steps`` counts batches, so a run makes ``steps / grad_accum``
       updates and the schedule runs over updates.
@@ -220,6 +229,7 @@ class TrainConfig:
   clip_norm: float = 1.0
   b1: float | None = None
   b2: float | None = None
+  optimizer_kwargs: Kwargs = ()
   grad_accum: int = 1
   ema_decay: float = 0.0
   nonfinite: str = "stop"
@@ -286,6 +296,7 @@ GROUPS: types.MappingProxyType = types.MappingProxyType(
       "clip_norm",
       "b1",
       "b2",
+      "optimizer_kwargs",
       "grad_accum",
       "ema_decay",
       "nonfinite",
@@ -326,6 +337,7 @@ STRUCTURAL: frozenset[str] = (
   "vocab_size",
   "token_dtype",
   "optimizer",
+  "optimizer_kwargs",
   "grad_accum",
   "ema_decay",
   "graph_sizes",
@@ -549,7 +561,7 @@ def validate(
       f"--grad-accum {cfg.grad_accum} (each update takes {cfg.grad_accum} "
       f"batches)"
     )
-  for field in ("norm_kwargs", "attention_kwargs"):
+  for field in KWARGS_FIELDS:
     for name, _ in getattr(cfg, field):
       if not isinstance(name, str) or not name.isidentifier():
         raise ValueError(

@@ -68,7 +68,7 @@ def parse_value(field: str, value: Any) -> Any:
       f"TrainConfig: unknown field {field!r}; valid fields: {', '.join(FIELDS)}"
     )
   kind = typing.get_type_hints(TrainConfig)[field]
-  if field in ("norm_kwargs", "attention_kwargs"):
+  if field in config.KWARGS_FIELDS:
     return _kwargs(field, value)
   if value is None or not isinstance(value, str):
     if isinstance(value, list):
@@ -161,7 +161,7 @@ def _help(
   field: str, doc: str, default: Any, choices: Sequence[str] | None
 ) -> str:
   shown = ",".join(map(str, default)) if isinstance(default, tuple) else default
-  if field in ("norm_kwargs", "attention_kwargs"):
+  if field in config.KWARGS_FIELDS:
     shown = json.dumps(dict(default))
   doc = doc.replace("`", "").rstrip(".")
   text = f"{doc} (default {shown})".replace("%", "%%")

@@ -3,9 +3,10 @@
 Every entry of `OPTIMIZERS` builds an `optax.GradientTransformation` from a
 learning-rate schedule (`make_schedule`: ``cosine``, ``wsd`` or
 ``constant``, each after a linear warmup), a weight decay with its per-leaf
-mask, and the moment coefficients ``b1``/``b2`` (the entry's defaults unless
-given). `build_optimizer` adds global-norm clipping in front and gradient
-accumulation (`optax.MultiSteps`) around it.
+mask, the moment coefficients ``b1``/``b2`` (the entry's defaults unless
+given) and any further keyword argument of the method (`options`, e.g.
+Conda's ``update_proj_gap``). `build_optimizer` adds global-norm clipping
+in front and gradient accumulation (`optax.MultiSteps`) around it.
 
 Weight decay follows one per-leaf mask for every optimizer: the runner
 passes `jaxnorm.nn.decay.decay_mask` of the model (the registry's
@@ -26,8 +27,9 @@ its per-parameter ``eps`` and ``lr_multipliers``.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 import jax
@@ -293,86 +295,136 @@ def scale_by_multipliers(multipliers: Any) -> optax.GradientTransformation:
 
 @dataclasses.dataclass(frozen=True)
 class Entry:
-  """One named optimizer.
+  """One named optimizer: a method and the runner's fields it takes.
 
   Attributes:
-    build: ``build(schedule, weight_decay, mask, b1, b2)``; ``b2`` is None
-      when the method has no second moment.
+    method: the optimizer function, called as ``method(schedule,
+      **arguments(weight_decay, mask, b1, b2), **options)``.
+    arguments: ``arguments(weight_decay, mask, b1, b2)``: the method's
+      keyword arguments the runner's own fields fill (``b2`` is None when
+      the method has no second moment).
     b1: default first-moment / momentum coefficient.
     b2: default second-moment coefficient, or None if the method has none.
+    decay_first: the method has no weight decay of its own: decay with
+      `optax.add_decayed_weights` before it.
   """
 
-  build: Callable[..., optax.GradientTransformation]
+  method: Callable[..., optax.GradientTransformation]
+  arguments: Callable[..., dict[str, Any]]
   b1: float
   b2: float | None
+  decay_first: bool = False
+
+  @property
+  def sets(self) -> tuple[str, ...]:
+    """The method's arguments the runner fills (the schedule's included)."""
+    return ("learning_rate", *self.arguments(0.0, None, self.b1, self.b2))
+
+  def build(
+    self, lr: Any, wd: float, mask: Any, b1: float, b2: float | None, **options
+  ) -> optax.GradientTransformation:
+    """The method at schedule ``lr`` with the runner's fields and options."""
+    tx = self.method(lr, **self.arguments(wd, mask, b1, b2), **options)
+    if self.decay_first:
+      return optax.chain(optax.add_decayed_weights(wd, mask), tx)
+    return tx
+
+
+def _adam_like(wd, mask, b1, b2):
+  return {"b1": b1, "b2": b2, "weight_decay": wd, "mask": mask}
+
+
+def _matrix_and_adam(wd, mask):
+  """Conda's and RMNP's: matrices and the Adam group share the decay."""
+  return {"weight_decay": wd, "adam_weight_decay": wd, "mask": mask}
 
 
 OPTIMIZERS: types.MappingProxyType = types.MappingProxyType(
   {
-    "adamw": Entry(
-      lambda lr, wd, mask, b1, b2: optax.adamw(
-        lr, b1=b1, b2=b2, weight_decay=wd, mask=mask
-      ),
-      0.9,
-      0.95,
-    ),
+    "adamw": Entry(optax.adamw, _adam_like, 0.9, 0.95),
     "sgd": Entry(
-      lambda lr, wd, mask, b1, b2: optax.chain(
-        optax.add_decayed_weights(wd, mask),
-        optax.sgd(lr, momentum=b1, nesterov=True),
-      ),
+      optax.sgd,
+      lambda wd, mask, b1, b2: {"momentum": b1, "nesterov": True},
       0.9,
       None,
+      decay_first=True,
     ),
-    "adamp": Entry(
-      lambda lr, wd, mask, b1, b2: optim.adamp(
-        lr, b1=b1, b2=b2, weight_decay=wd, mask=mask
-      ),
-      0.9,
-      0.95,
-    ),
+    "adamp": Entry(optim.adamp, _adam_like, 0.9, 0.95),
     "sgdp": Entry(
-      lambda lr, wd, mask, b1, b2: optim.sgdp(
-        lr, momentum=b1, nesterov=True, weight_decay=wd, mask=mask
-      ),
+      optim.sgdp,
+      lambda wd, mask, b1, b2: {
+        "momentum": b1,
+        "nesterov": True,
+        "weight_decay": wd,
+        "mask": mask,
+      },
       0.9,
       None,
     ),
     "conda": Entry(
-      lambda lr, wd, mask, b1, b2: optim.conda(
-        lr, b1=b1, b2=b2, weight_decay=wd, adam_weight_decay=wd, mask=mask
-      ),
+      optim.conda,
+      lambda wd, mask, b1, b2: {
+        "b1": b1,
+        "b2": b2,
+        **_matrix_and_adam(wd, mask),
+      },
       0.9,
       0.95,
     ),
     "rmnp": Entry(
-      lambda lr, wd, mask, b1, b2: optim.rmnp(
-        lr,
-        beta=b1,
-        weight_decay=wd,
-        adam_b2=b2,
-        adam_weight_decay=wd,
-        mask=mask,
-      ),
+      optim.rmnp,
+      lambda wd, mask, b1, b2: {
+        "beta": b1,
+        "adam_b2": b2,
+        **_matrix_and_adam(wd, mask),
+      },
       0.95,
       0.95,
     ),
     "muon": Entry(
-      lambda lr, wd, mask, b1, b2: optax.contrib.muon(
-        lr, beta=b1, adam_b2=b2, weight_decay=wd, weight_decay_mask=mask
-      ),
+      optax.contrib.muon,
+      lambda wd, mask, b1, b2: {
+        "beta": b1,
+        "adam_b2": b2,
+        "weight_decay": wd,
+        "weight_decay_mask": mask,
+      },
       0.95,
       0.999,
     ),
-    "lion": Entry(
-      lambda lr, wd, mask, b1, b2: optax.lion(
-        lr, b1=b1, b2=b2, weight_decay=wd, mask=mask
-      ),
-      0.9,
-      0.99,
-    ),
+    "lion": Entry(optax.lion, _adam_like, 0.9, 0.99),
   }
 )
+
+
+def options(name: str) -> tuple[str, ...]:
+  """The keyword arguments ``name``'s method takes beyond the runner's own.
+
+  These are what ``--optimizer-kwargs`` may set (e.g. Conda's
+  ``update_proj_gap``): every keyword argument of the entry's ``method``
+  except those its ``build`` fills (`Entry.sets`).
+
+  Raises:
+    ValueError: for an unknown name; the message lists the valid names.
+  """
+  entry = _entry("options", name)
+  params = inspect.signature(entry.method).parameters.values()
+  keyword = (
+    inspect.Parameter.POSITIONAL_OR_KEYWORD,
+    inspect.Parameter.KEYWORD_ONLY,
+  )
+  return tuple(
+    p.name for p in params if p.kind in keyword and p.name not in entry.sets
+  )
+
+
+def _entry(who: str, name: str) -> Entry:
+  if name not in OPTIMIZERS:
+    raise ValueError(
+      f"{who}: unknown optimizer {name!r}; valid names are "
+      f"{', '.join(sorted(OPTIMIZERS))}"
+    )
+  return OPTIMIZERS[name]
 
 
 def make_schedule(
@@ -435,6 +487,7 @@ def build_optimizer(
   mask: Any = matrix_mask,
   eps: Any = None,
   lr_multipliers: Any = None,
+  kwargs: Mapping[str, Any] | None = None,
 ) -> optax.GradientTransformation:
   """The named optimizer with its schedule, clipping and accumulation.
 
@@ -459,18 +512,32 @@ def build_optimizer(
     lr_multipliers: a tree of floats of the params' structure: each
       parameter's factor on the scheduled learning rate, weight decay
       included (`scale_by_multipliers`; e.g. `DepthRule.lr_multipliers`).
+    kwargs: further keyword arguments of the method, by name: one of
+      `options` of ``name`` each (e.g. ``{"update_proj_gap": 200}`` for
+      ``conda``); None or empty keeps the method's defaults.
 
   Raises:
     ValueError: for an unknown name (the message lists the valid names),
-      a ``b2`` for a method without a second moment, or an ``eps`` for an
-      optimizer other than ``adamw``.
+      a ``b2`` for a method without a second moment, an ``eps`` for an
+      optimizer other than ``adamw``, a ``kwargs`` name that is not one of
+      ``name``'s `options` (the message lists them), or ``kwargs`` with a
+      per-parameter ``eps``.
   """
-  if name not in OPTIMIZERS:
+  entry = _entry("build_optimizer", name)
+  kwargs = dict(kwargs or {})
+  unknown = sorted(set(kwargs) - set(options(name)))
+  if unknown:
     raise ValueError(
-      f"build_optimizer: unknown optimizer {name!r}; valid "
-      f"names are {', '.join(sorted(OPTIMIZERS))}"
+      f"build_optimizer: --optimizer-kwargs {unknown} are not options of "
+      f"{name}; its options: {', '.join(options(name))} (the runner's own "
+      f"flags set {', '.join(entry.sets)})"
     )
-  entry = OPTIMIZERS[name]
+  if kwargs and eps is not None:
+    raise ValueError(
+      f"build_optimizer: --optimizer-kwargs {sorted(kwargs)} do not apply "
+      f"with a per-parameter eps (DepthBench's AdamW rule by depth builds "
+      f"its own Adam); drop them"
+    )
   if b2 is not None and entry.b2 is None:
     raise ValueError(
       f"build_optimizer: {name} has no second moment, so --b2 does not "
@@ -488,7 +555,7 @@ def build_optimizer(
   b1 = entry.b1 if b1 is None else b1
   b2 = entry.b2 if b2 is None else b2
   if eps is None:
-    tx = entry.build(lr, weight_decay, mask, b1, b2)
+    tx = entry.build(lr, weight_decay, mask, b1, b2, **kwargs)
   else:  # optax.adamw with eps per parameter.
     tx = optax.chain(
       scale_by_adam_leafwise(b1, b2, eps=eps),
@@ -560,5 +627,6 @@ def from_config(
     b2=cfg.b2,
     grad_accum=cfg.grad_accum,
     mask=mask,
+    kwargs=dict(cfg.optimizer_kwargs),
     **depth,
   )

@@ -1,6 +1,8 @@
 """The knobs: schedules, accumulation, EMA, dtypes, sinks, backward state."""
 
 import dataclasses
+import functools
+import inspect
 import math
 
 import jax
@@ -10,9 +12,9 @@ import optax
 import pytest
 from flax import nnx
 
-from jaxnorm import nn
+from jaxnorm import nn, optim
 from jaxnorm.nn import decay
-from jaxnorm.training import build, data, optimizers, trainer
+from jaxnorm.training import build, config, data, flags, optimizers, trainer
 from tests.training import runs
 
 
@@ -121,6 +123,78 @@ class TestOptimizerFlags:
         warmup_steps=1,
         total_steps=10,
       )
+
+  @pytest.mark.parametrize("name", sorted(optimizers.OPTIMIZERS))
+  def test_options_are_the_methods_other_arguments(self, name):
+    entry = optimizers.OPTIMIZERS[name]
+    params = set(inspect.signature(entry.method).parameters)
+    assert set(entry.sets) <= params, set(entry.sets) - params
+    assert "learning_rate" in entry.sets
+    assert set(optimizers.options(name)) == params - set(entry.sets)
+
+  def test_options_reach_the_method(self):
+    # Conda's basis is refreshed every update_proj_gap steps: gap 1 and
+    # the default 2000 differ once the gradients turn, and gap 1 through
+    # the config is optim.conda(update_proj_gap=1) itself.
+    params = {"w": jax.random.normal(jax.random.key(0), (6, 4))}
+    turns = [
+      {"w": jax.random.normal(jax.random.key(i), (6, 4))} for i in (1, 2, 3)
+    ]
+
+    def updates(tx):
+      state, out = tx.init(params), []
+      for g in turns:
+        u, state = tx.update(g, state, params)
+        out.append(u["w"])
+      return np.stack(out)
+
+    def runner(kwargs):
+      cfg = runs.tiny(
+        ".",
+        optimizer="conda",
+        learning_rate=0.1,
+        weight_decay=0.0,
+        warmup_steps=0,
+        schedule="constant",
+        clip_norm=0.0,
+        optimizer_kwargs=kwargs,
+      )
+      return updates(optimizers.from_config(cfg))
+
+    official = optim.conda(
+      optimizers.make_schedule("constant", 0.1, 0, runs.TINY.steps),
+      b1=0.9,
+      b2=0.95,
+      weight_decay=0.0,
+      adam_weight_decay=0.0,
+      mask=optimizers.matrix_mask,
+      update_proj_gap=1,
+    )
+    gap1 = runner((("update_proj_gap", 1),))
+    np.testing.assert_allclose(gap1, updates(official), rtol=1e-6, atol=1e-7)
+    assert not np.allclose(gap1[1:], runner(())[1:], rtol=1e-3)
+
+  def test_options_refused_with_the_valid_names(self):
+    build = functools.partial(
+      optimizers.build_optimizer,
+      learning_rate=1.0,
+      weight_decay=0.0,
+      warmup_steps=1,
+      total_steps=10,
+    )
+    with pytest.raises(ValueError, match=r"\['gap'\] are not options of conda"):
+      build("conda", kwargs={"gap": 3})
+    with pytest.raises(ValueError, match=r"its options: .*update_proj_gap"):
+      build("conda", kwargs={"gap": 3})
+    with pytest.raises(ValueError, match=r"runner's own flags set .*b1"):
+      build("adamw", kwargs={"b1": 0.5})
+    with pytest.raises(ValueError, match="per-parameter eps"):
+      build("adamw", kwargs={"nesterov": True}, eps={"w": 1e-8})
+
+  def test_options_from_the_command_line(self):
+    got = flags.parse_value("optimizer_kwargs", '{"update_proj_gap": 200}')
+    assert got == (("update_proj_gap", 200),)
+    assert "optimizer_kwargs" in config.STRUCTURAL
 
 
 LM_DATA = {"vocab_size": 256, "max_len": 16}
