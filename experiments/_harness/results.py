@@ -30,7 +30,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from experiments._harness import report
+from experiments._harness import report, tiers
 from jaxnorm.training import claims
 
 ROOT = pathlib.Path(__file__).absolute().parents[2]
@@ -152,6 +152,43 @@ def claims_rows(rows: Sequence[tuple[str, Mapping[str, Any]]]) -> list[str]:
   return out
 
 
+def second_look_lines(
+  rows: Sequence[tuple[str, Mapping[str, Any]]],
+) -> list[str]:
+  """The claims fewer than `tiers.FULL_SEEDS` seeds leave undecided.
+
+  Those whose interval straddles the margin (`claims.straddles`), by
+  script, under the rule RESULTS.md states before any such run.
+  """
+  by_script: dict[str, list[Mapping[str, Any]]] = {}
+  for name, rec in rows:
+    if rec["n"] < tiers.FULL_SEEDS and claims.straddles(rec):
+      by_script.setdefault(name, []).append(rec)
+  count = sum(map(len, by_script.values()))
+  lines = [
+    f"{count} claims in {len(by_script)} scripts have an interval that "
+    f"straddles the margin their verdict turns on. The rule, fixed before "
+    f"any such run: when the budget allows, each script below is re-run "
+    f"once with `--seeds {tiers.FULL_SEEDS}` (its grids resume, so only "
+    f"the new seeds train) and all its claims are judged on those seeds; "
+    f"no claim gets a third look. A second look raises a claim's false "
+    f"`reproduced` rate at the margin from 0.05 to "
+    f"{claims.TWO_LOOKS_ERROR:.3g} (level 0.95, simulated for the paired "
+    f"t); rows with n = {tiers.FULL_SEEDS} had it.",
+    "",
+  ]
+  for name, recs in sorted(by_script.items()):
+    lines.append(
+      f"- [{name}](results/{name}.md): "
+      + "; ".join(
+        f"{r['a']} vs {r['b']} ({r['metric']}): {_interval(r)}, "
+        f"{r['kind']} margin {r['margin']:g}"
+        for r in recs
+      )
+    )
+  return lines
+
+
 def _run_rows(on_records: Sequence[tuple[str, Mapping[str, Any]]]) -> list:
   out = [
     "| script | command | report seconds | machine | jax | date | commit | "
@@ -224,6 +261,10 @@ def results_markdown(
     "## Claims",
     "",
     *claims_rows(rows),
+    "",
+    "## Claims more seeds could decide",
+    "",
+    *second_look_lines(rows),
     "",
   ]
   if older:

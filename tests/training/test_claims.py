@@ -393,6 +393,63 @@ def test_not_testable_at_this_scale():
     _record(_claim(), [1.0, 2.0], [1.0, 2.0], testable=False)
 
 
+@pytest.mark.parametrize(
+  "kind,margin,d,want",
+  [
+    # superior: the interval of the gain contains the margin
+    ("superior", 0.0, [-0.05, 0.06, 0.0], True),
+    ("superior", 0.02, [-0.03, -0.01, -0.02], True),
+    ("superior", 0.0, [-0.05, -0.06, -0.04], False),  # reproduced
+    ("superior", 0.0, [0.05, 0.06, 0.04], False),  # contradicted
+    # a gain below the margin: more seeds cannot make it reproduced
+    ("superior", 0.5, [-0.05, -0.06, -0.04], False),
+    ("non_inferior", 0.02, [0.0, 0.05, -0.05], True),
+    ("non_inferior", 0.02, [0.005, 0.006, 0.004], False),  # reproduced
+    ("non_inferior", 0.02, [0.05, 0.06, 0.04], False),  # contradicted
+    ("equivalent", 0.01, [0.009, 0.011, 0.01], True),
+    ("equivalent", 0.01, [-0.009, -0.011, -0.01], True),
+    ("equivalent", 0.01, [0.05, -0.05, 0.0], True),  # both bounds
+    ("equivalent", 0.01, [0.001, -0.001, 0.0], False),
+    ("equivalent", 0.01, [0.05, 0.06, 0.04], False),
+  ],
+)
+def test_straddles_the_margin(kind, margin, d, want):
+  b = np.array([1.0, 2.0, 3.0])
+  for direction, sign in (("lower", 1), ("higher", -1)):
+    claim = _claim(kind=kind, margin=margin, direction=direction)
+    rec = _record(claim, list(b + sign * np.asarray(d)), list(b))
+    assert claims.straddles(rec) is want, (direction, rec["why"])
+    back = json.loads(json.dumps(rec))
+    assert claims.straddles(back) is want
+  # Neither an untrained baseline, an untestable claim nor one seed.
+  claim = _claim(kind=kind, margin=margin)
+  a = list(b + np.asarray(d))
+  assert not claims.straddles(
+    _record(claim, a, list(b), baseline_trained=False)
+  )
+  assert not claims.straddles(
+    _record(claim, a, list(b), testable=False, reason="absent")
+  )
+  assert not claims.straddles(_record(claim, a[:1], list(b[:1])))
+
+
+def test_two_looks_error_by_simulation():
+  # Paired differences at the margin (mean 0 here), tested one-sided at
+  # 5% on seeds 0-2 and, where not rejected, on seeds 0-4.
+  d = np.random.default_rng(0).standard_normal((200_000, 5))
+
+  def rejects(x):
+    n = x.shape[1]
+    t = x.mean(1) / (x.std(1, ddof=1) / math.sqrt(n))
+    return t > claims.student_t_ppf(0.95, n - 1)
+
+  first = rejects(d[:, :3])
+  assert first.mean() == pytest.approx(0.05, abs=0.002)
+  assert (first | rejects(d)).mean() == pytest.approx(
+    claims.TWO_LOOKS_ERROR, abs=0.002
+  )
+
+
 def test_record_of_one_seed_and_of_a_diverged_run():
   one = _record(_claim(), [1.0], [2.0])
   assert one["verdict"] == "inconclusive" and one["ci"] is None
