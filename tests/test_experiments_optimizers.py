@@ -27,6 +27,19 @@ def test_steps_to_the_first_evaluation_and_the_censored_run():
   )
 
 
+@pytest.mark.parametrize("quick", [True, False])
+def test_conda_refreshes_its_basis_as_often_as_the_recipe(quick):
+  # The LLaMA-60M recipe: update_proj_gap 2000 of 10000 steps.
+  base = oc.base_config(argparse.Namespace(quick=quick, full=False, seeds=None))
+  arms = oc.variants(base)
+  assert {n: a["optimizer"] for n, a in arms.items()} == {
+    n: n for n in oc.OPTIMIZERS
+  }
+  gap = dict(arms["conda"]["optimizer_kwargs"])["update_proj_gap"]
+  assert base.steps / gap == pytest.approx(10000 / 2000, rel=0.2)
+  assert all("optimizer_kwargs" not in arms[n] for n in ("adamw", "rmnp"))
+
+
 def test_a_diverged_run_has_no_validation_result():
   lines = [
     {"variant": "a", "seed": 0, "val_loss": 2.0, "stopped_early": True},
