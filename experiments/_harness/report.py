@@ -151,6 +151,14 @@ def _difference(rec: Mapping[str, Any]) -> str:
   return f"{rec['mean_diff']:+.4g} [{lo:+.4g}, {hi:+.4g}] ({pct})"
 
 
+# After a script's own verdicts: where the table-wide correction lives.
+HOLM_NOTE = (
+  "These are this script's verdicts. [RESULTS.md](../RESULTS.md) applies "
+  "Holm-Bonferroni across every script's superiority claims, which can "
+  "turn a `reproduced` here into `inconclusive` there."
+)
+
+
 def verdict_table(records: Sequence[Mapping[str, Any]]) -> list[str]:
   """Markdown rows of claim records (`jaxnorm.training.claims.record`).
 
@@ -347,9 +355,9 @@ def run(
   Markdown file is: the first line of ``doc`` as its title, the command
   line, the lines ``markdown`` returns (the script's own settings and
   tables; it may read ``args.elapsed``), then, for a result with claims,
-  the claims' verdict table and why each verdict. The result's ``run`` is
-  its `provenance`, with the runs behind it (`trained_runs` of
-  ``args.runs``) under ``trained``. The result's ``claims``
+  the claims' verdict table, why each verdict and `HOLM_NOTE`. The
+  result's ``run`` is its `provenance`, with the runs behind it
+  (`trained_runs` of ``args.runs``) under ``trained``. The result's ``claims``
   (`jaxnorm.training.claims.record` dicts), if any, must pass
   `claims.check_records` before anything is written.
 
@@ -380,7 +388,7 @@ def run(
     lines.pop()
   if records:
     lines += ["", "## Claims", "", *verdict_table(records)]
-    lines += why_lines(records)
+    lines += why_lines(records) + ["", HOLM_NOTE]
   (out / f"{name}.md").write_text("\n".join(lines) + "\n")
   return result
 

@@ -690,7 +690,8 @@ def test_report_checks_claim_records_before_writing(tmp_path):
     "",
     _report.verdict_table([rec])[0],
   ]
-  assert md[-1].startswith("- dyt vs layernorm (val_loss): ")
+  assert md[-3].startswith("- dyt vs layernorm (val_loss): ")
+  assert md[-2:] == ["", _report.HOLM_NOTE]
 
 
 # --- jaxnorm-sweep --seeds --------------------------------------------------
