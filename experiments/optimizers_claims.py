@@ -99,11 +99,15 @@ OPTIMIZERS = ("adamw", "conda", "muon", "rmnp")
 CONDA_REFRESHES = 5
 
 
+def conda_gap(base: config_lib.TrainConfig) -> int:
+  """Conda's ``update_proj_gap``: `CONDA_REFRESHES` refreshes a run."""
+  return max(base.steps // CONDA_REFRESHES, 1)
+
+
 def variants(base: config_lib.TrainConfig) -> dict[str, dict[str, Any]]:
   """Each arm's config changes: its optimizer (and Conda's refresh gap)."""
   out: dict[str, dict[str, Any]] = {n: {"optimizer": n} for n in OPTIMIZERS}
-  gap = max(base.steps // CONDA_REFRESHES, 1)
-  out["conda"]["optimizer_kwargs"] = (("update_proj_gap", gap),)
+  out["conda"]["optimizer_kwargs"] = (("update_proj_gap", conda_gap(base)),)
   return out
 
 
@@ -469,8 +473,9 @@ def main(argv: Sequence[str] | None = None) -> dict:
       f"{base.batch_size}, {base.steps} steps (cosine, warm-up "
       f"{base.warmup_steps}, weight decay {base.weight_decay}, clip "
       f"{base.clip_norm}), validation every {base.eval_every} steps over "
-      f"{base.eval_batches} held-out batches, seeds {list(seeds)}. "
-      f"Validation loss in nats per byte (unigram entropy "
+      f"{base.eval_batches} held-out batches, seeds {list(seeds)}; Conda "
+      f"recomputes its basis every {conda_gap(base)} steps. Validation "
+      f"loss in nats per byte (unigram entropy "
       f"{result['unigram_entropy']:.3f}); mean ± sample std (ddof=1) over "
       "seeds.",
       "",
