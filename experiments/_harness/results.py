@@ -249,7 +249,11 @@ def results_markdown(
     "baseline; the reason is in the row); a baseline that did not train "
     "cannot support `reproduced`. Holm-Bonferroni runs once across the "
     f"table's {family} superiority claims and can only turn `reproduced` "
-    f"into `inconclusive`. Default margins per metric family: {margins}.",
+    f"into `inconclusive`. Whether a phenomenon is present is decided in "
+    "its script, at the gate's own level and before Holm: a gate is the "
+    "precondition of the claims it opens, so its own row can read "
+    "`inconclusive` after Holm while the claims it opened are judged. "
+    f"Default margins per metric family: {margins}.",
     "",
     f"{len(rows)} claims"
     + "".join(
