@@ -217,6 +217,22 @@ def test_a_record_that_does_not_follow_is_refused(tmp_path):
     results.collect(tmp_path)
 
 
+def test_second_look_lists_the_straddling_claims_below_five_seeds():
+  # A gain of about 0.5 with a wide interval straddles margin 0.5; a clear
+  # gain of 0.5 over margin 0 does not. Five seeds take a claim off the list.
+  wide = _record([1.0, 2.0, 3.0], [1.2, 2.9, 3.4], margin=0.5, name="Wide")
+  clear = _record([1.0, 2.0, 3.0], [1.5, 2.5, 3.5], name="Clear")
+  assert claims.straddles(wide) and not claims.straddles(clear)
+  text = "\n".join(results.second_look_lines([("w", wide), ("c", clear)]))
+  assert ": 1, in 1 of the scripts, listed below." in text
+  assert "- [w](results/w.md): wide vs base (val_loss)" in text
+  assert "[c]" not in text
+  five = {**wide, "n": tiers.FULL_SEEDS}
+  text = "\n".join(results.second_look_lines([("w", five), ("c", clear)]))
+  assert text.startswith("No claim judged on fewer than 5 seeds")
+  assert "- [" not in text
+
+
 def test_committed_results_follow_from_their_records():
   # Every committed record's verdict and numbers, RESULTS.md and the
   # README's headline table are what the records give.

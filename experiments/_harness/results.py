@@ -165,10 +165,17 @@ def second_look_lines(
     if rec["n"] < tiers.FULL_SEEDS and claims.straddles(rec):
       by_script.setdefault(name, []).append(rec)
   count = sum(map(len, by_script.values()))
+  found = (
+    f"Claims judged on fewer than {tiers.FULL_SEEDS} seeds whose interval "
+    f"straddles the margin their verdict turns on: {count}, in "
+    f"{len(by_script)} of the scripts, listed below."
+    if count
+    else f"No claim judged on fewer than {tiers.FULL_SEEDS} seeds has an "
+    "interval that straddles the margin its verdict turns on."
+  )
   lines = [
-    f"{count} claims in {len(by_script)} scripts have an interval that "
-    f"straddles the margin their verdict turns on. The rule, fixed before "
-    f"any such run: when the budget allows, each script below is re-run "
+    f"{found} The rule, fixed before any such run: when the budget "
+    "allows, each script with such a claim is re-run "
     f"once with `--seeds {tiers.FULL_SEEDS}` (its grids resume, so only "
     f"the new seeds train) and all its claims are judged on those seeds; "
     f"no claim gets a third look. A second look raises a claim's false "
