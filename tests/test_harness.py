@@ -229,7 +229,9 @@ def test_second_look_lists_the_straddling_claims_below_five_seeds():
   assert "[c]" not in text
   five = {**wide, "n": tiers.FULL_SEEDS}
   text = "\n".join(results.second_look_lines([("w", five), ("c", clear)]))
-  assert text.startswith("No claim judged on fewer than 5 seeds")
+  assert text.startswith(
+    f"No claim judged on fewer than {tiers.FULL_SEEDS} seeds"
+  )
   assert "- [" not in text
 
 
