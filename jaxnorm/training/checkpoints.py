@@ -466,16 +466,21 @@ class Checkpoints:
       state: the train state.
       elements: training examples consumed (the data position).
       run: the JSON ``run`` item (the fingerprint, layout and writer are
-        added).
+        added). It is copied now: the caller may change its lists while
+        the save is written in the background.
     """
     if self.manager.latest_step() == step:
       return
-    run = {
-      **run,
-      "layout": LAYOUT,
-      "writer": writer(),
-      "fingerprint": fingerprint(state),
-    }
+    run = json.loads(
+      json.dumps(
+        {
+          **run,
+          "layout": LAYOUT,
+          "writer": writer(),
+          "fingerprint": fingerprint(state),
+        }
+      )
+    )
     self.manager.save(
       step,
       args=ocp.args.Composite(

@@ -86,6 +86,21 @@ def test_position_and_writer_saved_with_each_step(tmp_path):
   jax.tree.map(np.testing.assert_array_equal, state, _state())
 
 
+def test_run_item_is_copied_when_save_is_called(tmp_path, monkeypatch):
+  # The trainer goes on filling its log window while orbax writes the run
+  # item in the background, so the save must hand orbax a copy.
+  window = [{"loss": 1.0}]
+  ckpts = _manager(tmp_path)
+  handed = []
+  monkeypatch.setattr(
+    ckpts.manager, "save", lambda step, args: handed.append(args)
+  )
+  ckpts.save(4, _state(), 32, {"window": window, "config": {}})
+  window.append({"loss": 2.0})
+  assert handed[0]["run"].item["window"] == [{"loss": 1.0}]
+  ckpts.close()
+
+
 def _unknown_item(step_dir):
   (step_dir / "sampler").mkdir()
 
