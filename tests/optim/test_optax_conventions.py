@@ -190,9 +190,9 @@ def test_inject_hyperparams_matches_and_reads_the_learning_rate(name, key):
   plain = fn(**kw)
   injected = optax.inject_hyperparams(fn)(**kw)
   s0, s1 = plain.init(p), jax.jit(injected.init)(p)
-  step = jax.jit(injected.update)
+  plain_step, step = jax.jit(plain.update), jax.jit(injected.update)
   for i in range(3):
-    u0, s0 = plain.update(_grads(p, i), s0, p)
+    u0, s0 = plain_step(_grads(p, i), s0, p)
     u1, s1 = step(_grads(p, i), s1, p)
     helpers.assert_close(u1, u0, atol=1e-6)
   helpers.assert_close(s1.inner_state, s0, atol=1e-6)
