@@ -537,3 +537,45 @@ def test_sweep_extends_at_most_extend_steps(steps, higher):
     assert out["learning_rate"] == pytest.approx(best)
     assert out["inside"] is (steps < grid.EXTEND)
     assert len(scored) == len(rates) + min(steps + 1, grid.EXTEND)
+
+
+def test_host_cpu_names_model_vector_extensions_and_cache():
+  info = (
+    "processor\t: 0\nmodel name\t: Some Xeon\nflags\t\t: fpu sse4_2 avx "
+    "avx2 fma avx512f\ncache size\t: 4096 KB\n\nprocessor\t: 1\n"
+    "model name\t: Other\nflags\t\t: fpu\n"
+  )
+  assert report.host_cpu(info) == (
+    "Some Xeon; sse4_2 avx avx2 fma avx512f; cache 4096 KB"
+  )
+  assert report.host_cpu("model name : Old\nflags : fpu sse2\n") == (
+    "Old; no AVX"
+  )
+  run = {"machine": "x86_64", "cpus": 2, "cpu": "Some Xeon; avx2"}
+  assert report.machine_text(run) == "x86_64 (Some Xeon; avx2) with 2 CPUs"
+  assert report.machine_text({"machine": "x86_64", "cpus": 2}) == (
+    "x86_64 with 2 CPUs"
+  )
+
+
+def test_limits_list_the_commands_over_the_default_target(tmp_path):
+  rec = _record([1.0, 2.0, 3.0], [1.5, 2.5, 3.5])
+  limit = tiers.DEFAULT_MINUTES * 60
+  _write(tmp_path, "fast", [rec])
+  _write(tmp_path, "slow", [rec])
+  slow = json.loads((tmp_path / "slow.json").read_text())
+  slow["run"] |= {"seconds": limit + 60.0, "load_average": 3.5}
+  slow["run"].pop("cpu")
+  (tmp_path / "slow.json").write_text(json.dumps(slow))
+  on_records, _ = results.collect(tmp_path)
+  (line,) = results.over_budget_lines(on_records)
+  assert "1 of the 2 recorded commands took longer" in line
+  assert "[slow](results/slow.md) 21 min (3 seeds, load 3.5)." in line
+  assert "[fast]" not in line
+  (line,) = results.over_budget_lines(on_records[:1])
+  assert line.startswith("Every recorded command finished within")
+  (line,) = results.reproducibility_lines(on_records)
+  assert line.endswith(
+    "1 of the 2 records name the CPU they ran on (`report.host_cpu`; "
+    "records made before it existed do not)."
+  )

@@ -262,6 +262,15 @@ def trained_text(trained: Mapping[str, Any]) -> str:
   )
 
 
+def machine_text(run: Mapping[str, Any]) -> str:
+  """A provenance's machine in words: architecture, CPU, CPU count.
+
+  The CPU where recorded: records made before `host_cpu` do not name it.
+  """
+  cpu = f" ({run['cpu']})" if run.get("cpu") else ""
+  return f"{run.get('machine', '?')}{cpu} with {run.get('cpus', '?')} CPUs"
+
+
 def command_line(run: Mapping[str, Any]) -> str:
   """The Markdown line of a `provenance`: command, seconds, host, commit.
 
@@ -274,17 +283,55 @@ def command_line(run: Mapping[str, Any]) -> str:
   runs = f" Runs: {trained_text(trained)}." if trained.get("runs") else ""
   return (
     f"Command: `{run['command']}` ({run['seconds']:.0f} s on "
-    f"{run['machine']} with {run['cpus']} CPUs, load {run['load_average']}, "
+    f"{machine_text(run)}, load {run['load_average']}, "
     f"jax {run['jax']}, {run['date']}, commit {code['sha'][:12]}{dirty})."
     f"{runs}"
+  )
+
+
+# The x86 vector extensions XLA's CPU compiler chooses its kernels by: two
+# hosts that differ in them round float32 differently (RESULTS.md's limits).
+VECTOR_FLAGS = (
+  "sse4_2",
+  "avx",
+  "avx2",
+  "fma",
+  "avx512f",
+  "avx512_bf16",
+  "avx512_vnni",
+  "amx_tile",
+)
+
+
+def host_cpu(cpuinfo: str | None = None) -> str:
+  """The CPU a result ran on: model, vector extensions and cache size.
+
+  Read from ``/proc/cpuinfo`` (or the text given); where there is none
+  (not Linux), `platform.processor`.
+  """
+  if cpuinfo is None:
+    path = pathlib.Path("/proc/cpuinfo")
+    cpuinfo = path.read_text() if path.exists() else ""
+  fields: dict[str, str] = {}
+  for line in cpuinfo.splitlines():
+    key, sep, value = line.partition(":")
+    if sep:
+      fields.setdefault(key.strip(), value.strip())
+  if "model name" not in fields:
+    return platform.processor() or "unknown"
+  flags = set(fields.get("flags", "").split())
+  vector = " ".join(f for f in VECTOR_FLAGS if f in flags) or "no AVX"
+  cache = fields.get("cache size")
+  return "; ".join(
+    [fields["model name"], vector] + ([f"cache {cache}"] if cache else [])
   )
 
 
 def provenance(name: str, args: argparse.Namespace) -> dict[str, Any]:
   """Where and how a result was made: the ``run`` entry of its JSON.
 
-  The command, tier, seconds, machine (architecture, CPUs, load), jax
-  version, date and commit (`claims.commit`).
+  The command, tier, seconds, machine (architecture, CPU (`host_cpu`),
+  CPUs, load), jax version, date and commit (`claims.commit`).
   """
   tier = tiers.tier(args)
   flags = {"quick": " --quick", "full": " --full"}.get(tier, "")
@@ -295,6 +342,7 @@ def provenance(name: str, args: argparse.Namespace) -> dict[str, Any]:
     "tier": tier,
     "seconds": round(args.elapsed, 1),
     "machine": platform.machine(),
+    "cpu": host_cpu(),
     "cpus": os.cpu_count(),
     "load_average": round(os.getloadavg()[0], 2),
     "jax": jax.__version__,

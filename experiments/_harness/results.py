@@ -196,6 +196,76 @@ def second_look_lines(
   return lines
 
 
+# Measured at 84a7c4e on the optimizers_claims byte LM (rmsnorm, 4 layers,
+# width 64, 600 steps, seed 0): see RESULTS.md's limits.
+REPRODUCIBILITY = (
+  "Runs are reproducible bit for bit on one host, not across hosts. The "
+  "same config (optimizers_claims' RMNP at learning rate 0.03, seed 0) "
+  "trained in two fresh processes, and in two sessions, logged identical "
+  "metrics at every step. XLA compiles for the host CPU's vector "
+  "extensions, and they change the rounding: capping them with "
+  "`XLA_FLAGS=--xla_cpu_max_isa=AVX2` moves that script's AdamW run "
+  "(learning rate 0.003) from a final training loss of 2.18754736 to "
+  "2.18754722. Training amplifies such differences, the more at high "
+  "learning rates: the same script, library code and jax version, run in "
+  "an earlier session at 31cedeb on a host its record does not name (this "
+  "host reproduces the re-run's bits, not that run's), gave AdamW losses "
+  "within 3e-8 of the re-run's at learning rate 0.003 and Muon losses "
+  "0.052 apart at 0.03. So a sweep "
+  "whose best two rates are that close can choose either on another host, "
+  "and a re-run there reproduces the verdicts' evidence to within seed "
+  "noise, not to the digit."
+)
+
+
+def reproducibility_lines(
+  on_records: Sequence[tuple[str, Mapping[str, Any]]],
+) -> list[str]:
+  """`REPRODUCIBILITY`, and how many records name their host's CPU."""
+  named = sum(1 for _, r in on_records if (r.get("run") or {}).get("cpu"))
+  return [
+    f"{REPRODUCIBILITY} {named} of the {len(on_records)} records name the "
+    "CPU they ran on (`report.host_cpu`; records made before it existed "
+    "do not)."
+  ]
+
+
+def over_budget_lines(
+  on_records: Sequence[tuple[str, Mapping[str, Any]]],
+) -> list[str]:
+  """The recorded commands that ran longer than the default tier's target.
+
+  From each record's provenance: the command's wall time, the most seeds
+  any of its claims was judged on, and the load average when it finished
+  (two scripts sharing the 2 cores show a load near 4).
+  """
+  limit = tiers.DEFAULT_MINUTES * 60
+  over = []
+  for name, res in on_records:
+    run = res.get("run") or {}
+    seconds = run.get("seconds")
+    if seconds is not None and seconds > limit:
+      seeds = max((c["n"] for c in res["claims"]), default=0)
+      over.append(
+        f"[{name}](results/{name}.md) {seconds / 60:.0f} min "
+        f"({seeds} seeds, load {run.get('load_average', '?')})"
+      )
+  if not over:
+    return [
+      "Every recorded command finished within the default tier's target "
+      f"of {tiers.DEFAULT_MINUTES} minutes."
+    ]
+  return [
+    f"The default tier's target is {tiers.DEFAULT_MINUTES} minutes per "
+    f"script with {tiers.DEFAULT_SEEDS} seeds on 2 CPU cores; where a "
+    "claim's regime needs a longer run, the regime wins. "
+    f"{len(over)} of the {len(on_records)} recorded commands took longer "
+    "(wall time of the whole command, seeds, load average at its end): "
+    + "; ".join(over)
+    + "."
+  ]
+
+
 def _run_rows(on_records: Sequence[tuple[str, Mapping[str, Any]]]) -> list:
   out = [
     "| script | command | report seconds | machine | jax | date | commit | "
@@ -211,8 +281,8 @@ def _run_rows(on_records: Sequence[tuple[str, Mapping[str, Any]]]) -> list:
     runs = report.trained_text(trained) if trained.get("runs") else "—"
     out.append(
       f"| [{name}](results/{name}.md) | `{run.get('command', '?')}` | "
-      f"{run.get('seconds', '?')} | {run.get('machine', '?')}, "
-      f"{run.get('cpus', '?')} CPUs, load {run.get('load_average', '?')} | "
+      f"{run.get('seconds', '?')} | {report.machine_text(run)}, "
+      f"load {run.get('load_average', '?')} | "
       f"{run.get('jax', '?')} | {run.get('date', '?')} | {sha}{dirty} | "
       f"{runs} |"
     )
@@ -276,6 +346,12 @@ def results_markdown(
     "## Claims more seeds could decide",
     "",
     *second_look_lines(rows),
+    "",
+    "## Limits of this record",
+    "",
+    *over_budget_lines(on_records),
+    "",
+    *reproducibility_lines(on_records),
     "",
   ]
   if older:
