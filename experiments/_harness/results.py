@@ -196,25 +196,30 @@ def second_look_lines(
   return lines
 
 
-# Measured at 84a7c4e on the optimizers_claims byte LM (rmsnorm, 4 layers,
-# width 64, 600 steps, seed 0): see RESULTS.md's limits.
+# Measured at cb9b91b-2d97610: optimizers_claims' byte LM (rmsnorm, 4
+# layers, width 64, 600 steps, seed 0) and re-runs of recorded scripts.
 REPRODUCIBILITY = (
-  "Runs are reproducible bit for bit on one host, not across hosts. The "
-  "same config (optimizers_claims' RMNP at learning rate 0.03, seed 0) "
-  "trained in two fresh processes, and in two sessions, logged identical "
-  "metrics at every step. XLA compiles for the host CPU's vector "
-  "extensions, and they change the rounding: capping them with "
+  "Runs are reproducible bit for bit on one host, not across hosts. On "
+  "the host the records trained on, the same config (optimizers_claims' "
+  "RMNP at learning rate 0.03, seed 0) trained in two fresh processes, "
+  "and in two sessions, logged identical metrics at every step, and "
+  "gecko_claims re-run from scratch matched every value in its record but"
+  " the timings. XLA compiles for the host CPU's vector extensions, and "
+  "they change the rounding: capping them with "
   "`XLA_FLAGS=--xla_cpu_max_isa=AVX2` moves that script's AdamW run "
   "(learning rate 0.003) from a final training loss of 2.18754736 to "
   "2.18754722. Training amplifies such differences, the more at high "
-  "learning rates: the same script, library code and jax version, run in "
-  "an earlier session at 31cedeb on a host its record does not name (this "
-  "host reproduces the re-run's bits, not that run's), gave AdamW losses "
-  "within 3e-8 of the re-run's at learning rate 0.003 and Muon losses "
-  "0.052 apart at 0.03. So a sweep "
-  "whose best two rates are that close can choose either on another host, "
-  "and a re-run there reproduces the verdicts' evidence to within seed "
-  "noise, not to the digit."
+  "learning rates: the same code and jax version run on an earlier host "
+  "(its records do not name it) gave AdamW losses within 3e-8 of the "
+  "records' at learning rate 0.003, Muon losses 0.052 apart at 0.03, and "
+  "complex_e4_complexformer per-seed losses up to 0.0096 apart. Of the "
+  "six scripts re-run from that host on this one, every record kept its "
+  "verdicts, and one row changed after Holm: looped_power's e1/l2@16 vs "
+  "e1/l2@4 went from p 0.0006 to 0.026 (one seed's log error moved from "
+  "-3.56 to -3.05) and now reads inconclusive. So a sweep whose best two "
+  "rates are that close can choose either on another host, and a re-run "
+  "there reproduces the verdicts' evidence to within seed noise, not to "
+  "the digit."
 )
 
 
