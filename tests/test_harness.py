@@ -549,7 +549,7 @@ def test_host_cpu_names_model_vector_extensions_and_cache():
     "Some Xeon; sse4_2 avx avx2 fma avx512f; cache 4096 KB"
   )
   assert report.host_cpu("model name : Old\nflags : fpu sse2\n") == (
-    "Old; no AVX"
+    "Old; no SSE4.2 or AVX"
   )
   run = {"machine": "x86_64", "cpus": 2, "cpu": "Some Xeon; avx2"}
   assert report.machine_text(run) == "x86_64 (Some Xeon; avx2) with 2 CPUs"

@@ -320,7 +320,7 @@ def host_cpu(cpuinfo: str | None = None) -> str:
   if "model name" not in fields:
     return platform.processor() or "unknown"
   flags = set(fields.get("flags", "").split())
-  vector = " ".join(f for f in VECTOR_FLAGS if f in flags) or "no AVX"
+  vector = " ".join(f for f in VECTOR_FLAGS if f in flags) or "no SSE4.2 or AVX"
   cache = fields.get("cache size")
   return "; ".join(
     [fields["model name"], vector] + ([f"cache {cache}"] if cache else [])
