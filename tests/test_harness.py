@@ -478,8 +478,16 @@ def test_trained_restores_the_run_the_runner_trained(tmp_path):
 
 
 def test_trained_runs_read_every_table_under_runs(tmp_path, fake_runner):
-  lines = grid.run_grid(tmp_path / "t.jsonl", BASE, {"ln": {}}, (0, 1))
+  table = tmp_path / "t.jsonl"
+  lines = grid.run_grid(table, BASE, {"ln": {}}, range(5))
   assert {ln["commit"]["sha"] for ln in lines} == {claims.commit()["sha"]}
+  # Seed s took 10 (s + 1) seconds; the default tier trains seeds 0-2.
+  assert tiers.DEFAULT_SEEDS == 3
+  timed = [
+    {**json.loads(text), "seconds": 10.0 * (json.loads(text)["seed"] + 1)}
+    for text in table.read_text().splitlines()
+  ]
+  table.write_text("".join(json.dumps(ln) + "\n" for ln in timed))
   # A table from before lines recorded their time and commit, one level
   # down, and a run's own log inside a run directory (not a table).
   old = {"variant": "old", "seed": 0, "changes": {}, "val_loss": 1.0}
@@ -490,12 +498,13 @@ def test_trained_runs_read_every_table_under_runs(tmp_path, fake_runner):
   log.write_text(json.dumps({**old, "step": 1}) + "\n")
   trained = report.trained_runs(tmp_path)
   assert trained == {
-    "runs": 3,
-    "seconds": round(sum(ln["seconds"] for ln in lines), 1),
+    "runs": 6,
+    "seconds": 150.0,
+    "default_seconds": 60.0,
     "untimed": 1,
     "commits": sorted({claims.commit()["sha"], "unrecorded"}),
   }
-  assert report.trained_text(trained).startswith("3 runs, ")
+  assert report.trained_text(trained).startswith("6 runs, ")
 
 
 def test_a_table_line_of_another_config_is_refused(tmp_path, fake_runner):
@@ -558,24 +567,42 @@ def test_host_cpu_names_model_vector_extensions_and_cache():
   )
 
 
-def test_limits_list_the_commands_over_the_default_target(tmp_path):
+def test_limits_list_the_records_over_the_default_target(tmp_path):
   rec = _record([1.0, 2.0, 3.0], [1.5, 2.5, 3.5])
   limit = tiers.DEFAULT_MINUTES * 60
-  _write(tmp_path, "fast", [rec])
-  _write(tmp_path, "slow", [rec])
+  for name in ("fast", "slow", "second_look"):
+    _write(tmp_path, name, [rec])
+  # "slow": a command over the target, without its runs' times.
   slow = json.loads((tmp_path / "slow.json").read_text())
   slow["run"] |= {"seconds": limit + 60.0, "load_average": 3.5}
   slow["run"].pop("cpu")
   (tmp_path / "slow.json").write_text(json.dumps(slow))
+  # "second_look": a --seeds 5 command over the target whose default
+  # tier's runs were within it (it is judged on those), and "fast" the
+  # other way round.
+  look = json.loads((tmp_path / "second_look.json").read_text())
+  look["run"] |= {
+    "seconds": limit + 600.0,
+    "trained": {"seconds": limit + 590.0, "default_seconds": limit - 60.0},
+  }
+  (tmp_path / "second_look.json").write_text(json.dumps(look))
+  fast = json.loads((tmp_path / "fast.json").read_text())
+  fast["run"] |= {"trained": {"seconds": 1.0, "default_seconds": limit + 1}}
+  (tmp_path / "fast.json").write_text(json.dumps(fast))
   on_records, _ = results.collect(tmp_path)
   (line,) = results.over_budget_lines(on_records)
-  assert "1 of the 2 recorded commands took longer" in line
-  assert "[slow](results/slow.md) 21 min (3 seeds, load 3.5)." in line
-  assert "[fast]" not in line
-  (line,) = results.over_budget_lines(on_records[:1])
-  assert line.startswith("Every recorded command finished within")
+  assert "2 of the 3 records took longer" in line
+  assert "[slow](results/slow.md) 21 min (the command; 3 seeds, load 3.5)" in (
+    line
+  )
+  assert "[fast](results/fast.md) 20 min (its runs; 3 seeds" in line
+  assert "[second_look]" not in line
+  (line,) = results.over_budget_lines(
+    [r for r in on_records if r[0] == "second_look"]
+  )
+  assert line.endswith("Every record's default tier finished within it.")
   (line,) = results.reproducibility_lines(on_records)
   assert line.endswith(
-    "1 of the 2 records name the CPU they ran on (`report.host_cpu`; "
+    "2 of the 3 records name the CPU they ran on (`report.host_cpu`; "
     "records made before it existed do not)."
   )

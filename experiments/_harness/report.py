@@ -361,9 +361,11 @@ def trained_runs(runs: str | pathlib.Path) -> dict[str, Any]:
 
   Returns:
     ``runs`` (table lines), ``seconds`` (their summed wall time),
-    ``untimed`` (lines written before they recorded a time) and
-    ``commits`` (the commits they trained at, ``"unrecorded"`` for lines
-    written before they recorded one).
+    ``default_seconds`` (that of the lines the default tier trains: seeds
+    below `tiers.DEFAULT_SEEDS`, sweeps included; a ``--seeds 5`` second
+    look adds the rest), ``untimed`` (lines written before they recorded a
+    time) and ``commits`` (the commits they trained at, ``"unrecorded"``
+    for lines written before they recorded one).
   """
   root = pathlib.Path(runs)
   # A grid's run directories (`grid.run_dir`) hold the runs' own logs.
@@ -379,11 +381,15 @@ def trained_runs(runs: str | pathlib.Path) -> dict[str, Any]:
     if text.strip()
   ]
   lines = [ln for ln in lines if {"variant", "seed", "changes"} <= ln.keys()]
-  timed = [ln["seconds"] for ln in lines if ln.get("seconds") is not None]
+  timed = [ln for ln in lines if ln.get("seconds") is not None]
   commits = {(ln.get("commit") or {}).get("sha", "unrecorded") for ln in lines}
   return {
     "runs": len(lines),
-    "seconds": round(sum(timed), 1),
+    "seconds": round(sum(ln["seconds"] for ln in timed), 1),
+    "default_seconds": round(
+      sum(ln["seconds"] for ln in timed if ln["seed"] < tiers.DEFAULT_SEEDS),
+      1,
+    ),
     "untimed": len(lines) - len(timed),
     "commits": sorted(commits),
   }

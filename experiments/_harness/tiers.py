@@ -4,11 +4,13 @@
   so (the pipeline, not the claim).
 * default: the setting the committed results come from, `DEFAULT_SEEDS`
   seeds (``--seeds N`` for more, e.g. 5 where 3 leave an interval
-  straddling the margin). Its target is `DEFAULT_MINUTES` minutes per
-  script on the project's 2-core CPU machine; where a claim's regime (the
-  smallest setting where its phenomenon is present) needs longer, the
-  regime wins, and RESULTS.md lists every recorded command over the
-  target (`experiments._harness.results.over_budget_lines`).
+  straddling the margin; the grid resumes, so that second look trains
+  only the added seeds). Its target is `DEFAULT_MINUTES` minutes per
+  script with `DEFAULT_SEEDS` seeds, alone on the project's 2-core CPU
+  machine: a script sizes its runs to fit, and a claim whose regime (the
+  smallest setting where its phenomenon is present) needs longer is
+  ``not testable at this scale`` there. RESULTS.md lists every record over
+  the target (`experiments._harness.results.over_budget_lines`).
 * ``--full``: the setting that would test a claim the CPU cannot reach, on
   one accelerator (`FULL_LM`), `FULL_SEEDS` seeds.
 
