@@ -104,13 +104,9 @@ def base_config(args: argparse.Namespace) -> config_lib.TrainConfig:
   95 and 75 s), over the default tier's target
   (`experiments._harness.tiers.DEFAULT_MINUTES`).
   """
-  base = dataclasses.replace(
-    norms_bytelm.base_config(args), allow_batch_stats=True
-  )
-  if tiers.tier(args) != "default":
-    return base
   return dataclasses.replace(
-    base, steps=DEFAULT_STEPS, warmup_steps=DEFAULT_STEPS // 10
+    norms_bytelm.base_config(args, steps=DEFAULT_STEPS),
+    allow_batch_stats=True,
   )
 
 
