@@ -504,7 +504,9 @@ def test_trained_runs_read_every_table_under_runs(tmp_path, fake_runner):
     "untimed": 1,
     "commits": sorted({claims.commit()["sha"], "unrecorded"}),
   }
-  assert report.trained_text(trained).startswith("6 runs, ")
+  assert report.trained_text(trained).startswith(
+    "6 runs, 2 min of training (1 of them the default tier's), 1 untimed, "
+  )
 
 
 def test_a_table_line_of_another_config_is_refused(tmp_path, fake_runner):

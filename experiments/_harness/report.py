@@ -256,9 +256,15 @@ def trained_text(trained: Mapping[str, Any]) -> str:
   """`trained_runs` in words: runs, training time, their commits."""
   untimed = f", {trained['untimed']} untimed" if trained["untimed"] else ""
   commits = ", ".join(c[:12] for c in trained["commits"])
+  default = trained.get("default_seconds", trained["seconds"])
+  share = (
+    f" ({default / 60:.0f} of them the default tier's)"
+    if default != trained["seconds"]
+    else ""
+  )
   return (
     f"{trained['runs']} runs, {trained['seconds'] / 60:.0f} min of "
-    f"training{untimed}, at {commits}"
+    f"training{share}{untimed}, at {commits}"
   )
 
 
